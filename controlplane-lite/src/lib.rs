@@ -1,0 +1,3 @@
+//! controlplane-lite
+#![forbid(unsafe_code)]
+pub mod store;

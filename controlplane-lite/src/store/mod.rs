@@ -1,0 +1,149 @@
+//! The store: SQLite (bundled, WAL) behind one module whose SQL is portable to PostgreSQL.
+//!
+//! # Design
+//! One connection behind a mutex; every method is a short transaction. Async callers go through
+//! [`Store::run`], which moves the work onto tokio's blocking pool so no request thread waits on
+//! SQLite's lock. Every state change and its `noScheduleReasons` update happen in one transaction
+//! (spec "State is several axes, not one status").
+
+pub mod events;
+pub mod migrations;
+pub mod nodes;
+pub mod tokens;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rusqlite::Connection;
+use rusqlite_migration::{M, Migrations};
+
+/// What went wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed (I/O, a full disk, a constraint).
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A migration failed; the store is not opened.
+    #[error("schema migration: {0}")]
+    Migration(#[from] rusqlite_migration::Error),
+    /// A JSON column held something that is not valid JSON of its shape.
+    #[error("corrupt JSON in column {column}: {source}")]
+    Json {
+        column: &'static str,
+        source: serde_json::Error,
+    },
+    /// A text column held a value outside its enum.
+    #[error("corrupt value in column {column}: {source}")]
+    Enum {
+        column: &'static str,
+        source: bc_protocol::ParseEnumError,
+    },
+    /// The blocking task running the query panicked or was cancelled.
+    #[error("store task failed: {0}")]
+    Task(String),
+}
+
+/// The control plane's store. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![M::up(migrations::M001_NODE_MODEL)])
+}
+
+impl Store {
+    /// Opens (creating if needed) `path`, turns on WAL and foreign keys, applies migrations.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    /// An in-memory store, for tests.
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Self, StoreError> {
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrations().to_latest(&mut conn)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `f` with the connection on the calling thread. For synchronous callers and tests.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.lock();
+        f(&mut conn)
+    }
+
+    /// Runs `f` with the connection on tokio's blocking pool.
+    pub async fn run<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock();
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Decodes a JSON column, naming the column in the error.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
+    column: &'static str,
+    text: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|source| StoreError::Json { column, source })
+}
+
+/// Encodes a value for a JSON column. Our own types always serialize.
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+/// Parses an enum column, naming the column in the error.
+pub(crate) fn parse_enum<T>(column: &'static str, text: &str) -> Result<T, StoreError>
+where
+    T: std::str::FromStr<Err = bc_protocol::ParseEnumError>,
+{
+    text.parse()
+        .map_err(|source| StoreError::Enum { column, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_valid_and_reopen_is_idempotent() -> Result<(), StoreError> {
+        assert!(migrations().validate().is_ok());
+        let dir = tempfile::tempdir().map_err(|e| StoreError::Task(e.to_string()))?;
+        let path = dir.path().join("state.db");
+        drop(Store::open(&path)?);
+        let store = Store::open(&path)?;
+        let mode: String =
+            store.with(|c| Ok(c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?))?;
+        assert_eq!(mode, "wal");
+        Ok(())
+    }
+}

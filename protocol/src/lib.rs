@@ -1,0 +1,32 @@
+//! bc-protocol: the `bcd.v1` wire protocol and the domain types shared by the node daemon (`bcd`)
+//! and the control plane (`controlplane-lite`).
+//!
+//! # Background
+//! The spec (Better Compute docs, "Nodes") describes a node as several independent state axes plus
+//! identity fields. Both sides of the wire need the same names for them, spelled as the spec spells
+//! them (`provisionState`, `noScheduleReasons`, `tenant-owned`, ...).
+//!
+//! # Design
+//! - [`pb`] is the code generated from `proto/bcd/v1/*.proto` (protox + tonic-prost-build; no
+//!   system `protoc`).
+//! - [`types`] holds the string enums of the node model; each renders exactly the spec's spelling
+//!   on the wire, in JSON and in SQL.
+//! - [`inventory`] is the inventory document the agent sends inside `Inventory.document_json`.
+//!
+//! # Limitations
+//! No I/O lives here: this crate is pure data.
+#![forbid(unsafe_code)]
+
+pub mod inventory;
+pub mod types;
+
+/// Generated `bcd.v1` messages and tonic services.
+#[allow(missing_docs, clippy::all, missing_debug_implementations)]
+pub mod pb {
+    tonic::include_proto!("bcd.v1");
+}
+
+pub use types::*;
+
+/// The version string agents and the control plane report (`agent_version`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
