@@ -1,5 +1,6 @@
 //! bcd
 #![forbid(unsafe_code)]
+pub mod agent;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
