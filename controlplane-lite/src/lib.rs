@@ -1,3 +1,9 @@
 //! controlplane-lite
 #![forbid(unsafe_code)]
+pub mod api;
+pub mod ca;
+pub mod client;
+pub mod gateway;
+pub mod liveness;
+pub mod server;
 pub mod store;

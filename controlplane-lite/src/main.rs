@@ -1,1 +1,99 @@
-fn main() {}
+//! `bcctl`: runs controlplane-lite (`serve`, `dev`) and drives it (`nodes`, `tokens`). Thin: the
+//! only place errors become exit codes.
+
+mod cli;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bcctl",
+    version,
+    about = "controlplane-lite: the Better Compute control plane, small"
+)]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "BCCTL_LOG", default_value = "info", global = true)]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the control plane.
+    Serve(cli::ServeArgs),
+    /// Control plane embedded plus a real local agent; waits until the node is adopted.
+    Dev(cli::dev::DevArgs),
+    /// Nodes: list, get, events.
+    Nodes {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+        #[command(subcommand)]
+        cmd: cli::NodesCommand,
+    },
+    /// Join tokens: create, list.
+    Tokens {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+        #[command(subcommand)]
+        cmd: cli::TokensCommand,
+    },
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
+    let running = controlplane_lite::server::start(args.config()).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    running.shutdown(Duration::from_secs(5)).await;
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Dev(args) => cli::dev::run(args).await,
+        Command::Nodes { client, cmd } => cli::nodes(&client, cmd).await,
+        Command::Tokens { client, cmd } => cli::tokens(&client, cmd).await,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let is_dev = matches!(cli.command, Command::Dev(_));
+    init_logging(if is_dev && std::env::var_os("BCCTL_LOG").is_none() {
+        "warn"
+    } else {
+        &cli.log
+    });
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bcctl: error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bcctl: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

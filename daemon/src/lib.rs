@@ -4,3 +4,5 @@ pub mod agent;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
+pub mod state;
+pub mod tls;

@@ -58,6 +58,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(args) => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(bcd::agent::run(args))?;
+            tracing::info!("agent stopped");
         }
         Command::Site => anyhow::bail!(bcd_site::NOT_YET),
         Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),

@@ -9,6 +9,7 @@
 pub mod events;
 pub mod migrations;
 pub mod nodes;
+pub mod sessions;
 pub mod tokens;
 
 use std::path::Path;

@@ -1,0 +1,230 @@
+//! `bcctl dev`: the control plane embedded, a real `bcd agent` process on this machine against
+//! loopback, and the node followed until it is adopted, connected and has converged its first spec.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use controlplane_lite::api::detail::NodeDetail;
+use controlplane_lite::server::{self, ServeConfig};
+use controlplane_lite::store::{Store, nodes, now_ms, tokens};
+
+/// The site and pool `bcctl dev` puts its node in, so the node is a schedulable `host`.
+pub const DEV_SITE: &str = "site_dev";
+/// See [`DEV_SITE`].
+pub const DEV_POOL: &str = "pool_dev";
+
+/// `bcctl dev` flags.
+#[derive(Debug, Clone, Args)]
+pub struct DevArgs {
+    /// Keep the control plane's and agent's state here (default: a temporary dir, removed on exit).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// The `bcd` binary (default: next to `bcctl`, then PATH).
+    #[arg(long, env = "BCD_BIN")]
+    pub bcd: Option<PathBuf>,
+    /// Host root the agent reads /sys and /proc from.
+    #[arg(long, default_value = "/")]
+    pub root: PathBuf,
+    /// Heartbeat interval.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub heartbeat_interval: Duration,
+    /// How long to wait for the node to be adopted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub timeout: Duration,
+    /// Exit once the node is adopted instead of running until Ctrl-C.
+    #[arg(long)]
+    pub once: bool,
+}
+
+fn find_bcd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("locating bcctl")?;
+    if let Some(dir) = exe.parent() {
+        let candidate = dir.join("bcd");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join("bcd");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    bail!(
+        "cannot find the `bcd` binary next to bcctl or on PATH: build it (`cargo build --release --bins`) or pass --bcd PATH"
+    )
+}
+
+fn ensure_dev_pool(store: &Store) -> anyhow::Result<()> {
+    store.with(|c| {
+        let now = now_ms();
+        c.execute(
+            "INSERT INTO sites (id, name, kind, created_at) VALUES (?1, 'dev', 'platform', ?2) ON CONFLICT (id) DO NOTHING",
+            rusqlite::params![DEV_SITE, now],
+        )?;
+        c.execute(
+            "INSERT INTO pools (id, site_id, name, kind, agent, created_at) VALUES (?1, ?2, 'dev', 'metal-host', 'bcd', ?3) \
+             ON CONFLICT (id) DO NOTHING",
+            rusqlite::params![DEV_POOL, DEV_SITE, now],
+        )?;
+        Ok(())
+    })?;
+    Ok(())
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+async fn stop_agent(child: &mut Child) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    }
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
+}
+
+/// Runs `bcctl dev`.
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let bcd = find_bcd(args.bcd.clone())?;
+    let temp;
+    let base = match &args.state_dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::Builder::new().prefix("bcctl-dev-").tempdir()?;
+            temp.path().to_owned()
+        }
+    };
+    let cp_dir = base.join("controlplane");
+    let agent_dir = base.join("agent");
+    let loopback = "127.0.0.1:0".parse().context("loopback address")?;
+    let mut cfg = ServeConfig::new(cp_dir.clone(), loopback, loopback);
+    cfg.heartbeat_interval = args.heartbeat_interval;
+    cfg.liveness.unreachable_after = args.heartbeat_interval * 4;
+    let running = server::start(cfg).await?;
+    ensure_dev_pool(&running.store)?;
+    let (_, token) = running.store.with(|c| {
+        tokens::create(
+            c,
+            &tokens::NewToken {
+                pool_id: Some(DEV_POOL.to_owned()),
+                ttl_ms: 3_600_000,
+                max_uses: Some(1),
+                description: Some("bcctl dev".to_owned()),
+                ..Default::default()
+            },
+            now_ms(),
+        )
+    })?;
+    let ep = running.endpoints.clone();
+    println!(
+        "control plane: gateway {}  api {}",
+        ep.gateway_url, ep.api_url
+    );
+    println!("state:         {}", base.display());
+    println!(
+        "operator API:  bcctl --state-dir {} nodes list",
+        cp_dir.display()
+    );
+    std::fs::create_dir_all(&agent_dir)?;
+    let log_path = base.join("agent.log");
+    let log = std::fs::File::create(&log_path)?;
+    let mut child = Command::new(&bcd)
+        .arg("agent")
+        .arg("--control-plane")
+        .arg(&ep.gateway_url)
+        .arg("--join-token")
+        .arg(&token)
+        .arg("--ca-pin")
+        .arg(&ep.ca_pin)
+        .arg("--state-dir")
+        .arg(&agent_dir)
+        .arg("--root")
+        .arg(&args.root)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bcd.display()))?;
+    println!(
+        "agent:         {} (pid {}), log {}",
+        bcd.display(),
+        child.id().unwrap_or(0),
+        log_path.display()
+    );
+
+    let node = match wait_adopted(&running.store, &mut child, args.timeout).await {
+        Ok(n) => n,
+        Err(e) => {
+            stop_agent(&mut child).await;
+            running.shutdown(Duration::from_secs(2)).await;
+            bail!(
+                "{e:#}\n--- agent log ({}) ---\n{}",
+                log_path.display(),
+                tail(&log_path, 30)
+            );
+        }
+    };
+    println!(
+        "\nnode {} is adopted, connected and converged (observedGeneration {}):\n",
+        node.id, node.observed_generation
+    );
+    print!("{}", crate::cli::node_detail_text(&node));
+    if !args.once {
+        println!("\nrunning; Ctrl-C stops the agent and the control plane");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            status = child.wait() => println!("agent exited: {status:?}"),
+        }
+    }
+    stop_agent(&mut child).await;
+    running.shutdown(Duration::from_secs(5)).await;
+    println!("stopped");
+    Ok(())
+}
+
+async fn wait_adopted(
+    store: &Store,
+    child: &mut Child,
+    timeout: Duration,
+) -> anyhow::Result<NodeDetail> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("the agent exited before its node was adopted: {status}");
+        }
+        let all = store.run(|c| nodes::list(c)).await?;
+        if let Some(n) = all.iter().find(|n| {
+            n.provision_state == bc_protocol::ProvisionState::Adopted
+                && n.connectivity == bc_protocol::Connectivity::Connected
+                && n.observed_generation >= 1
+        }) {
+            return Ok(NodeDetail::from(n));
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "the node was not adopted, connected and at observedGeneration 1 within {timeout:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

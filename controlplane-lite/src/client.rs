@@ -1,0 +1,137 @@
+//! The operator API client `bcctl` uses: finds the API (flag, environment or the state dir's
+//! `endpoints.json`), sends `POST /v1/<method>` with the bearer token, decodes `{code, message}`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::api::ApiError;
+use crate::server::{API_TOKEN_FILE, ENDPOINTS_FILE, Endpoints};
+
+/// What went wrong talking to the operator API.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Neither a flag, the environment nor the state dir says where the API is.
+    #[error(
+        "cannot find the operator API: pass --api URL (or BCCTL_API), or --state-dir of a running `bcctl serve` ({path}: {reason})"
+    )]
+    NoEndpoint { path: PathBuf, reason: String },
+    /// No bearer token found.
+    #[error(
+        "no API token: pass --token (or BCCTL_TOKEN), or --state-dir of the control plane ({path}: {reason})"
+    )]
+    NoToken { path: PathBuf, reason: String },
+    /// The control plane could not be reached.
+    #[error("cannot reach the operator API at {url}: {source}")]
+    Unreachable { url: String, source: reqwest::Error },
+    /// The API answered with an error.
+    #[error("{0}")]
+    Api(ApiError),
+    /// The API answered something that is not the expected JSON.
+    #[error("unexpected answer from {url} (HTTP {status}): {body}")]
+    Protocol {
+        url: String,
+        status: u16,
+        body: String,
+    },
+}
+
+/// A connected operator client.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    /// A client for `base` (e.g. `http://127.0.0.1:7080`) with `token`.
+    pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: base.into().trim_end_matches('/').to_owned(),
+            token: token.into(),
+        }
+    }
+
+    /// Resolves the API URL and token: explicit values first, then the state dir's files.
+    pub fn discover(
+        api: Option<String>,
+        token: Option<String>,
+        state_dir: &Path,
+    ) -> Result<Self, ClientError> {
+        let base = match api {
+            Some(a) => a,
+            None => {
+                let path = state_dir.join(ENDPOINTS_FILE);
+                let text = std::fs::read_to_string(&path).map_err(|e| ClientError::NoEndpoint {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                let ep: Endpoints =
+                    serde_json::from_str(&text).map_err(|e| ClientError::NoEndpoint {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?;
+                ep.api_url
+            }
+        };
+        let token = match token {
+            Some(t) => t,
+            None => {
+                let path = state_dir.join(API_TOKEN_FILE);
+                std::fs::read_to_string(&path)
+                    .map(|t| t.trim().to_owned())
+                    .map_err(|e| ClientError::NoToken {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?
+            }
+        };
+        Ok(Self::new(base, token))
+    }
+
+    /// Calls `method` (e.g. `nodes.get`) with `req`.
+    pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: &str,
+        req: &Req,
+    ) -> Result<Resp, ClientError> {
+        let url = format!("{}/v1/{method}", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .bearer_auth(&self.token)
+            .json(req)
+            .send()
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|e| ClientError::Protocol {
+                url,
+                status: status.as_u16(),
+                body: format!("{e}: {}", String::from_utf8_lossy(&bytes)),
+            });
+        }
+        match serde_json::from_slice::<ApiError>(&bytes) {
+            Ok(err) => Err(ClientError::Api(err)),
+            Err(_) => Err(ClientError::Protocol {
+                url,
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            }),
+        }
+    }
+}

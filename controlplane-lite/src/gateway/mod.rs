@@ -1,0 +1,162 @@
+//! The gateway: JoinService (server-authenticated TLS) and the agents' sessions (mutual TLS).
+//!
+//! Each session is a bidirectional gRPC stream. The certificate names the node and its identity
+//! generation; both are checked against the store when the stream opens.
+
+pub mod join;
+pub mod registry;
+mod session;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_protocol::pb::gateway_server::Gateway;
+use bc_protocol::pb::{AgentMessage, GatewayMessage, RenewRequest, RenewResponse};
+use parking_lot::Mutex;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::ca::{CertificateAuthority, NodeIdentity};
+use crate::store::{Store, nodes, sessions};
+use registry::Registry;
+
+/// Timings and identity of this gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub gateway_id: String,
+    pub heartbeat_interval: Duration,
+    pub node_cert_ttl: Duration,
+    /// How long an agent has to send Hello after opening the stream.
+    pub hello_timeout: Duration,
+}
+
+/// Heartbeats waiting to be written: node id -> (epoch, last seen ms).
+#[derive(Debug, Default)]
+pub struct HeartbeatBuffer {
+    pending: Mutex<HashMap<String, (u64, i64)>>,
+}
+
+impl HeartbeatBuffer {
+    /// Notes a heartbeat; the flusher writes it with the others in one transaction.
+    pub fn note(&self, node_id: &str, epoch: u64, at: i64) {
+        self.pending.lock().insert(node_id.to_owned(), (epoch, at));
+    }
+
+    /// Takes everything noted so far.
+    pub fn take(&self) -> Vec<(String, u64, i64)> {
+        self.pending
+            .lock()
+            .drain()
+            .map(|(id, (epoch, at))| (id, epoch, at))
+            .collect()
+    }
+}
+
+/// The Gateway gRPC service.
+#[derive(Debug, Clone)]
+pub struct GatewayService {
+    pub store: Store,
+    pub ca: Arc<CertificateAuthority>,
+    pub cfg: GatewayConfig,
+    pub registry: Arc<Registry>,
+    pub heartbeats: Arc<HeartbeatBuffer>,
+}
+
+impl GatewayService {
+    /// Checks the client certificate: chain already verified by TLS; here the node id and identity
+    /// generation must match the store.
+    async fn authenticate<T>(&self, req: &Request<T>) -> Result<NodeIdentity, Status> {
+        let certs = req.peer_certs().ok_or_else(|| {
+            Status::unauthenticated("a node certificate is required (mutual TLS)")
+        })?;
+        let leaf = certs.first().ok_or_else(|| {
+            Status::unauthenticated("a node certificate is required (mutual TLS)")
+        })?;
+        let ident = self
+            .ca
+            .node_identity(leaf.as_ref())
+            .map_err(|e| Status::unauthenticated(e.to_string()))?;
+        let id = ident.node_id.clone();
+        let node = self
+            .store
+            .run(move |c| nodes::get(c, &id))
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?
+            .ok_or_else(|| {
+                Status::unauthenticated(format!("node {} no longer exists", ident.node_id))
+            })?;
+        if node.identity_generation != ident.identity_generation {
+            return Err(Status::unauthenticated(format!(
+                "certificate of identity generation {} is revoked: node {} is at generation {}",
+                ident.identity_generation, node.id, node.identity_generation
+            )));
+        }
+        Ok(ident)
+    }
+
+    /// Writes buffered heartbeats until the process ends; every `period`.
+    pub async fn flush_heartbeats(self, period: Duration) {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.flush_once().await;
+        }
+    }
+
+    /// Writes buffered heartbeats now.
+    pub async fn flush_once(&self) {
+        let beats = self.heartbeats.take();
+        if beats.is_empty() {
+            return;
+        }
+        if let Err(e) = self
+            .store
+            .run(move |c| sessions::flush_heartbeats(c, &beats))
+            .await
+        {
+            tracing::error!(error = %e, "writing heartbeats failed");
+        }
+    }
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<GatewayMessage, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let ident = self.authenticate(&request).await?;
+        let rx = session::open(self.clone(), ident, request.into_inner()).await?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<RenewRequest>,
+    ) -> Result<Response<RenewResponse>, Status> {
+        let ident = self.authenticate(&request).await?;
+        let req = request.into_inner();
+        let (certificate_pem, signed) = self
+            .ca
+            .sign_node_csr(
+                &req.csr_pem,
+                &ident.node_id,
+                ident.identity_generation,
+                self.cfg.node_cert_ttl,
+            )
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(RenewResponse {
+            certificate_pem,
+            not_after_ms: signed.not_after_ms,
+        }))
+    }
+}

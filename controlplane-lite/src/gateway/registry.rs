@@ -1,0 +1,103 @@
+//! Live sessions by node id. A newer session of the same node supersedes the older one; the epoch
+//! fences whatever the old one still sends.
+
+use std::collections::HashMap;
+
+use bc_protocol::pb::{GatewayMessage, Goodbye, GoodbyeReason, gateway_message::Msg};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+
+/// Sender half of a session's outbound stream.
+pub type Outbound = mpsc::Sender<Result<GatewayMessage, Status>>;
+
+/// One live session.
+#[derive(Debug)]
+pub struct SessionHandle {
+    pub epoch: u64,
+    pub tx: Outbound,
+    /// Set to true to make the session task stop reading and end the stream.
+    pub stop: watch::Sender<bool>,
+}
+
+/// Live sessions.
+#[derive(Debug, Default)]
+pub struct Registry {
+    sessions: Mutex<HashMap<String, SessionHandle>>,
+}
+
+/// A Goodbye message.
+pub fn goodbye(reason: GoodbyeReason, message: &str) -> GatewayMessage {
+    GatewayMessage {
+        msg: Some(Msg::Goodbye(Goodbye {
+            reason: reason.into(),
+            message: message.to_owned(),
+        })),
+    }
+}
+
+fn end(old: SessionHandle, reason: GoodbyeReason, message: &str) {
+    // try_send: a peer that is not reading must not block the caller; the stop flag ends it anyway.
+    let _ = old.tx.try_send(Ok(goodbye(reason, message)));
+    let _ = old.stop.send(true);
+}
+
+impl Registry {
+    /// Registers a session; an older session of the node gets `Goodbye{superseded}` and is ended.
+    pub fn insert(&self, node_id: &str, handle: SessionHandle) {
+        let old = self.sessions.lock().insert(node_id.to_owned(), handle);
+        if let Some(old) = old {
+            end(
+                old,
+                GoodbyeReason::Superseded,
+                "a newer session of this node opened",
+            );
+        }
+    }
+
+    /// Removes the node's session if it is still the one at `epoch`.
+    pub fn remove_if(&self, node_id: &str, epoch: u64) {
+        let mut map = self.sessions.lock();
+        if map.get(node_id).is_some_and(|h| h.epoch == epoch) {
+            map.remove(node_id);
+        }
+    }
+
+    /// Ends the node's session, if any, with `reason`. Returns whether one was open.
+    pub fn close(&self, node_id: &str, reason: GoodbyeReason, message: &str) -> bool {
+        let old = self.sessions.lock().remove(node_id);
+        match old {
+            Some(old) => {
+                end(old, reason, message);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ends every session (control plane shutdown).
+    pub fn close_all(&self, reason: GoodbyeReason, message: &str) {
+        let all: Vec<SessionHandle> = self.sessions.lock().drain().map(|(_, h)| h).collect();
+        for h in all {
+            end(h, reason, message);
+        }
+    }
+
+    /// Number of live sessions.
+    pub fn len(&self) -> usize {
+        self.sessions.lock().len()
+    }
+
+    /// Whether no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The outbound sender of a node's live session.
+    pub fn sender(&self, node_id: &str) -> Option<(u64, Outbound)> {
+        self.sessions
+            .lock()
+            .get(node_id)
+            .map(|h| (h.epoch, h.tx.clone()))
+    }
+}

@@ -1,0 +1,231 @@
+//! One agent session: Hello, Welcome and the current Spec, then messages until Goodbye, the end of
+//! the stream, or a stop (superseded, revoked, shutdown).
+
+use bc_protocol::pb::{
+    AgentMessage, GatewayMessage, HeartbeatAck, Spec, Welcome, agent_message, gateway_message::Msg,
+};
+use tokio::sync::{mpsc, watch};
+use tonic::{Status, Streaming};
+
+use super::GatewayService;
+use super::registry::SessionHandle;
+use crate::ca::NodeIdentity;
+use crate::store::{now_ms, sessions};
+
+/// Largest inventory document accepted, bytes.
+pub const MAX_INVENTORY_BYTES: usize = 8 * 1024 * 1024;
+
+fn msg(m: Msg) -> Result<GatewayMessage, Status> {
+    Ok(GatewayMessage { msg: Some(m) })
+}
+
+/// Reads Hello, opens the session in the store, registers it, queues Welcome and the Spec, and
+/// spawns the task that serves the rest of the stream. Returns the outbound receiver.
+pub(super) async fn open(
+    gw: GatewayService,
+    ident: NodeIdentity,
+    mut inbound: Streaming<AgentMessage>,
+) -> Result<mpsc::Receiver<Result<GatewayMessage, Status>>, Status> {
+    let first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
+        .await
+        .map_err(|_| Status::deadline_exceeded("no Hello within the hello timeout"))??
+        .ok_or_else(|| Status::cancelled("stream closed before Hello"))?;
+    let Some(agent_message::Msg::Hello(hello)) = first.msg else {
+        return Err(Status::failed_precondition(
+            "the first message of a session must be Hello",
+        ));
+    };
+    if hello.node_id != ident.node_id {
+        return Err(Status::permission_denied(format!(
+            "Hello names node {} but the certificate is node {}",
+            hello.node_id, ident.node_id
+        )));
+    }
+    let open = sessions::SessionOpen {
+        node_id: ident.node_id.clone(),
+        gateway_id: gw.cfg.gateway_id.clone(),
+        boot_id: hello.boot_id.clone(),
+        agent_version: hello.agent_version.clone(),
+    };
+    let opened = gw
+        .store
+        .run(move |c| sessions::open(c, &open))
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?
+        .ok_or_else(|| {
+            Status::unauthenticated(format!("node {} no longer exists", ident.node_id))
+        })?;
+    if opened.identity_generation != ident.identity_generation {
+        return Err(Status::unauthenticated(
+            "node identity was replaced while the session opened",
+        ));
+    }
+    let (tx, rx) = mpsc::channel(64);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let epoch = opened.epoch;
+    gw.registry.insert(
+        &ident.node_id,
+        SessionHandle {
+            epoch,
+            tx: tx.clone(),
+            stop: stop_tx,
+        },
+    );
+    let welcome = Welcome {
+        epoch,
+        gateway_id: gw.cfg.gateway_id.clone(),
+        heartbeat_interval_ms: u32::try_from(gw.cfg.heartbeat_interval.as_millis())
+            .unwrap_or(u32::MAX),
+        server_time_ms: now_ms(),
+    };
+    let spec = Spec {
+        generation: opened.generation,
+        spec: Some(spec_to_wire(&opened.spec)),
+    };
+    // Capacity is 64 and the receiver is fresh: these cannot block.
+    let _ = tx.send(msg(Msg::Welcome(welcome))).await;
+    let _ = tx.send(msg(Msg::Spec(spec))).await;
+    tracing::info!(node_id = %ident.node_id, epoch, boot_id = %hello.boot_id, "session opened");
+    tokio::spawn(serve(gw, ident.node_id, epoch, inbound, tx, stop_rx));
+    Ok(rx)
+}
+
+/// The stored spec (camelCase JSON) on the wire. Generation 1 is the empty spec.
+fn spec_to_wire(_spec: &serde_json::Value) -> bc_protocol::pb::NodeSpec {
+    bc_protocol::pb::NodeSpec::default()
+}
+
+async fn serve(
+    gw: GatewayService,
+    node_id: String,
+    epoch: u64,
+    mut inbound: Streaming<AgentMessage>,
+    tx: mpsc::Sender<Result<GatewayMessage, Status>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut clean = false;
+    loop {
+        let next = tokio::select! {
+            _ = stop.changed() => break,
+            next = inbound.message() => next,
+        };
+        let m = match next {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(status) => {
+                tracing::debug!(node_id = %node_id, %status, "session stream error");
+                break;
+            }
+        };
+        if m.epoch != 0 && m.epoch != epoch {
+            tracing::debug!(node_id = %node_id, got = m.epoch, epoch, "message of a stale epoch dropped");
+            continue;
+        }
+        match m.msg {
+            Some(agent_message::Msg::Heartbeat(hb)) => {
+                gw.heartbeats.note(&node_id, epoch, now_ms());
+                if tx
+                    .send(msg(Msg::HeartbeatAck(HeartbeatAck { seq: hb.seq })))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            Some(agent_message::Msg::Inventory(inv)) => {
+                handle_inventory(&gw, &node_id, epoch, inv).await
+            }
+            Some(agent_message::Msg::SpecStatus(s)) => {
+                let id = node_id.clone();
+                let r = gw
+                    .store
+                    .run(move |c| {
+                        sessions::record_spec_status(
+                            c,
+                            &id,
+                            epoch,
+                            s.generation,
+                            s.converged,
+                            &s.reason,
+                            &s.message,
+                        )
+                    })
+                    .await;
+                if let Err(e) = r {
+                    tracing::error!(node_id = %node_id, error = %e, "recording SpecStatus failed");
+                }
+            }
+            Some(agent_message::Msg::Goodbye(g)) => {
+                let reason = bc_protocol::pb::GoodbyeReason::try_from(g.reason)
+                    .map(|r| {
+                        r.as_str_name()
+                            .trim_start_matches("GOODBYE_REASON_")
+                            .to_ascii_lowercase()
+                    })
+                    .unwrap_or_else(|_| "unknown".to_owned());
+                let id = node_id.clone();
+                if let Err(e) = gw
+                    .store
+                    .run(move |c| sessions::close_clean(c, &id, epoch, &reason))
+                    .await
+                {
+                    tracing::error!(node_id = %node_id, error = %e, "recording Goodbye failed");
+                }
+                clean = true;
+                break;
+            }
+            Some(agent_message::Msg::Hello(_)) => {
+                tracing::warn!(node_id = %node_id, "second Hello on one session ignored");
+            }
+            Some(agent_message::Msg::CommandUpdate(_))
+            | Some(agent_message::Msg::Event(_))
+            | None => {}
+        }
+    }
+    gw.registry.remove_if(&node_id, epoch);
+    tracing::info!(node_id = %node_id, epoch, clean, "session closed");
+}
+
+async fn handle_inventory(
+    gw: &GatewayService,
+    node_id: &str,
+    epoch: u64,
+    inv: bc_protocol::pb::Inventory,
+) {
+    if inv.document_json.len() > MAX_INVENTORY_BYTES {
+        tracing::warn!(
+            node_id,
+            bytes = inv.document_json.len(),
+            "inventory too large; dropped"
+        );
+        return;
+    }
+    let doc: serde_json::Value = match serde_json::from_slice(&inv.document_json) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(node_id, error = %e, "inventory is not valid JSON; dropped");
+            return;
+        }
+    };
+    let hw = inv.hardware.unwrap_or_default();
+    let id = node_id.to_owned();
+    let r = gw
+        .store
+        .run(move |c| {
+            sessions::record_inventory(
+                c,
+                &id,
+                epoch,
+                &hw.hardware_key,
+                hw.trusted,
+                &hw.identifier_digests,
+                &doc,
+            )
+        })
+        .await;
+    match r {
+        Ok(Some(state)) => tracing::info!(node_id, provision_state = %state, "inventory recorded"),
+        Ok(None) => {}
+        Err(e) => tracing::error!(node_id, error = %e, "recording inventory failed"),
+    }
+}

@@ -1,0 +1,378 @@
+//! Session bookkeeping on the node row: the gateway opens and closes sessions, heartbeats move
+//! `lastSeen` (batched), and the Liveness controller moves `connectivity`. Each change of
+//! `connectivity` updates `noScheduleReasons` and the event log in the same transaction.
+
+use bc_protocol::{Condition, ConditionStatus, Connectivity, ProvisionState};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use super::nodes::{self, with_reason};
+use super::{StoreError, events, now_ms, to_json};
+
+/// The reason Liveness writes into `noScheduleReasons` while a node is unreachable or lost.
+pub const REASON_UNREACHABLE: &str = "unreachable";
+
+/// Facts of a session being opened.
+#[derive(Debug, Clone)]
+pub struct SessionOpen {
+    pub node_id: String,
+    pub gateway_id: String,
+    pub boot_id: String,
+    pub agent_version: String,
+}
+
+/// What the gateway needs after opening: the new epoch and the spec to send.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub epoch: u64,
+    pub generation: u64,
+    pub spec: serde_json::Value,
+    pub identity_generation: u64,
+}
+
+fn set_connectivity(
+    tx: &Connection,
+    node_id: &str,
+    from: Connectivity,
+    to: Connectivity,
+    reasons: &[String],
+    actor: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    let unreachable = matches!(to, Connectivity::Unreachable | Connectivity::Lost);
+    let reasons = with_reason(reasons, REASON_UNREACHABLE, unreachable);
+    tx.execute(
+        "UPDATE nodes SET connectivity = ?2, no_schedule_reasons = ?3, updated_at = ?4, \
+         version = version + 1 WHERE id = ?1",
+        params![node_id, to.as_str(), to_json(&reasons), now],
+    )?;
+    if from != to {
+        events::record(
+            tx,
+            node_id,
+            now,
+            "connectivity",
+            Some(from.as_str()),
+            Some(to.as_str()),
+            actor,
+            "",
+        )?;
+    }
+    Ok(())
+}
+
+/// Opens a session: epoch + 1, `connected`, session fields set. `None` when the node is gone.
+pub fn open(conn: &mut Connection, s: &SessionOpen) -> Result<Option<Opened>, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let Some(node) = nodes::get(&tx, &s.node_id)? else {
+        return Ok(None);
+    };
+    let now = now_ms();
+    let epoch = node.session_epoch + 1;
+    tx.execute(
+        "UPDATE nodes SET session_epoch = ?2, gateway_id = ?3, connected_at = ?4, last_seen = ?4, \
+         boot_id = ?5, agent_version = ?6 WHERE id = ?1",
+        params![
+            s.node_id,
+            i64::try_from(epoch).unwrap_or(i64::MAX),
+            s.gateway_id,
+            now,
+            s.boot_id,
+            s.agent_version
+        ],
+    )?;
+    set_connectivity(
+        &tx,
+        &s.node_id,
+        node.connectivity,
+        Connectivity::Connected,
+        &node.no_schedule_reasons,
+        "gateway",
+        now,
+    )?;
+    tx.commit()?;
+    Ok(Some(Opened {
+        epoch,
+        generation: node.generation,
+        spec: node.spec,
+        identity_generation: node.identity_generation,
+    }))
+}
+
+/// Closes a session after a clean Goodbye: `disconnected`, `disconnectedAt`. A session that is no
+/// longer the node's current epoch changes nothing.
+pub fn close_clean(
+    conn: &mut Connection,
+    node_id: &str,
+    epoch: u64,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let Some(node) = nodes::get(&tx, node_id)? else {
+        return Ok(());
+    };
+    if node.session_epoch != epoch {
+        return Ok(());
+    }
+    let now = now_ms();
+    tx.execute(
+        "UPDATE nodes SET disconnected_at = ?2 WHERE id = ?1",
+        params![node_id, now],
+    )?;
+    set_connectivity(
+        &tx,
+        node_id,
+        node.connectivity,
+        Connectivity::Disconnected,
+        &node.no_schedule_reasons,
+        "gateway",
+        now,
+    )?;
+    if !reason.is_empty() {
+        events::record(
+            &tx,
+            node_id,
+            now,
+            "goodbye",
+            None,
+            Some(reason),
+            "gateway",
+            "agent said Goodbye",
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Writes a batch of heartbeats `(node_id, epoch, last_seen_ms)` in one transaction. A node whose
+/// current session heartbeats while marked unreachable or lost is `connected` again.
+pub fn flush_heartbeats(
+    conn: &mut Connection,
+    beats: &[(String, u64, i64)],
+) -> Result<usize, StoreError> {
+    if beats.is_empty() {
+        return Ok(0);
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut revived = Vec::new();
+    {
+        let mut upd = tx.prepare_cached(
+            "UPDATE nodes SET last_seen = MAX(COALESCE(last_seen, 0), ?3) WHERE id = ?1 AND session_epoch = ?2",
+        )?;
+        let mut state = tx.prepare_cached(
+            "SELECT connectivity FROM nodes WHERE id = ?1 AND session_epoch = ?2",
+        )?;
+        for (id, epoch, at) in beats {
+            let epoch_i = i64::try_from(*epoch).unwrap_or(i64::MAX);
+            upd.execute(params![id, epoch_i, at])?;
+            let c: Option<String> = state
+                .query_row(params![id, epoch_i], |r| r.get(0))
+                .optional()?;
+            if matches!(c.as_deref(), Some("unreachable") | Some("lost")) {
+                revived.push(id.clone());
+            }
+        }
+    }
+    let now = now_ms();
+    for id in &revived {
+        if let Some(node) = nodes::get(&tx, id)? {
+            set_connectivity(
+                &tx,
+                id,
+                node.connectivity,
+                Connectivity::Connected,
+                &node.no_schedule_reasons,
+                "Liveness",
+                now,
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(beats.len())
+}
+
+/// Liveness sweep: `connected` nodes silent for `unreachable_after_ms` become `unreachable`;
+/// `unreachable` nodes silent for `unreachable_after_ms + lost_after_ms` become `lost`.
+/// Returns the ids that changed.
+pub fn sweep(
+    conn: &mut Connection,
+    now: i64,
+    unreachable_after_ms: i64,
+    lost_after_ms: i64,
+) -> Result<Vec<(String, Connectivity)>, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut candidates = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT id, connectivity FROM nodes WHERE \
+             (connectivity = 'connected' AND COALESCE(last_seen, 0) < ?1) OR \
+             (connectivity = 'unreachable' AND COALESCE(last_seen, 0) < ?2)",
+        )?;
+        let rows = stmt.query_map(
+            params![
+                now - unreachable_after_ms,
+                now - unreachable_after_ms - lost_after_ms
+            ],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )?;
+        for row in rows {
+            candidates.push(row?);
+        }
+    }
+    let mut changed = Vec::new();
+    for (id, _) in candidates {
+        let Some(node) = nodes::get(&tx, &id)? else {
+            continue;
+        };
+        let to = match node.connectivity {
+            Connectivity::Connected => Connectivity::Unreachable,
+            Connectivity::Unreachable => Connectivity::Lost,
+            _ => continue,
+        };
+        set_connectivity(
+            &tx,
+            &id,
+            node.connectivity,
+            to,
+            &node.no_schedule_reasons,
+            "Liveness",
+            now,
+        )?;
+        changed.push((id, to));
+    }
+    tx.commit()?;
+    Ok(changed)
+}
+
+/// Stores an inventory report and runs NodeLifecycle acceptance: a node in `adopting` whose
+/// inventory arrived becomes `adopted`. Returns the provision state after.
+pub fn record_inventory(
+    conn: &mut Connection,
+    node_id: &str,
+    epoch: u64,
+    hardware_key: &str,
+    trusted: bool,
+    digests: &[String],
+    document: &serde_json::Value,
+) -> Result<Option<ProvisionState>, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let Some(node) = nodes::get(&tx, node_id)? else {
+        return Ok(None);
+    };
+    if node.session_epoch != epoch {
+        return Ok(Some(node.provision_state));
+    }
+    let now = now_ms();
+    let key = (!hardware_key.is_empty()).then_some(hardware_key);
+    tx.execute(
+        "UPDATE nodes SET inventory = ?2, inventory_at = ?3, hardware_key = ?4, \
+         hardware_key_trusted = ?5, identifier_digests = ?6, hostname = COALESCE(?7, hostname), \
+         updated_at = ?3, version = version + 1 WHERE id = ?1",
+        params![
+            node_id,
+            to_json(document),
+            now,
+            key,
+            trusted,
+            to_json(&digests),
+            document.get("hostname").and_then(|h| h.as_str()),
+        ],
+    )?;
+    let mut state = node.provision_state;
+    if state == ProvisionState::Adopting {
+        state = ProvisionState::Adopted;
+        tx.execute(
+            "UPDATE nodes SET provision_state = ?2 WHERE id = ?1",
+            params![node_id, state.as_str()],
+        )?;
+        events::record(
+            &tx,
+            node_id,
+            now,
+            "provisionState",
+            Some(ProvisionState::Adopting.as_str()),
+            Some(state.as_str()),
+            "NodeLifecycle",
+            "acceptance passed: inventory received",
+        )?;
+    }
+    tx.commit()?;
+    Ok(Some(state))
+}
+
+/// Records a SpecStatus: on `converged`, `observedGeneration` moves up to `generation` (never past
+/// the node's `generation`, never down); the `SpecConverged` condition says how the apply went.
+pub fn record_spec_status(
+    conn: &mut Connection,
+    node_id: &str,
+    epoch: u64,
+    generation: u64,
+    converged: bool,
+    reason: &str,
+    message: &str,
+) -> Result<Option<u64>, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let Some(node) = nodes::get(&tx, node_id)? else {
+        return Ok(None);
+    };
+    if node.session_epoch != epoch || generation > node.generation {
+        return Ok(Some(node.observed_generation));
+    }
+    let now = now_ms();
+    let mut observed = node.observed_generation;
+    if converged && generation > observed {
+        observed = generation;
+        events::record(
+            &tx,
+            node_id,
+            now,
+            "observedGeneration",
+            Some(&node.observed_generation.to_string()),
+            Some(&observed.to_string()),
+            "gateway",
+            "",
+        )?;
+    }
+    let status = if converged {
+        ConditionStatus::True
+    } else {
+        ConditionStatus::False
+    };
+    let mut conditions = node.conditions.clone();
+    let reason = if converged {
+        "Converged"
+    } else if reason.is_empty() {
+        "ApplyFailed"
+    } else {
+        reason
+    };
+    match conditions.iter_mut().find(|c| c.type_ == "SpecConverged") {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = crate::api::detail::rfc3339(now);
+            }
+            c.status = status;
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+        }
+        None => conditions.push(Condition {
+            type_: "SpecConverged".to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            last_transition_time: crate::api::detail::rfc3339(now),
+            owner: "NodeLifecycle".to_owned(),
+        }),
+    }
+    tx.execute(
+        "UPDATE nodes SET observed_generation = ?2, conditions = ?3, updated_at = ?4, \
+         version = version + 1 WHERE id = ?1",
+        params![
+            node_id,
+            i64::try_from(observed).unwrap_or(i64::MAX),
+            to_json(&conditions),
+            now
+        ],
+    )?;
+    tx.commit()?;
+    Ok(Some(observed))
+}

@@ -1,0 +1,203 @@
+//! One session with the gateway: Hello, Welcome, heartbeats at the interval Welcome gives, the
+//! inventory, the spec and its status, and Goodbye on shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_protocol::pb::gateway_client::GatewayClient;
+use bc_protocol::pb::{
+    AgentMessage, Goodbye, GoodbyeReason, Heartbeat, Hello, Inventory, SpecStatus, agent_message,
+    gateway_message,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::Backoff;
+use crate::hostroot::HostRoot;
+use crate::state::Identity;
+
+/// What a session needs.
+#[derive(Debug)]
+pub struct SessionContext {
+    pub identity: Identity,
+    pub root: HostRoot,
+    pub tls: Arc<rustls::ClientConfig>,
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// SIGTERM: Goodbye sent; the agent exits.
+    Shutdown,
+    /// Anything else: reconnect after a backoff.
+    Retry(String),
+}
+
+/// How long to wait for Welcome after opening the stream.
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long to wait for the gateway to close after our Goodbye.
+const GOODBYE_LINGER: Duration = Duration::from_secs(2);
+
+fn msg(epoch: u64, m: agent_message::Msg) -> AgentMessage {
+    AgentMessage {
+        epoch,
+        msg: Some(m),
+    }
+}
+
+async fn inventory_message(root: &HostRoot) -> Result<Inventory, String> {
+    let root = root.clone();
+    tokio::task::spawn_blocking(move || {
+        let inv = crate::inventory::collect(&root);
+        let hw = crate::hwkey::compute(&root);
+        let doc = serde_json::to_vec(&inv).map_err(|e| e.to_string())?;
+        Ok(Inventory {
+            hardware: Some(hw),
+            document_json: doc,
+            collected_at_ms: chrono::Utc::now().timestamp_millis(),
+        })
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Applies a spec. Generation 1 is empty and converges at once; device binding and break-glass
+/// SSH are applied by the converge module when present.
+fn apply_spec(spec: &bc_protocol::pb::Spec) -> SpecStatus {
+    let empty = spec
+        .spec
+        .as_ref()
+        .is_none_or(|s| s.devices.is_none() && s.break_glass_ssh.is_none());
+    if empty {
+        SpecStatus {
+            generation: spec.generation,
+            converged: true,
+            reason: String::new(),
+            message: String::new(),
+        }
+    } else {
+        SpecStatus {
+            generation: spec.generation,
+            converged: false,
+            reason: "Unsupported".to_owned(),
+            message: "this agent build cannot apply devices or breakGlassSsh".to_owned(),
+        }
+    }
+}
+
+/// Runs one session until shutdown or failure.
+pub async fn run_once(
+    ctx: &SessionContext,
+    stop: &mut watch::Receiver<bool>,
+    backoff: &mut Backoff,
+) -> SessionEnd {
+    let node = &ctx.identity.node;
+    let channel = match crate::tls::channel(&node.control_plane, Arc::clone(&ctx.tls)).await {
+        Ok(c) => c,
+        Err(e) => return SessionEnd::Retry(e.to_string()),
+    };
+    let mut client = GatewayClient::new(channel);
+    let (out, out_rx) = mpsc::channel::<AgentMessage>(64);
+    let hello = Hello {
+        node_id: node.node_id.clone(),
+        boot_id: ctx
+            .root
+            .read_trimmed("/proc/sys/kernel/random/boot_id")
+            .unwrap_or_default(),
+        agent_version: bc_protocol::VERSION.to_owned(),
+        mode: bc_protocol::pb::AgentMode::Node.into(),
+        observed_generation: 0,
+        pending_results: Vec::new(),
+    };
+    if out
+        .send(msg(0, agent_message::Msg::Hello(hello)))
+        .await
+        .is_err()
+    {
+        return SessionEnd::Retry("outbound stream closed".to_owned());
+    }
+    let mut inbound = match client.session(ReceiverStream::new(out_rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            return SessionEnd::Retry(format!(
+                "session refused: {}: {}",
+                status.code(),
+                status.message()
+            ));
+        }
+    };
+    let welcome = match tokio::time::timeout(WELCOME_TIMEOUT, inbound.message()).await {
+        Ok(Ok(Some(bc_protocol::pb::GatewayMessage {
+            msg: Some(gateway_message::Msg::Welcome(w)),
+        }))) => w,
+        Ok(Ok(other)) => return SessionEnd::Retry(format!("expected Welcome, got {other:?}")),
+        Ok(Err(status)) => {
+            return SessionEnd::Retry(format!(
+                "session refused: {}: {}",
+                status.code(),
+                status.message()
+            ));
+        }
+        Err(_) => return SessionEnd::Retry("no Welcome in time".to_owned()),
+    };
+    let epoch = welcome.epoch;
+    let interval = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(50)));
+    tracing::info!(node_id = %node.node_id, epoch, gateway = %welcome.gateway_id, heartbeat = ?interval, "session open");
+
+    match inventory_message(&ctx.root).await {
+        Ok(inv) => {
+            let _ = out
+                .send(msg(epoch, agent_message::Msg::Inventory(inv)))
+                .await;
+        }
+        Err(e) => tracing::warn!(error = %e, "inventory collection failed"),
+    }
+
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seq = 0u64;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|v| *v) => {
+                let bye = Goodbye { reason: GoodbyeReason::Shutdown.into(), message: "agent stopping".to_owned() };
+                let _ = out.send(msg(epoch, agent_message::Msg::Goodbye(bye))).await;
+                drop(out);
+                // Let the gateway record the Goodbye and close its side.
+                let _ = tokio::time::timeout(GOODBYE_LINGER, async {
+                    while let Ok(Some(_)) = inbound.message().await {}
+                }).await;
+                tracing::info!("said Goodbye");
+                return SessionEnd::Shutdown;
+            }
+            _ = tick.tick() => {
+                seq += 1;
+                if out.send(msg(epoch, agent_message::Msg::Heartbeat(Heartbeat { seq }))).await.is_err() {
+                    return SessionEnd::Retry("outbound stream closed".to_owned());
+                }
+            }
+            next = inbound.message() => {
+                let m = match next {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return SessionEnd::Retry("gateway closed the stream".to_owned()),
+                    Err(status) => return SessionEnd::Retry(format!("stream error: {}: {}", status.code(), status.message())),
+                };
+                match m.msg {
+                    Some(gateway_message::Msg::HeartbeatAck(_)) => backoff.reset(),
+                    Some(gateway_message::Msg::Spec(spec)) => {
+                        let status = apply_spec(&spec);
+                        tracing::info!(generation = spec.generation, converged = status.converged, "spec applied");
+                        let _ = out.send(msg(epoch, agent_message::Msg::SpecStatus(status))).await;
+                    }
+                    Some(gateway_message::Msg::Goodbye(g)) => {
+                        let reason = GoodbyeReason::try_from(g.reason).unwrap_or(GoodbyeReason::Unspecified);
+                        return SessionEnd::Retry(format!("gateway said Goodbye ({}): {}", reason.as_str_name(), g.message));
+                    }
+                    Some(gateway_message::Msg::Command(c)) => {
+                        tracing::warn!(command = %c.name, id = %c.id, "commands are not handled by this agent build");
+                    }
+                    Some(gateway_message::Msg::Welcome(_)) | Some(gateway_message::Msg::Cancel(_)) | None => {}
+                }
+            }
+        }
+    }
+}

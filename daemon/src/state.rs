@@ -1,0 +1,181 @@
+//! The agent's state dir (default `/var/lib/bcd`): `key.pem` (0600, never leaves the machine),
+//! `cert.pem`, `ca.pem`, `node.json` (node id, identity generation, control plane). Every write is
+//! atomic: temp file, fsync, rename, fsync of the directory.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// What went wrong with the state dir.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `node.json` is not what we wrote.
+    #[error("{path} is corrupt: {source}")]
+    Corrupt {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// `node.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFile {
+    pub node_id: String,
+    pub identity_generation: u64,
+    /// The gateway URL this identity belongs to.
+    pub control_plane: String,
+    pub trust_domain: String,
+    /// RFC 3339.
+    pub joined_at: String,
+}
+
+/// A complete identity: who we are and how we prove it.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub node: NodeFile,
+    pub key_pem: String,
+    pub cert_pem: String,
+    pub ca_pem: String,
+}
+
+/// The state dir.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    dir: PathBuf,
+}
+
+/// Writes `data` to `path` atomically with `mode`.
+pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), StateError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(io(&tmp))?;
+    f.write_all(data).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(io(path))?;
+    if let Some(parent) = path.parent() {
+        if let Ok(d) = fs::File::open(parent) {
+            // A failed directory fsync leaves the rename possibly unpersisted, not corrupt.
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+impl StateDir {
+    /// Opens (creating, mode 0700) the state dir.
+    pub fn open(dir: &Path) -> Result<Self, StateError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
+        Ok(Self {
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The stored identity; `None` when the node has not joined (no `node.json`).
+    pub fn load_identity(&self) -> Result<Option<Identity>, StateError> {
+        let node_path = self.file("node.json");
+        let text = match fs::read_to_string(&node_path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&node_path)(e)),
+        };
+        let node: NodeFile = serde_json::from_str(&text).map_err(|source| StateError::Corrupt {
+            path: node_path.clone(),
+            source,
+        })?;
+        let read = |name: &str| {
+            let p = self.file(name);
+            fs::read_to_string(&p).map_err(io(&p))
+        };
+        Ok(Some(Identity {
+            node,
+            key_pem: read("key.pem")?,
+            cert_pem: read("cert.pem")?,
+            ca_pem: read("ca.pem")?,
+        }))
+    }
+
+    /// Stores an identity. `node.json` is written last, so a crash mid-way leaves no half identity.
+    pub fn save_identity(&self, id: &Identity) -> Result<(), StateError> {
+        write_atomic(&self.file("key.pem"), id.key_pem.as_bytes(), 0o600)?;
+        write_atomic(&self.file("cert.pem"), id.cert_pem.as_bytes(), 0o644)?;
+        write_atomic(&self.file("ca.pem"), id.ca_pem.as_bytes(), 0o644)?;
+        let json = serde_json::to_vec_pretty(&id.node).map_err(|source| StateError::Corrupt {
+            path: self.file("node.json"),
+            source,
+        })?;
+        write_atomic(&self.file("node.json"), &json, 0o644)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_round_trips_with_a_private_key_file() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let sd = StateDir::open(&dir.path().join("bcd"))?;
+        assert!(sd.load_identity()?.is_none());
+        let id = Identity {
+            node: NodeFile {
+                node_id: "node_a".into(),
+                identity_generation: 2,
+                control_plane: "https://127.0.0.1:1".into(),
+                trust_domain: "bc.test".into(),
+                joined_at: "2026-01-01T00:00:00Z".into(),
+            },
+            key_pem: "KEY".into(),
+            cert_pem: "CERT".into(),
+            ca_pem: "CA".into(),
+        };
+        sd.save_identity(&id)?;
+        let back = sd.load_identity()?.ok_or("identity missing")?;
+        assert_eq!(back.node, id.node);
+        let mode = fs::metadata(sd.path().join("key.pem"))?
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+        fs::write(sd.path().join("node.json"), b"{not json")?;
+        assert!(matches!(
+            sd.load_identity(),
+            Err(StateError::Corrupt { .. })
+        ));
+        Ok(())
+    }
+}
