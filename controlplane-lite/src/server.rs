@@ -111,6 +111,7 @@ pub struct Running {
     pub api_token: String,
     shutdown: watch::Sender<bool>,
     tasks: tokio::task::JoinSet<()>,
+    state_dir: PathBuf,
 }
 
 fn state_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
@@ -156,6 +157,7 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
 /// and controllers. Returns once everything listens.
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     std::fs::create_dir_all(&cfg.state_dir).map_err(state_err(&cfg.state_dir))?;
+    let _ = std::fs::remove_file(cfg.state_dir.join(ENDPOINTS_FILE));
     let store = Store::open(&cfg.state_dir.join("state.db"))?;
     let ca = Arc::new(CertificateAuthority::load_or_create(
         &cfg.state_dir,
@@ -321,6 +323,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         api_token,
         shutdown,
         tasks,
+        state_dir: cfg.state_dir.clone(),
     })
 }
 
@@ -339,5 +342,7 @@ impl Running {
             tracing::warn!("shutdown grace period passed; aborting remaining tasks");
             self.tasks.abort_all();
         }
+        // A stale endpoints.json would point clients at a dead server.
+        let _ = std::fs::remove_file(self.state_dir.join(ENDPOINTS_FILE));
     }
 }

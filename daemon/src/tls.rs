@@ -8,6 +8,7 @@
 //! included, is sent before this check passes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -59,6 +60,7 @@ pub fn spki_sha256(cert_der: &[u8]) -> Option<[u8; 32]> {
 pub struct PinnedCaVerifier {
     pin: [u8; 32],
     provider: Arc<CryptoProvider>,
+    mismatch: Arc<AtomicBool>,
 }
 
 impl PinnedCaVerifier {
@@ -67,7 +69,14 @@ impl PinnedCaVerifier {
         Ok(Self {
             pin: parse_pin(pin)?,
             provider: provider(),
+            mismatch: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// A flag that turns true once a server's chain failed the pin check, so a caller can tell a
+    /// pin mismatch (fatal) from a network error (retry) behind tonic's transport error.
+    pub fn mismatch_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.mismatch)
     }
 }
 
@@ -84,6 +93,7 @@ impl ServerCertVerifier for PinnedCaVerifier {
             .iter()
             .find(|c| spki_sha256(c) == Some(self.pin))
             .ok_or_else(|| {
+                self.mismatch.store(true, Ordering::SeqCst);
                 rustls::Error::General(
                     "no certificate in the control plane's chain matches the CA pin (--ca-pin): refusing to send the join token"
                         .to_owned(),
@@ -140,15 +150,17 @@ fn with_alpn(mut cfg: ClientConfig) -> Arc<ClientConfig> {
     Arc::new(cfg)
 }
 
-/// Client config for Join: server verified through the pin, no client certificate.
-pub fn join_config(pin: &str) -> Result<Arc<ClientConfig>, TlsError> {
+/// Client config for Join: server verified through the pin, no client certificate. The flag
+/// turns true when the server failed the pin check.
+pub fn join_config(pin: &str) -> Result<(Arc<ClientConfig>, Arc<AtomicBool>), TlsError> {
     let verifier = Arc::new(PinnedCaVerifier::new(pin)?);
+    let flag = verifier.mismatch_flag();
     let cfg = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
-    Ok(with_alpn(cfg))
+    Ok((with_alpn(cfg), flag))
 }
 
 fn certs_from_pem(what: &'static str, pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {

@@ -43,8 +43,17 @@ pub async fn join(state: &StateDir, p: &JoinParams<'_>) -> Result<Identity, Agen
         .await
         .map_err(|e| AgentError::Task(e.to_string()))?;
 
-    let cfg = tls::join_config(p.ca_pin)?;
-    let channel = tls::channel(p.control_plane, cfg).await?;
+    let (cfg, mismatch) = tls::join_config(p.ca_pin)?;
+    let channel = match tls::channel(p.control_plane, cfg).await {
+        Ok(c) => c,
+        Err(_) if mismatch.load(std::sync::atomic::Ordering::SeqCst) => {
+            return Err(AgentError::PinMismatch {
+                control_plane: p.control_plane.to_owned(),
+                pin: p.ca_pin.to_owned(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut client = JoinClient::new(channel);
     let resp = client
         .join(JoinRequest {

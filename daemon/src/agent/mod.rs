@@ -58,6 +58,11 @@ pub enum AgentError {
     /// The control plane could not be reached or failed the pin check.
     #[error("control plane: {0}")]
     Connect(#[from] ChannelError),
+    /// The control plane's certificate chain does not hold the pinned CA: the token was not sent.
+    #[error(
+        "the control plane at {control_plane} does not present the CA pinned by --ca-pin {pin}; the join token was NOT sent. Check the pin (`bcctl tokens create` prints it) or that the URL points at your control plane"
+    )]
+    PinMismatch { control_plane: String, pin: String },
     /// The control plane refused the join (bad, expired or used-up token, ...).
     #[error("join refused: {}", .0.message())]
     JoinRefused(tonic::Status),
@@ -70,6 +75,30 @@ pub enum AgentError {
     /// Signal handling could not be set up.
     #[error("signals: {0}")]
     Signals(std::io::Error),
+}
+
+impl AgentError {
+    /// Whether retrying cannot help: a refused token, a pin mismatch, bad local material. A
+    /// control plane that is down or overloaded (`UNAVAILABLE`) is worth retrying.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            AgentError::JoinRefused(status) => !matches!(
+                status.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unknown
+                    | tonic::Code::Internal
+                    | tonic::Code::ResourceExhausted
+            ),
+            AgentError::PinMismatch { .. }
+            | AgentError::Tls(_)
+            | AgentError::State(_)
+            | AgentError::Usage(_)
+            | AgentError::Key(_)
+            | AgentError::Signals(_) => true,
+            AgentError::Connect(_) | AgentError::Task(_) => false,
+        }
+    }
 }
 
 /// Resolves when SIGTERM or SIGINT arrives, flipping `tx` to true.
@@ -117,9 +146,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         };
         match join::join(&state, &params).await {
             Ok(id) => break id,
-            Err(e @ AgentError::JoinRefused(_))
-            | Err(e @ AgentError::Tls(_))
-            | Err(e @ AgentError::State(_)) => return Err(e),
+            Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {
                 let wait = backoff.next_delay();
                 tracing::warn!(error = %e, retry_in = ?wait, "join failed; retrying");

@@ -1,1 +1,364 @@
-//! e2e harness
+//! End-to-end harness: starts real `bcctl serve` and `bcd agent` processes on loopback ports
+//! picked at run time (port 0; the server writes the bound addresses to `endpoints.json`), with
+//! short timings, and kills them when dropped.
+//!
+//! The binaries are built once per test process with `cargo build --bins` into the same target
+//! dir as the test, so `cargo test --workspace` always runs the current code.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+/// Heartbeat interval the tests run with.
+pub const HEARTBEAT: &str = "150ms";
+/// Silence after which the test control plane marks a node unreachable.
+pub const UNREACHABLE_AFTER: &str = "1s";
+
+/// `target/<profile>` of this test binary (`target/<profile>/deps/<test>`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_owned()
+}
+
+/// Paths of the built binaries, building them once.
+pub fn bins() -> &'static (PathBuf, PathBuf) {
+    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let dir = profile_dir();
+        let target = dir.parent().expect("target dir").to_owned();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "--bins",
+            "-p",
+            "bcd",
+            "-p",
+            "controlplane-lite",
+            "--target-dir",
+        ])
+        .arg(&target)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("running cargo build");
+        assert!(status.success(), "building bcd and bcctl failed");
+        (dir.join("bcctl"), dir.join("bcd"))
+    })
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics with `what` after `timeout`.
+pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(child: &Child, sig: Signal) {
+    let _ = kill(Pid::from_raw(child.id() as i32), sig);
+}
+
+/// A running `bcctl serve`.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub dir: PathBuf,
+    pub child: Option<Child>,
+    pub gateway_url: String,
+    pub api_url: String,
+    pub ca_pin: String,
+    pub token: String,
+    http: reqwest::blocking::Client,
+}
+
+impl ControlPlane {
+    /// Starts `bcctl serve` with its state in `dir` (kept across restarts).
+    pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    /// Same, with extra flags.
+    pub fn start_with(dir: &Path, extra: &[&str]) -> Self {
+        let (bcctl, _) = bins();
+        std::fs::create_dir_all(dir).unwrap();
+        let _ = std::fs::remove_file(dir.join("endpoints.json"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("serve.log"))
+            .unwrap();
+        let mut child = Command::new(bcctl)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--api-listen",
+                "127.0.0.1:0",
+            ])
+            .args([
+                "--heartbeat-interval",
+                HEARTBEAT,
+                "--unreachable-after",
+                UNREACHABLE_AFTER,
+            ])
+            .arg("--state-dir")
+            .arg(dir)
+            .args(extra)
+            .env("BCCTL_LOG", "info,controlplane_lite=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting bcctl serve");
+        let ep: Value = eventually(Duration::from_secs(20), "endpoints.json", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "bcctl serve exited early: {status}\n{}",
+                    std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+                );
+            }
+            let text = std::fs::read_to_string(dir.join("endpoints.json")).ok()?;
+            serde_json::from_str(&text).ok()
+        });
+        let token = std::fs::read_to_string(dir.join("api-token"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        Self {
+            dir: dir.to_owned(),
+            child: Some(child),
+            gateway_url: ep["gatewayUrl"].as_str().unwrap().to_owned(),
+            api_url: ep["apiUrl"].as_str().unwrap().to_owned(),
+            ca_pin: ep["caPin"].as_str().unwrap().to_owned(),
+            token,
+            http: reqwest::blocking::Client::new(),
+        }
+    }
+
+    /// Calls the operator API; returns (HTTP status, JSON body).
+    pub fn call(&self, method: &str, body: Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(format!("{}/v1/{method}", self.api_url))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .expect("operator API reachable");
+        let status = resp.status().as_u16();
+        (status, resp.json().unwrap_or(Value::Null))
+    }
+
+    /// Calls the operator API and asserts success.
+    pub fn ok(&self, method: &str, body: Value) -> Value {
+        let (status, v) = self.call(method, body);
+        assert_eq!(status, 200, "{method} failed: {v}");
+        v
+    }
+
+    /// Runs `bcctl <args> --state-dir <dir>` and returns (success, stdout, stderr).
+    pub fn bcctl(&self, args: &[&str]) -> (bool, String, String) {
+        let (bcctl, _) = bins();
+        let out = Command::new(bcctl)
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .output()
+            .expect("running bcctl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Creates a join token through `bcctl tokens create -o json`.
+    pub fn create_token(&self, extra: &[&str]) -> String {
+        let mut args = vec!["tokens", "create", "-o", "json"];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = self.bcctl(&args);
+        assert!(ok, "tokens create failed: {err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["caPin"].as_str(), Some(self.ca_pin.as_str()));
+        v["token"].as_str().unwrap().to_owned()
+    }
+
+    /// Every node's NodeDetail.
+    pub fn nodes(&self) -> Vec<Value> {
+        self.ok("nodes.list", json!({}))["nodes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// One node's NodeDetail.
+    pub fn node(&self, id: &str) -> Value {
+        self.ok("nodes.get", json!({"nodeId": id}))
+    }
+
+    /// SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        signal(&c, Signal::SIGTERM);
+        c.wait().ok()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A running `bcd agent`.
+#[derive(Debug)]
+pub struct Agent {
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+    pub child: Option<Child>,
+}
+
+impl Agent {
+    /// Starts `bcd agent` against `cp` with `token` (None: reuse the stored identity).
+    pub fn start(cp: &ControlPlane, state_dir: &Path, token: Option<&str>, extra: &[&str]) -> Self {
+        Self::start_with_pin(cp, state_dir, token, &cp.ca_pin, extra)
+    }
+
+    /// Same, with an explicit CA pin.
+    pub fn start_with_pin(
+        cp: &ControlPlane,
+        state_dir: &Path,
+        token: Option<&str>,
+        pin: &str,
+        extra: &[&str],
+    ) -> Self {
+        let (_, bcd) = bins();
+        std::fs::create_dir_all(state_dir).unwrap();
+        let log_path = state_dir.with_extension("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let mut cmd = Command::new(bcd);
+        cmd.arg("agent")
+            .args(["--control-plane", &cp.gateway_url, "--ca-pin", pin])
+            .arg("--state-dir")
+            .arg(state_dir)
+            .args(["--reconnect-base", "100ms", "--reconnect-max", "1s"])
+            .args(extra)
+            .env("BCD_LOG", "info,bcd=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if let Some(t) = token {
+            cmd.args(["--join-token", t]);
+        }
+        let child = cmd.spawn().expect("starting bcd agent");
+        Self {
+            state_dir: state_dir.to_owned(),
+            log: log_path,
+            child: Some(child),
+        }
+    }
+
+    /// The node id from the state dir, once joined.
+    pub fn node_id(&self) -> String {
+        eventually(
+            Duration::from_secs(20),
+            "agent identity (node.json)",
+            || {
+                let text = std::fs::read_to_string(self.state_dir.join("node.json")).ok()?;
+                let v: Value = serde_json::from_str(&text).ok()?;
+                v["nodeId"].as_str().map(str::to_owned)
+            },
+        )
+    }
+
+    /// The agent's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit (panics after `timeout`).
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("agent running");
+        let status = eventually(timeout, "agent exit", || child.try_wait().ok().flatten());
+        self.child = None;
+        status
+    }
+
+    /// SIGTERM, then wait for exit.
+    pub fn sigterm(&mut self) -> ExitStatus {
+        if let Some(c) = &self.child {
+            signal(c, Signal::SIGTERM);
+        }
+        self.wait_exit(Duration::from_secs(15))
+    }
+
+    /// SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Logical CPUs of this machine from `/proc/cpuinfo`.
+pub fn real_cpu_threads() -> u64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split(':').next().map(str::trim) == Some("processor"))
+        .count() as u64
+}
+
+/// (name, MAC) of this machine's interfaces from `/sys/class/net`, loopback excluded.
+pub fn real_macs() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == "lo" {
+                continue;
+            }
+            if let Ok(mac) = std::fs::read_to_string(e.path().join("address")) {
+                out.push((name, mac.trim().to_ascii_lowercase()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
