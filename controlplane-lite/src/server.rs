@@ -145,10 +145,10 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
     if !listen.ip().is_unspecified() {
         names.push(listen.ip().to_string());
     }
-    if let Ok(h) = nix::unistd::gethostname() {
-        if let Some(h) = h.to_str() {
-            names.push(h.to_owned());
-        }
+    if let Ok(h) = nix::unistd::gethostname()
+        && let Some(h) = h.to_str()
+    {
+        names.push(h.to_owned());
     }
     names
 }

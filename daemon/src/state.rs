@@ -77,11 +77,11 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), StateErro
     f.sync_all().map_err(io(&tmp))?;
     drop(f);
     fs::rename(&tmp, path).map_err(io(path))?;
-    if let Some(parent) = path.parent() {
-        if let Ok(d) = fs::File::open(parent) {
-            // A failed directory fsync leaves the rename possibly unpersisted, not corrupt.
-            let _ = d.sync_all();
-        }
+    // A failed directory fsync leaves the rename possibly unpersisted, not corrupt.
+    if let Some(parent) = path.parent()
+        && let Ok(d) = fs::File::open(parent)
+    {
+        let _ = d.sync_all();
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use sha2::{Digest, Sha256};
 
@@ -202,7 +202,7 @@ pub fn session_config(
     let cfg = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
-        .with_client_auth_cert(chain, PrivateKeyDer::from(key))?;
+        .with_client_auth_cert(chain, key)?;
     Ok(with_alpn(cfg))
 }
 

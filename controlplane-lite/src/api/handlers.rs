@@ -186,15 +186,15 @@ pub async fn tokens_create(
     let created = st
         .store
         .run(move |c| {
-            if let Some(p) = &check.pool_id {
-                if !exists(c, "pools", p)? {
-                    return Ok(Err(format!("pool {p} not found")));
-                }
+            if let Some(p) = &check.pool_id
+                && !exists(c, "pools", p)?
+            {
+                return Ok(Err(format!("pool {p} not found")));
             }
-            if let Some(s) = &check.site_id {
-                if !exists(c, "sites", s)? {
-                    return Ok(Err(format!("site {s} not found")));
-                }
+            if let Some(s) = &check.site_id
+                && !exists(c, "sites", s)?
+            {
+                return Ok(Err(format!("site {s} not found")));
             }
             Ok(Ok(tokens::create(c, &check, now_ms())?))
         })

@@ -58,8 +58,11 @@ pub fn role_for_pool_kind(kind: Option<&str>) -> NodeRole {
     }
 }
 
+/// (site_id, kind, agent, owner_tenant_id, hardware_profile JSON) of a pool row.
+type PoolRow = (Option<String>, String, String, Option<String>, String);
+
 fn placement(c: &rusqlite::Connection, tok: &tokens::JoinToken) -> Result<Placement, StoreError> {
-    let pool: Option<(Option<String>, String, String, Option<String>, String)> = match &tok.pool_id {
+    let pool: Option<PoolRow> = match &tok.pool_id {
         Some(p) => c
             .query_row(
                 "SELECT site_id, kind, agent, owner_tenant_id, hardware_profile FROM pools WHERE id = ?1",

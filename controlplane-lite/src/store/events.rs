@@ -22,7 +22,8 @@ pub struct NodeEvent {
     pub message: String,
 }
 
-/// Appends an event inside the caller's transaction.
+/// Appends an event inside the caller's transaction. One argument per column of the row.
+#[allow(clippy::too_many_arguments)]
 pub fn record(
     conn: &Connection,
     node_id: &str,

@@ -164,10 +164,10 @@ pub fn consume(
     if tok.expires_at <= now {
         return Ok(Err(TokenRefusal::Expired { id: tok.id }));
     }
-    if let Some(max) = tok.max_uses {
-        if tok.uses >= max {
-            return Ok(Err(TokenRefusal::UsedUp { id: tok.id, max }));
-        }
+    if let Some(max) = tok.max_uses
+        && tok.uses >= max
+    {
+        return Ok(Err(TokenRefusal::UsedUp { id: tok.id, max }));
     }
     conn.execute(
         "UPDATE join_tokens SET uses = uses + 1 WHERE id = ?1",
