@@ -3,6 +3,7 @@
 pub mod api;
 pub mod ca;
 pub mod client;
+pub mod commands;
 pub mod gateway;
 pub mod liveness;
 pub mod server;

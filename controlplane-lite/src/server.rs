@@ -20,6 +20,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::api::{self, ApiState};
 use crate::ca::{self, CaError, CertificateAuthority};
+use crate::commands::Commands;
 use crate::gateway::join::JoinService;
 use crate::gateway::registry::Registry;
 use crate::gateway::{GatewayConfig, GatewayService, HeartbeatBuffer};
@@ -217,6 +218,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
 
     let registry = Arc::new(Registry::default());
     let heartbeats = Arc::new(HeartbeatBuffer::default());
+    let commands = Commands {
+        store: store.clone(),
+        registry: Arc::clone(&registry),
+    };
     let gateway = GatewayService {
         store: store.clone(),
         ca: Arc::clone(&ca),
@@ -228,6 +233,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         },
         registry: Arc::clone(&registry),
         heartbeats: Arc::clone(&heartbeats),
+        commands: commands.clone(),
     };
     let join = JoinService {
         store: store.clone(),
@@ -267,6 +273,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         ca: Arc::clone(&ca),
         api_token: api_token.clone(),
         gateway_url,
+        commands: commands.clone(),
     });
     let app = api::router(api_state);
     let mut rx = shutdown_rx.clone();
@@ -292,6 +299,15 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             _ = rx.wait_for(|v| *v) => {}
         }
         gw_flush.flush_once().await;
+    });
+
+    let mut rx = shutdown_rx.clone();
+    let deadlines = commands.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = deadlines.run_deadlines(Duration::from_millis(500)) => {}
+            _ = rx.wait_for(|v| *v) => {}
+        }
     });
 
     let live_store = store.clone();

@@ -1,6 +1,7 @@
 //! The operator API: HTTP + JSON, method names as in the spec (`POST /v1/nodes.get`, ...), a bearer
 //! token, and errors `{code, message}` with the spec's codes.
 
+pub mod commands;
 pub mod detail;
 pub mod handlers;
 
@@ -71,6 +72,7 @@ pub struct ApiState {
     pub api_token: String,
     /// The gateway URL agents use, for `tokens.create`'s printout.
     pub gateway_url: String,
+    pub commands: crate::commands::Commands,
 }
 
 async fn require_bearer(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
@@ -102,6 +104,10 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/nodes.events", post(handlers::nodes_events))
         .route("/v1/tokens.create", post(handlers::tokens_create))
         .route("/v1/tokens.list", post(handlers::tokens_list))
+        .route("/v1/commands.create", post(commands::create))
+        .route("/v1/commands.get", post(commands::get))
+        .route("/v1/commands.list", post(commands::list))
+        .route("/v1/commands.cancel", post(commands::cancel))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             require_bearer,

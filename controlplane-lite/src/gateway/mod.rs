@@ -62,6 +62,7 @@ pub struct GatewayService {
     pub cfg: GatewayConfig,
     pub registry: Arc<Registry>,
     pub heartbeats: Arc<HeartbeatBuffer>,
+    pub commands: crate::commands::Commands,
 }
 
 impl GatewayService {

@@ -86,6 +86,15 @@ pub(super) async fn open(
     let _ = tx.send(msg(Msg::Welcome(welcome))).await;
     let _ = tx.send(msg(Msg::Spec(spec))).await;
     tracing::info!(node_id = %ident.node_id, epoch, boot_id = %hello.boot_id, "session opened");
+    // Results that finished while the session was down, then everything not over yet (again).
+    let (cmds, node_id) = (gw.commands.clone(), ident.node_id.clone());
+    let pending = hello.pending_results;
+    tokio::spawn(async move {
+        for u in pending {
+            cmds.update(&node_id, u).await;
+        }
+        cmds.dispatch(&node_id, true).await;
+    });
     tokio::spawn(serve(gw, ident.node_id, epoch, inbound, tx, stop_rx));
     Ok(rx)
 }
@@ -177,9 +186,8 @@ async fn serve(
             Some(agent_message::Msg::Hello(_)) => {
                 tracing::warn!(node_id = %node_id, "second Hello on one session ignored");
             }
-            Some(agent_message::Msg::CommandUpdate(_))
-            | Some(agent_message::Msg::Event(_))
-            | None => {}
+            Some(agent_message::Msg::CommandUpdate(u)) => gw.commands.update(&node_id, u).await,
+            Some(agent_message::Msg::Event(_)) | None => {}
         }
     }
     gw.registry.remove_if(&node_id, epoch);

@@ -97,3 +97,27 @@ CREATE TABLE meta (
     value TEXT NOT NULL
 );
 "#;
+
+/// Migration 3: the command lifecycle (queued → sent → running → succeeded | failed | cancelled |
+/// expired), persisted per node.
+pub const M003_COMMANDS: &str = r#"
+CREATE TABLE commands (
+    id            TEXT PRIMARY KEY,                    -- cmd_...
+    node_id       TEXT NOT NULL,
+    name          TEXT NOT NULL,                       -- inventory.refresh, diag.nvml, ...
+    args          TEXT NOT NULL DEFAULT '{}',          -- JSON object
+    state         TEXT NOT NULL,
+    progress      INTEGER NOT NULL DEFAULT 0,          -- 0..=100
+    result        TEXT,                                -- JSON
+    error_code    TEXT,
+    error_message TEXT,
+    actor         TEXT NOT NULL,
+    created_at    BIGINT NOT NULL,
+    sent_at       BIGINT,
+    started_at    BIGINT,
+    finished_at   BIGINT,
+    deadline_at   BIGINT NOT NULL
+);
+CREATE INDEX commands_node ON commands(node_id, created_at);
+CREATE INDEX commands_open ON commands(state, deadline_at);
+"#;

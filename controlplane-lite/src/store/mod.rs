@@ -6,6 +6,7 @@
 //! SQLite's lock. Every state change and its `noScheduleReasons` update happen in one transaction
 //! (spec "State is several axes, not one status").
 
+pub mod commands;
 pub mod events;
 pub mod migrations;
 pub mod nodes;
@@ -53,7 +54,10 @@ pub struct Store {
 }
 
 fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(migrations::M001_NODE_MODEL)])
+    Migrations::new(vec![
+        M::up(migrations::M001_NODE_MODEL),
+        M::up(migrations::M003_COMMANDS),
+    ])
 }
 
 impl Store {
