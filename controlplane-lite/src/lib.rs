@@ -1,3 +1,4 @@
 //! controlplane-lite
 #![forbid(unsafe_code)]
+pub mod model;
 pub mod store;

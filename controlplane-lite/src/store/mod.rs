@@ -11,6 +11,13 @@ pub mod migrations;
 pub mod nodes;
 pub mod tokens;
 
+// Model layer tables (branch `model`).
+pub mod allocations;
+pub mod leases;
+pub mod pools;
+pub mod sites;
+pub mod taints;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +59,10 @@ pub struct Store {
 }
 
 fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(migrations::M001_NODE_MODEL)])
+    Migrations::new(vec![
+        M::up(migrations::M001_NODE_MODEL),
+        M::up(migrations::M002_PLACEMENT),
+    ])
 }
 
 impl Store {
