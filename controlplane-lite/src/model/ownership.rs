@@ -112,14 +112,13 @@ pub fn placement_for_join(
     let site_id = site_id
         .map(str::to_owned)
         .or_else(|| pool.as_ref().and_then(|p| p.site_id.clone()));
-    if let (Some(p), Some(s)) = (&pool, &site_id) {
-        if p.site_id.as_deref().is_some_and(|ps| ps != s) {
-            return Err(OpError::InvalidArgument(format!(
-                "pool {} is on site {}, not {s}",
-                p.id,
-                p.site_id.as_deref().unwrap_or_default()
-            )));
-        }
+    if let (Some(p), Some(s)) = (&pool, &site_id)
+        && let Some(ps) = p.site_id.as_deref().filter(|ps| ps != s)
+    {
+        return Err(OpError::InvalidArgument(format!(
+            "pool {} is on site {ps}, not {s}",
+            p.id
+        )));
     }
     let site = site_id
         .as_deref()

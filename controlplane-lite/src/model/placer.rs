@@ -79,13 +79,13 @@ pub fn create(
         return Err(OpError::InvalidArgument("gpus must be at least 1".into()));
     }
     let pool = pool_or_not_found(tx, &req.pool_id)?;
-    if let (Some(owner), Some(tenant)) = (&pool.owner_tenant_id, &req.tenant_id) {
-        if owner != tenant {
-            return Err(OpError::PermissionDenied(format!(
-                "pool {} belongs to another tenant",
-                pool.id
-            )));
-        }
+    if let (Some(owner), Some(tenant)) = (&pool.owner_tenant_id, &req.tenant_id)
+        && owner != tenant
+    {
+        return Err(OpError::PermissionDenied(format!(
+            "pool {} belongs to another tenant",
+            pool.id
+        )));
     }
     let want = req.gpus as usize;
     let candidates = free_atoms(tx, &req.pool_id)?;

@@ -9,13 +9,9 @@ use super::ops::sites::{self, NewSite};
 use crate::store::nodes::{self, NewNode, NodeRecord};
 use crate::store::pools::{HardwareProfile, Pool};
 use crate::store::sites::Site;
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{StoreError, now_ms};
 
 pub(crate) type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-pub(crate) fn store() -> Result<Store, StoreError> {
-    Store::open_in_memory()
-}
 
 pub(crate) fn site(
     conn: &Connection,
