@@ -186,4 +186,27 @@ mod tests {
             Some(bc_protocol::ErrorCode::InvalidState)
         );
     }
+
+    #[test]
+    fn docs_table_matches_the_code() -> Result<(), std::io::Error> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/node-model.md");
+        let doc = std::fs::read_to_string(path)?;
+        for (from, to) in PROVISION_STATE_TABLE {
+            let prefix = format!("| {from} | ");
+            let line = doc
+                .lines()
+                .find(|l| l.starts_with(&prefix))
+                .unwrap_or_else(|| panic!("docs/node-model.md has no row for {from}"));
+            let names: Vec<&str> = to.iter().map(|s| s.as_str()).collect();
+            let want = if *from == Failed {
+                format!("failedFrom only (one of: {})", names.join(", "))
+            } else if names.is_empty() {
+                "—".to_owned()
+            } else {
+                names.join(", ")
+            };
+            assert_eq!(line, format!("{prefix}{want} |"), "row {from}");
+        }
+        Ok(())
+    }
 }
