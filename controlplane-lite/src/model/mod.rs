@@ -20,6 +20,7 @@
 //! `power` has no writer yet (bare-metal power control is not built). Locking relies on SQLite's
 //! single writer; the PostgreSQL port needs `FOR UPDATE` where the code marks it.
 
+pub mod api;
 pub mod conditions;
 pub mod detail;
 pub mod error;
