@@ -36,6 +36,8 @@ pub mod schedulable;
 #[cfg(test)]
 mod test_utils;
 #[cfg(test)]
+mod tests_detail;
+#[cfg(test)]
 mod tests_ops;
 #[cfg(test)]
 mod tests_placer;

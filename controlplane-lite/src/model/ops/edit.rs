@@ -133,7 +133,8 @@ impl<'t> Edit<'t> {
              trust = ?7, provision_state = ?8, failed_from = ?9, maintenance = ?10, \
              maintenance_reason = ?11, cordoned = ?12, connectivity = ?13, conditions = ?14, \
              no_schedule_reasons = ?15, generation = ?16, identity_generation = ?17, labels = ?18, \
-             spec = ?19, updated_at = ?20, version = version + 1 WHERE id = ?1 AND version = ?2",
+             spec = ?19, updated_at = ?20, power = ?21, version = version + 1 \
+             WHERE id = ?1 AND version = ?2",
             params![
                 n.id,
                 i64::try_from(self.loaded_version).unwrap_or(i64::MAX),
@@ -155,6 +156,7 @@ impl<'t> Edit<'t> {
                 to_json(&n.labels),
                 to_json(&n.spec),
                 self.now,
+                n.power.as_str(),
             ],
         )?;
         if updated != 1 {

@@ -2,7 +2,7 @@
 //! node writes of workflows and controllers (provision transitions, connectivity). Each takes the
 //! caller's transaction and returns the saved [`NodeRecord`].
 
-use bc_protocol::{Connectivity, ProvisionState, Trust};
+use bc_protocol::{Connectivity, Power, ProvisionState, Trust};
 use rusqlite::{Connection, params};
 
 use super::edit::Edit;
@@ -428,6 +428,23 @@ pub fn set_connectivity(
     }
     let unreachable = matches!(to, Connectivity::Unreachable | Connectivity::Lost);
     edit.set_reason(REASON_UNREACHABLE, unreachable);
+    edit.save()
+}
+
+/// The power writer's helper (bare-metal power control through the BMC): sets `power`. Power
+/// is an axis of its own: it never touches `noScheduleReasons` and is not in NodeDetail.
+pub fn set_power(
+    tx: &Connection,
+    node_id: &str,
+    actor: &str,
+    to: Power,
+) -> Result<NodeRecord, OpError> {
+    let mut edit = Edit::begin_unversioned(tx, node_id, actor)?;
+    let from = edit.node.power;
+    if from != to {
+        edit.node.power = to;
+        edit.event("power", Some(from.to_string()), Some(to.to_string()), "BMC");
+    }
     edit.save()
 }
 
