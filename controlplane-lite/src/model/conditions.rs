@@ -160,3 +160,95 @@ pub fn profile_conditions(
     }
     out
 }
+
+/// The Inventory controller's write after a node reports inventory: re-derives the pool
+/// profile's conditions ([`profile_conditions`]) and applies them in one save, with their
+/// `noScheduleReasons`.
+pub fn refresh_profile_conditions(tx: &Connection, node_id: &str) -> Result<NodeRecord, OpError> {
+    let mut edit = Edit::begin_unversioned(tx, node_id, "Inventory")?;
+    let profile = match &edit.node.pool_id {
+        Some(p) => crate::store::pools::get(tx, p)?
+            .map(|p| p.hardware_profile)
+            .unwrap_or_default(),
+        None => HardwareProfile::default(),
+    };
+    for update in profile_conditions(&profile, edit.node.inventory.as_ref()) {
+        apply(&mut edit, &update);
+    }
+    edit.save()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::kinds::{PoolAgent, PoolKind};
+    use crate::model::ops::pools::{NewPool, create};
+    use crate::model::ops::write_tx;
+    use crate::model::schedulable::{CapacityBucket, SchedulingFacts, capacity_bucket};
+    use crate::model::test_utils::{node, ready_host};
+    use crate::store::{Store, StoreError};
+
+    #[test]
+    fn gpu_count_mismatch_from_the_profile_makes_the_node_unhealthy()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let store = Store::open_in_memory()?;
+        let n = store.with(|c| {
+            let p = create(
+                c,
+                &NewPool {
+                    name: "h100".into(),
+                    kind: PoolKind::MetalHost,
+                    agent: PoolAgent::Bcd,
+                    site_id: None,
+                    owner_tenant_id: None,
+                    hardware_profile: HardwareProfile {
+                        expected_gpu_count: Some(8),
+                        expected_gpu_model: None,
+                        drivers: Default::default(),
+                    },
+                },
+            )
+            .map_err(|e| StoreError::Task(e.to_string()))?;
+            node(c, "node_a", Some(&p.id))?;
+            ready_host(c, "node_a", 4)?;
+            write_tx(c, |tx| refresh_profile_conditions(tx, "node_a"))
+                .map_err(|e| StoreError::Task(e.to_string()))
+        })?;
+        assert_eq!(n.no_schedule_reasons, vec!["GpuCountMismatch"]);
+        let cond = &n.conditions[0];
+        assert_eq!(
+            (cond.status, cond.owner.as_str()),
+            (ConditionStatus::True, "Inventory")
+        );
+        assert!(cond.message.contains("expects 8") && cond.message.contains("reports 4"));
+        assert_eq!(
+            capacity_bucket(&SchedulingFacts::of(&n, None)),
+            CapacityBucket::Unhealthy
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn profile_conditions_are_unknown_without_inventory_and_absent_without_expectation() {
+        let profile = HardwareProfile {
+            expected_gpu_count: Some(2),
+            expected_gpu_model: Some("NVIDIA H100 80GB HBM3".into()),
+            drivers: Default::default(),
+        };
+        let none = profile_conditions(&profile, None);
+        assert!(none.iter().all(|c| c.status == ConditionStatus::Unknown));
+        assert_eq!(none.len(), 2);
+        let inv = serde_json::json!({"gpus": [
+            {"uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3"},
+            {"uuid": "GPU-2", "name": "NVIDIA A100-SXM4-40GB"}
+        ]});
+        let got = profile_conditions(&profile, Some(&inv));
+        assert_eq!(got[0].status, ConditionStatus::False, "count matches");
+        assert_eq!(
+            got[1].status,
+            ConditionStatus::True,
+            "one GPU of another model"
+        );
+        assert!(profile_conditions(&HardwareProfile::default(), Some(&inv)).is_empty());
+    }
+}
