@@ -1,12 +1,12 @@
 //! Builders for model tests: a store with a site, a pool and nodes in chosen states.
 
-use bc_protocol::{Adapter, NodeRole, Trust};
+use bc_protocol::{Adapter, NodeRole, ProvisionState, Trust};
 use rusqlite::{Connection, params};
 
 use super::kinds::{PoolAgent, PoolKind, SiteKind};
 use super::ops::pools::{self, NewPool};
 use super::ops::sites::{self, NewSite};
-use crate::store::nodes::{self, NewNode, NodeRecord};
+use crate::store::nodes::{self, NodeRecord};
 use crate::store::pools::{HardwareProfile, Pool};
 use crate::store::sites::Site;
 use crate::store::{StoreError, now_ms};
@@ -46,29 +46,26 @@ pub(crate) fn pool(
     )
 }
 
-/// A host node in `pool_id`, freshly joined (`adopting`).
+/// A host node in `pool_id`, freshly joined (`adopting`). Raw SQL with the columns' defaults, so
+/// the helper does not depend on the shape of JoinService's `NewNode`.
 pub(crate) fn node(
     conn: &Connection,
     id: &str,
     pool_id: Option<&str>,
 ) -> Result<NodeRecord, StoreError> {
-    nodes::insert(
-        conn,
-        &NewNode {
-            id: id.to_owned(),
-            site_id: None,
-            pool_id: pool_id.map(str::to_owned),
-            owner_tenant_id: None,
-            role: NodeRole::Host,
-            trust: Trust::Platform,
-            adapter: Adapter::BcdV1,
-            drivers: serde_json::Map::new(),
-            hostname: Some(id.to_owned()),
-            hardware_key: None,
-            hardware_key_trusted: false,
-            identifier_digests: Vec::new(),
-        },
-        now_ms(),
+    let now = now_ms();
+    conn.execute(
+        "INSERT INTO nodes (id, pool_id, role, trust, adapter, provision_state, hostname, \
+         created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?1, ?7, ?7)",
+        params![
+            id,
+            pool_id,
+            NodeRole::Host.as_str(),
+            Trust::Platform.as_str(),
+            Adapter::BcdV1.as_str(),
+            ProvisionState::Adopting.as_str(),
+            now
+        ],
     )?;
     nodes::get(conn, id)?.ok_or_else(|| StoreError::Task(format!("node {id} vanished")))
 }
