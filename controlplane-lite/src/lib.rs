@@ -7,4 +7,5 @@ pub mod commands;
 pub mod gateway;
 pub mod liveness;
 pub mod server;
+pub mod model;
 pub mod store;

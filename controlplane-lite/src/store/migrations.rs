@@ -98,6 +98,58 @@ CREATE TABLE meta (
 );
 "#;
 
+/// Migration 2: optimistic `version` on sites and pools, operator taints, dedicated-root leases
+/// (trust `tenant-controlled`), and allocations with their booked atoms (one row per GPU, so the
+/// primary key alone forbids booking a GPU twice).
+pub const M002_PLACEMENT: &str = r#"
+ALTER TABLE sites ADD COLUMN version BIGINT NOT NULL DEFAULT 1;
+ALTER TABLE pools ADD COLUMN version BIGINT NOT NULL DEFAULT 1;
+
+CREATE TABLE node_taints (
+    node_id    TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL DEFAULT '',
+    created_by TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (node_id, key)
+);
+
+CREATE TABLE dedicated_root_leases (
+    id           TEXT PRIMARY KEY,
+    node_id      TEXT NOT NULL,
+    tenant_id    TEXT NOT NULL,
+    trust_before TEXT NOT NULL,                         -- trust restored when the lease ends
+    started_at   BIGINT NOT NULL,
+    started_by   TEXT NOT NULL,
+    ended_at     BIGINT,
+    ended_by     TEXT
+);
+CREATE UNIQUE INDEX dedicated_root_leases_active ON dedicated_root_leases(node_id)
+    WHERE ended_at IS NULL;
+
+CREATE TABLE allocations (
+    id          TEXT PRIMARY KEY,                       -- alloc_...
+    pool_id     TEXT NOT NULL,
+    node_id     TEXT NOT NULL,
+    gpus        BIGINT NOT NULL,
+    tenant_id   TEXT,
+    created_by  TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    released_at BIGINT,
+    released_by TEXT
+);
+CREATE INDEX allocations_node ON allocations(node_id);
+CREATE INDEX allocations_pool ON allocations(pool_id);
+
+CREATE TABLE allocation_atoms (
+    node_id       TEXT NOT NULL,
+    atom          TEXT NOT NULL,                        -- GPU uuid, or gpu<index>
+    allocation_id TEXT NOT NULL REFERENCES allocations(id) ON DELETE CASCADE,
+    PRIMARY KEY (node_id, atom)
+);
+CREATE INDEX allocation_atoms_allocation ON allocation_atoms(allocation_id);
+"#;
+
 /// Migration 3: the command lifecycle (queued → sent → running → succeeded | failed | cancelled |
 /// expired), persisted per node.
 pub const M003_COMMANDS: &str = r#"

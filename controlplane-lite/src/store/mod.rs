@@ -13,6 +13,13 @@ pub mod nodes;
 pub mod sessions;
 pub mod tokens;
 
+// Model layer tables (branch `model`).
+pub mod allocations;
+pub mod leases;
+pub mod pools;
+pub mod sites;
+pub mod taints;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +63,7 @@ pub struct Store {
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(migrations::M001_NODE_MODEL),
+        M::up(migrations::M002_PLACEMENT),
         M::up(migrations::M003_COMMANDS),
     ])
 }
