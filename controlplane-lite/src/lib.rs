@@ -6,6 +6,6 @@ pub mod client;
 pub mod commands;
 pub mod gateway;
 pub mod liveness;
-pub mod server;
 pub mod model;
+pub mod server;
 pub mod store;

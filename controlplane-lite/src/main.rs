@@ -28,19 +28,47 @@ enum Command {
     Serve(cli::ServeArgs),
     /// Control plane embedded plus a real local agent; waits until the node is adopted.
     Dev(cli::dev::DevArgs),
-    /// Nodes: list, get, events.
+    /// Nodes: list, get, events, cordon, drain, taint, run, ...
     Nodes {
         #[command(flatten)]
         client: cli::ClientArgs,
         #[command(subcommand)]
-        cmd: cli::NodesCommand,
+        cmd: cli::ops::NodesCommand,
     },
-    /// Join tokens: create, list.
+    /// Pools: create, list, get, capacity, delete.
+    Pools {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+        #[command(subcommand)]
+        cmd: cli::ops::PoolsCommand,
+    },
+    /// Sites: create, list, get, delete.
+    Sites {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+        #[command(subcommand)]
+        cmd: cli::ops::SitesCommand,
+    },
+    /// Join tokens: create, list, revoke.
     Tokens {
         #[command(flatten)]
         client: cli::ClientArgs,
         #[command(subcommand)]
-        cmd: cli::TokensCommand,
+        cmd: cli::ops::TokensCommand,
+    },
+    /// Allocations: create, list, get, release.
+    Allocations {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+        #[command(subcommand)]
+        cmd: cli::ops::AllocationsCommand,
+    },
+    /// Commands: get, list, cancel (create with `bcctl nodes run`).
+    Commands {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+        #[command(subcommand)]
+        cmd: cli::ops::CommandsCommand,
     },
 }
 
@@ -70,8 +98,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Dev(args) => cli::dev::run(args).await,
-        Command::Nodes { client, cmd } => cli::nodes(&client, cmd).await,
-        Command::Tokens { client, cmd } => cli::tokens(&client, cmd).await,
+        Command::Nodes { client, cmd } => cli::ops::nodes(&client, cmd).await,
+        Command::Pools { client, cmd } => cli::ops::pools(&client, cmd).await,
+        Command::Sites { client, cmd } => cli::ops::sites(&client, cmd).await,
+        Command::Tokens { client, cmd } => cli::ops::tokens(&client, cmd).await,
+        Command::Allocations { client, cmd } => cli::ops::allocations(&client, cmd).await,
+        Command::Commands { client, cmd } => cli::ops::commands(&client, cmd).await,
     }
 }
 

@@ -274,6 +274,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         api_token: api_token.clone(),
         gateway_url,
         commands: commands.clone(),
+        registry: Arc::clone(&registry),
     });
     let app = api::router(api_state);
     let mut rx = shutdown_rx.clone();

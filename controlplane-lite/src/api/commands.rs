@@ -9,8 +9,8 @@ use axum::extract::rejection::JsonRejection;
 use bc_protocol::ErrorCode;
 use serde::{Deserialize, Serialize};
 
-use super::detail::rfc3339;
 use super::{ApiError, ApiState};
+use crate::model::conditions::rfc3339_ms as rfc3339;
 use crate::store::commands::{self, CommandRecord};
 
 /// Longest command timeout accepted, seconds (one day).

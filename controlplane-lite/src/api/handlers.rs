@@ -1,19 +1,21 @@
-//! Handlers of the operator API. Each is thin: decode, one store call, encode.
+//! Handlers of the operator API. Every node-model verb goes through one dispatcher
+//! ([`crate::model::api::dispatch`]); the gateway-facing effects of a verb (closing a revoked
+//! node's session, pushing a new spec) happen here, after its transaction committed.
 
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::State;
+use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
 use bc_protocol::ErrorCode;
+use bc_protocol::pb::GoodbyeReason;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::detail::NodeDetail;
 use super::{ApiError, ApiState};
-use crate::store::tokens::{self, JoinToken, NewToken};
-use crate::store::{events, nodes, now_ms};
-
-type ApiResult<T> = Result<Json<T>, ApiError>;
+use crate::model::conditions::rfc3339_ms;
+use crate::store::tokens::NewToken;
 
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     b.map(|Json(v)| v).map_err(|e| {
@@ -24,108 +26,54 @@ fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     })
 }
 
-/// `nodes.list` request.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NodesListRequest {
-    pub pool_id: Option<String>,
-    pub provision_state: Option<bc_protocol::ProvisionState>,
-    pub connectivity: Option<bc_protocol::Connectivity>,
-}
-
-/// `nodes.list` response.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodesListResponse {
-    pub nodes: Vec<NodeDetail>,
-}
-
-pub async fn nodes_list(
+/// `POST /v1/{method}` for every verb of [`crate::model::api::METHODS`].
+pub async fn model_method(
     State(st): State<Arc<ApiState>>,
-    req: Result<Json<NodesListRequest>, JsonRejection>,
-) -> ApiResult<NodesListResponse> {
-    let req = body(req)?;
-    let all = st.store.run(|c| nodes::list(c)).await?;
-    let nodes = all
-        .iter()
-        .filter(|n| {
-            req.pool_id
-                .as_ref()
-                .is_none_or(|p| n.pool_id.as_ref() == Some(p))
-        })
-        .filter(|n| req.provision_state.is_none_or(|s| n.provision_state == s))
-        .filter(|n| req.connectivity.is_none_or(|s| n.connectivity == s))
-        .map(NodeDetail::from)
-        .collect();
-    Ok(Json(NodesListResponse { nodes }))
-}
-
-/// A request naming one node.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NodeRef {
-    pub node_id: String,
-}
-
-fn not_found(id: &str) -> ApiError {
-    ApiError::new(ErrorCode::NotFound, format!("node {id} not found"))
-}
-
-pub async fn nodes_get(
-    State(st): State<Arc<ApiState>>,
-    req: Result<Json<NodeRef>, JsonRejection>,
-) -> ApiResult<NodeDetail> {
-    let req = body(req)?;
-    let id = req.node_id.clone();
-    let node = st.store.run(move |c| nodes::get(c, &id)).await?;
-    node.map(|n| Json(NodeDetail::from(&n)))
-        .ok_or_else(|| not_found(&req.node_id))
-}
-
-/// `nodes.events` response.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EventsResponse {
-    pub events: Vec<EventView>,
-}
-
-/// One event with its time rendered.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EventView {
-    pub at: String,
-    pub kind: String,
-    pub from: Option<String>,
-    pub to: Option<String>,
-    pub actor: String,
-    pub message: String,
-}
-
-pub async fn nodes_events(
-    State(st): State<Arc<ApiState>>,
-    req: Result<Json<NodeRef>, JsonRejection>,
-) -> ApiResult<EventsResponse> {
-    let req = body(req)?;
-    let id = req.node_id.clone();
-    let (exists, evs) = st
-        .store
-        .run(move |c| Ok((nodes::exists(c, &id)?, events::list(c, &id)?)))
-        .await?;
-    if !exists {
-        return Err(not_found(&req.node_id));
+    Path(method): Path<String>,
+    raw: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    if !crate::model::api::METHODS.contains(&method.as_str()) {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("unknown method {method:?}"),
+        ));
     }
-    let events = evs
-        .into_iter()
-        .map(|e| EventView {
-            at: super::detail::rfc3339(e.at),
-            kind: e.kind,
-            from: e.from,
-            to: e.to,
-            actor: e.actor,
-            message: e.message,
-        })
-        .collect();
-    Ok(Json(EventsResponse { events }))
+    let req: Value = if raw.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&raw).map_err(|e| {
+            ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("request body is not JSON: {e}"),
+            )
+        })?
+    };
+    let m = method.clone();
+    let out = st
+        .store
+        .run(move |c| Ok(crate::model::api::dispatch(c, &m, req, "operator")))
+        .await?
+        .map_err(|e| ApiError::from(&e))?;
+    after_commit(&st, &method, &out).await;
+    Ok(Json(out))
+}
+
+/// Gateway effects of a committed verb.
+async fn after_commit(st: &ApiState, method: &str, out: &Value) {
+    let node_id = out.get("id").and_then(Value::as_str).map(str::to_owned);
+    let Some(node_id) = node_id else { return };
+    match method {
+        "nodes.revokeIdentity" => {
+            st.registry
+                .close(&node_id, GoodbyeReason::Revoked, "node identity revoked");
+        }
+        "nodes.delete" => {
+            st.registry
+                .close(&node_id, GoodbyeReason::Deleted, "node deleted");
+        }
+        "nodes.updateSpec" => crate::gateway::push_spec(&st.store, &st.registry, &node_id).await,
+        _ => {}
+    }
 }
 
 /// `tokens.create` request.
@@ -141,11 +89,13 @@ pub struct TokensCreateRequest {
     pub description: Option<String>,
 }
 
-/// `tokens.create` response: the secret is shown here once and never again.
+/// `tokens.create` response: the secret is shown here once and never again, with the CA pin and
+/// the gateway URL an agent needs.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TokensCreateResponse {
     pub token: String,
+    pub id: String,
     pub ca_pin: String,
     pub control_plane: String,
     pub expires_at: String,
@@ -160,7 +110,7 @@ pub const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
 pub async fn tokens_create(
     State(st): State<Arc<ApiState>>,
     req: Result<Json<TokensCreateRequest>, JsonRejection>,
-) -> ApiResult<TokensCreateResponse> {
+) -> Result<Json<TokensCreateResponse>, ApiError> {
     let req = body(req)?;
     let ttl = req.ttl_seconds.unwrap_or(3600);
     if ttl == 0 || ttl > MAX_TOKEN_TTL_SECONDS {
@@ -182,78 +132,27 @@ pub async fn tokens_create(
         max_uses: req.max_uses,
         description: req.description,
     };
-    let check = new.clone();
-    let created = st
+    let (tok, secret) = st
         .store
         .run(move |c| {
-            if let Some(p) = &check.pool_id
-                && !exists(c, "pools", p)?
-            {
-                return Ok(Err(format!("pool {p} not found")));
-            }
-            if let Some(s) = &check.site_id
-                && !exists(c, "sites", s)?
-            {
-                return Ok(Err(format!("site {s} not found")));
-            }
-            Ok(Ok(tokens::create(c, &check, now_ms())?))
+            Ok(crate::model::ops::write_tx(c, |tx| {
+                crate::model::ops::tokens::create(tx, &new)
+            }))
         })
-        .await?;
-    let (tok, secret): (JoinToken, String) =
-        created.map_err(|m| ApiError::new(ErrorCode::NotFound, m))?;
+        .await?
+        .map_err(|e| ApiError::from(&e))?;
     let ca_pin = st
         .ca
         .pin()
         .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
     Ok(Json(TokensCreateResponse {
         token: secret,
+        id: tok.id,
         ca_pin,
         control_plane: st.gateway_url.clone(),
-        expires_at: super::detail::rfc3339(tok.expires_at),
+        expires_at: rfc3339_ms(tok.expires_at),
         max_uses: tok.max_uses,
         pool_id: tok.pool_id,
         site_id: tok.site_id,
     }))
-}
-
-fn exists(
-    c: &rusqlite::Connection,
-    table: &str,
-    id: &str,
-) -> Result<bool, crate::store::StoreError> {
-    use rusqlite::OptionalExtension;
-    Ok(c.query_row(
-        &format!("SELECT 1 FROM {table} WHERE id = ?1"),
-        [id],
-        |_| Ok(()),
-    )
-    .optional()?
-    .is_some())
-}
-
-/// `tokens.list` response.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TokensListResponse {
-    pub tokens: Vec<serde_json::Value>,
-}
-
-pub async fn tokens_list(State(st): State<Arc<ApiState>>) -> ApiResult<TokensListResponse> {
-    let toks = st.store.run(|c| tokens::list(c)).await?;
-    let tokens = toks
-        .into_iter()
-        .map(|t| {
-            serde_json::json!({
-                "id": t.id,
-                "poolId": t.pool_id,
-                "siteId": t.site_id,
-                "expiresAt": super::detail::rfc3339(t.expires_at),
-                "maxUses": t.max_uses,
-                "uses": t.uses,
-                "revoked": t.revoked,
-                "createdAt": super::detail::rfc3339(t.created_at),
-            })
-        })
-        .collect();
-    Ok(Json(TokensListResponse { tokens }))
 }

@@ -2,7 +2,6 @@
 //! token, and errors `{code, message}` with the spec's codes.
 
 pub mod commands;
-pub mod detail;
 pub mod handlers;
 
 use std::sync::Arc;
@@ -73,6 +72,8 @@ pub struct ApiState {
     /// The gateway URL agents use, for `tokens.create`'s printout.
     pub gateway_url: String,
     pub commands: crate::commands::Commands,
+    /// Live sessions, to close a revoked or deleted node's stream and push new specs.
+    pub registry: Arc<crate::gateway::registry::Registry>,
 }
 
 async fn require_bearer(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
@@ -99,11 +100,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The operator API router.
 pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
-        .route("/v1/nodes.list", post(handlers::nodes_list))
-        .route("/v1/nodes.get", post(handlers::nodes_get))
-        .route("/v1/nodes.events", post(handlers::nodes_events))
         .route("/v1/tokens.create", post(handlers::tokens_create))
-        .route("/v1/tokens.list", post(handlers::tokens_list))
+        .route("/v1/{method}", post(handlers::model_method))
         .route("/v1/commands.create", post(commands::create))
         .route("/v1/commands.get", post(commands::get))
         .route("/v1/commands.list", post(commands::list))

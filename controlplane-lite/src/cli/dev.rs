@@ -11,7 +11,6 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use controlplane_lite::api::detail::NodeDetail;
 use controlplane_lite::server::{self, ServeConfig};
 use controlplane_lite::store::{Store, nodes, now_ms, tokens};
 
@@ -172,7 +171,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         log_path.display()
     );
 
-    let node = match wait_adopted(&running.store, &mut child, args.timeout).await {
+    let node: serde_json::Value = match wait_adopted(&running.store, &mut child, args.timeout).await
+    {
         Ok(n) => n,
         Err(e) => {
             stop_agent(&mut child).await;
@@ -186,9 +186,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     println!(
         "\nnode {} is adopted, connected and converged (observedGeneration {}):\n",
-        node.id, node.observed_generation
+        crate::cli::render::cell(node.get("id")),
+        crate::cli::render::cell(node.get("observedGeneration"))
     );
-    print!("{}", crate::cli::node_detail_text(&node));
+    print!("{}", crate::cli::render::object(&node));
     if !args.once {
         println!("\nrunning; Ctrl-C stops the agent and the control plane");
         tokio::select! {
@@ -206,7 +207,7 @@ async fn wait_adopted(
     store: &Store,
     child: &mut Child,
     timeout: Duration,
-) -> anyhow::Result<NodeDetail> {
+) -> anyhow::Result<serde_json::Value> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait()? {
@@ -218,7 +219,12 @@ async fn wait_adopted(
                 && n.connectivity == bc_protocol::Connectivity::Connected
                 && n.observed_generation >= 1
         }) {
-            return Ok(NodeDetail::from(n));
+            let id = n.id.clone();
+            let detail = store
+                .run(move |c| Ok(controlplane_lite::model::query::get_node(c, &id)))
+                .await?
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            return Ok(serde_json::to_value(detail)?);
         }
         if tokio::time::Instant::now() > deadline {
             bail!(

@@ -5,15 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_protocol::pb::{JoinRequest, JoinResponse, join_server::Join};
-use bc_protocol::{Adapter, NodeRole, Trust};
 use rand::Rng;
-use rusqlite::{OptionalExtension, TransactionBehavior};
+use rusqlite::TransactionBehavior;
 use tonic::{Request, Response, Status};
 
 use crate::ca::CertificateAuthority;
 use crate::store::nodes::{self, NewNode};
 use crate::store::tokens::{self, TokenRefusal};
-use crate::store::{Store, StoreError, events, now_ms};
+use crate::store::{Store, events, now_ms};
 
 /// Largest CSR accepted, bytes.
 pub const MAX_CSR_BYTES: usize = 16 * 1024;
@@ -37,85 +36,21 @@ pub fn new_node_id() -> String {
     format!("node_{tail}")
 }
 
-/// Where a token places the node: (site, pool, owner, role, trust, adapter, drivers).
-struct Placement {
-    site_id: Option<String>,
-    pool_id: Option<String>,
-    owner_tenant_id: Option<String>,
-    role: NodeRole,
-    trust: Trust,
-    adapter: Adapter,
-    drivers: serde_json::Map<String, serde_json::Value>,
+/// Why a join was refused.
+#[derive(Debug, thiserror::Error)]
+enum JoinRefusal {
+    #[error(transparent)]
+    Token(TokenRefusal),
+    /// The token's pool or site is gone or unusable.
+    #[error("the join token's pool or site cannot take nodes: {0}")]
+    Placement(String),
 }
 
-/// Role from the pool kind (spec "Identity, ownership and generations"): `metal-host`,
-/// `vps-host`, `provider` give `host`; `metal-dedicated` gives `dedicated`; no pool: `unassigned`.
-pub fn role_for_pool_kind(kind: Option<&str>) -> NodeRole {
-    match kind {
-        Some("metal-host" | "vps-host" | "provider") => NodeRole::Host,
-        Some("metal-dedicated") => NodeRole::Dedicated,
-        _ => NodeRole::Unassigned,
+fn refusal_status(r: &JoinRefusal) -> Status {
+    match r {
+        JoinRefusal::Token(_) => Status::unauthenticated(r.to_string()),
+        JoinRefusal::Placement(_) => Status::failed_precondition(r.to_string()),
     }
-}
-
-/// (site_id, kind, agent, owner_tenant_id, hardware_profile JSON) of a pool row.
-type PoolRow = (Option<String>, String, String, Option<String>, String);
-
-fn placement(c: &rusqlite::Connection, tok: &tokens::JoinToken) -> Result<Placement, StoreError> {
-    let pool: Option<PoolRow> = match &tok.pool_id {
-        Some(p) => c
-            .query_row(
-                "SELECT site_id, kind, agent, owner_tenant_id, hardware_profile FROM pools WHERE id = ?1",
-                [p],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-            )
-            .optional()?,
-        None => None,
-    };
-    let site_id = pool
-        .as_ref()
-        .and_then(|p| p.0.clone())
-        .or_else(|| tok.site_id.clone());
-    let site: Option<(String, Option<String>)> = match &site_id {
-        Some(s) => c
-            .query_row(
-                "SELECT kind, owner_tenant_id FROM sites WHERE id = ?1",
-                [s],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?,
-        None => None,
-    };
-    let tenant_site = site.as_ref().is_some_and(|(kind, _)| kind == "custom");
-    let drivers = pool
-        .as_ref()
-        .and_then(|p| serde_json::from_str::<serde_json::Value>(&p.4).ok())
-        .and_then(|v| v.get("drivers").and_then(|d| d.as_object()).cloned())
-        .unwrap_or_default();
-    Ok(Placement {
-        role: role_for_pool_kind(pool.as_ref().map(|p| p.1.as_str())),
-        trust: if tenant_site {
-            Trust::TenantOwned
-        } else {
-            Trust::Platform
-        },
-        adapter: if pool.as_ref().is_some_and(|p| p.2 == "none") {
-            Adapter::ProviderApiV1
-        } else {
-            Adapter::BcdV1
-        },
-        owner_tenant_id: pool
-            .as_ref()
-            .and_then(|p| p.3.clone())
-            .or_else(|| site.as_ref().and_then(|s| s.1.clone())),
-        pool_id: tok.pool_id.clone(),
-        site_id,
-        drivers,
-    })
-}
-
-fn refusal_status(r: &TokenRefusal) -> Status {
-    Status::unauthenticated(r.to_string())
 }
 
 #[tonic::async_trait]
@@ -144,9 +79,17 @@ impl Join for JoinService {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let tok = match tokens::consume(&tx, &token, now_ms())? {
                     Ok(t) => t,
-                    Err(refusal) => return Ok(Err(refusal)),
+                    Err(refusal) => return Ok(Err(JoinRefusal::Token(refusal))),
                 };
-                let p = placement(&tx, &tok)?;
+                let p = match crate::model::ownership::placement_for_join(
+                    &tx,
+                    tok.pool_id.as_deref(),
+                    tok.site_id.as_deref(),
+                    false,
+                ) {
+                    Ok(p) => p,
+                    Err(e) => return Ok(Err(JoinRefusal::Placement(e.to_string()))),
+                };
                 let id = new_node_id();
                 let now = now_ms();
                 nodes::insert(

@@ -161,3 +161,28 @@ impl Gateway for GatewayService {
         }))
     }
 }
+
+/// Sends the node's current Spec to its live session, if any (after `nodes.updateSpec`).
+pub async fn push_spec(store: &Store, registry: &Registry, node_id: &str) {
+    let Some((_, tx)) = registry.sender(node_id) else {
+        return;
+    };
+    let id = node_id.to_owned();
+    let node = match store.run(move |c| nodes::get(c, &id)).await {
+        Ok(Some(n)) => n,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::error!(node_id, error = %e, "reading the spec to push failed");
+            return;
+        }
+    };
+    let msg = GatewayMessage {
+        msg: Some(bc_protocol::pb::gateway_message::Msg::Spec(
+            bc_protocol::pb::Spec {
+                generation: node.generation,
+                spec: Some(session::spec_to_wire(&node.spec)),
+            },
+        )),
+    };
+    let _ = tx.send(Ok(msg)).await;
+}

@@ -100,7 +100,7 @@ pub(super) async fn open(
 }
 
 /// The stored spec (camelCase JSON) on the wire. Generation 1 is the empty spec.
-fn spec_to_wire(_spec: &serde_json::Value) -> bc_protocol::pb::NodeSpec {
+pub(crate) fn spec_to_wire(_spec: &serde_json::Value) -> bc_protocol::pb::NodeSpec {
     bc_protocol::pb::NodeSpec::default()
 }
 

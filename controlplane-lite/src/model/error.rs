@@ -79,12 +79,7 @@ impl OpError {
     }
 }
 
-/// The `{code, message}` body the operator API returns for an error.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct ApiError {
-    pub code: ErrorCode,
-    pub message: String,
-}
+pub use crate::api::ApiError;
 
 impl From<&OpError> for ApiError {
     fn from(e: &OpError) -> Self {

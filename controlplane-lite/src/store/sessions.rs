@@ -277,26 +277,32 @@ pub fn record_inventory(
             document.get("hostname").and_then(|h| h.as_str()),
         ],
     )?;
+    // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
+    // noScheduleReasons, in this same transaction.
+    crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(op_err)?;
     let mut state = node.provision_state;
     if state == ProvisionState::Adopting {
-        state = ProvisionState::Adopted;
-        tx.execute(
-            "UPDATE nodes SET provision_state = ?2 WHERE id = ?1",
-            params![node_id, state.as_str()],
-        )?;
-        events::record(
+        // NodeLifecycle acceptance, through the one provisionStateTable.
+        let after = crate::model::ops::nodes::transition(
             &tx,
             node_id,
-            now,
-            "provisionState",
-            Some(ProvisionState::Adopting.as_str()),
-            Some(state.as_str()),
+            None,
             "NodeLifecycle",
+            ProvisionState::Adopted,
             "acceptance passed: inventory received",
-        )?;
+        )
+        .map_err(op_err)?;
+        state = after.provision_state;
     }
     tx.commit()?;
     Ok(Some(state))
+}
+
+fn op_err(e: crate::model::error::OpError) -> StoreError {
+    match e {
+        crate::model::error::OpError::Store(s) => s,
+        other => StoreError::Task(other.to_string()),
+    }
 }
 
 /// Records a SpecStatus: on `converged`, `observedGeneration` moves up to `generation` (never past
@@ -348,7 +354,7 @@ pub fn record_spec_status(
     match conditions.iter_mut().find(|c| c.type_ == "SpecConverged") {
         Some(c) => {
             if c.status != status {
-                c.last_transition_time = crate::api::detail::rfc3339(now);
+                c.last_transition_time = crate::model::conditions::rfc3339_ms(now);
             }
             c.status = status;
             c.reason = reason.to_owned();
@@ -359,7 +365,7 @@ pub fn record_spec_status(
             status,
             reason: reason.to_owned(),
             message: message.to_owned(),
-            last_transition_time: crate::api::detail::rfc3339(now),
+            last_transition_time: crate::model::conditions::rfc3339_ms(now),
             owner: "NodeLifecycle".to_owned(),
         }),
     }

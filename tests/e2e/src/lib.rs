@@ -345,13 +345,14 @@ pub fn real_cpu_threads() -> u64 {
         .count() as u64
 }
 
-/// (name, MAC) of this machine's interfaces from `/sys/class/net`, loopback excluded.
+/// (name, MAC) of this machine's physical interfaces (those with a `device` link) from
+/// `/sys/class/net`.
 pub fn real_macs() -> Vec<(String, String)> {
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name == "lo" {
+            if name == "lo" || !e.path().join("device").exists() {
                 continue;
             }
             if let Ok(mac) = std::fs::read_to_string(e.path().join("address")) {

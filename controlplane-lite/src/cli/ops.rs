@@ -1,0 +1,728 @@
+//! Operator verbs: one `bcctl` subcommand per API method. Mutations take `--version` (the version
+//! you read); without it bcctl reads the node's current version first.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::{ClientArgs, Output, render};
+use controlplane_lite::client::Client;
+
+/// `bcctl nodes ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum NodesCommand {
+    /// List nodes.
+    List {
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        provision_state: Option<bc_protocol::ProvisionState>,
+        #[arg(long)]
+        connectivity: Option<bc_protocol::Connectivity>,
+        #[arg(long)]
+        schedulable: Option<bool>,
+    },
+    /// Show one node (NodeDetail).
+    Get { node_id: String },
+    /// Show a node's event log.
+    Events { node_id: String },
+    /// Cordon: no new work.
+    Cordon {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Uncordon.
+    Uncordon {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Cordon plus `draining` until the node's allocations are released.
+    Drain {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Add an operator taint (`taint:<key>` in noScheduleReasons).
+    Taint {
+        node_id: String,
+        key: String,
+        #[arg(long, default_value = "")]
+        value: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Remove a taint.
+    Untaint {
+        node_id: String,
+        key: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Accept a node by hand (`adopting → adopted`).
+    Adopt {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Recover a failed node back to where it failed from.
+    Recover {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Turn maintenance on or off.
+    SetMaintenance {
+        node_id: String,
+        maintenance: bool,
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Revoke the node's identity (identityGeneration + 1; its certificates stop working).
+    RevokeIdentity {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Delete the node.
+    Delete {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Replace the node's desired spec (generation + 1). JSON inline or `@file`.
+    UpdateSpec {
+        node_id: String,
+        spec: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Start a dedicated-root lease (trust becomes tenant-controlled).
+    StartDedicatedRoot {
+        node_id: String,
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// End the dedicated-root lease.
+    EndDedicatedRoot {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Run a command on the node (inventory.refresh, diag.nvml, logs.collect, gpu.reset, node.reboot).
+    Run {
+        node_id: String,
+        command: String,
+        /// Argument `key=value` (value parsed as JSON when it is JSON, else a string); repeatable.
+        #[arg(long = "arg")]
+        args: Vec<String>,
+        /// Wait for the result, showing progress.
+        #[arg(long)]
+        wait: bool,
+        /// Deadline of the command.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+        timeout: Duration,
+    },
+}
+
+/// `bcctl pools|sites|tokens|allocations|commands ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum PoolsCommand {
+    /// Create a pool.
+    Create {
+        #[arg(long)]
+        name: String,
+        /// metal-host | vps-host | provider | metal-dedicated
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        site: Option<String>,
+        /// bcd | none
+        #[arg(long, default_value = "bcd")]
+        agent: String,
+        #[arg(long)]
+        owner_tenant: Option<String>,
+        #[arg(long)]
+        expected_gpus: Option<u32>,
+        #[arg(long)]
+        expected_gpu_model: Option<String>,
+    },
+    List,
+    Get {
+        pool_id: String,
+    },
+    /// GPU counts per capacity bucket.
+    Capacity {
+        pool_id: String,
+    },
+    Delete {
+        pool_id: String,
+        #[arg(long)]
+        version: u64,
+    },
+}
+
+/// `bcctl sites ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum SitesCommand {
+    Create {
+        #[arg(long)]
+        name: String,
+        /// platform | custom
+        #[arg(long, default_value = "platform")]
+        kind: String,
+        #[arg(long)]
+        owner_tenant: Option<String>,
+    },
+    List,
+    Get {
+        site_id: String,
+    },
+    Delete {
+        site_id: String,
+        #[arg(long)]
+        version: u64,
+    },
+}
+
+/// `bcctl tokens ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum TokensCommand {
+    /// Create a join token; prints it once with the CA pin.
+    Create {
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        site: Option<String>,
+        /// Lifetime, e.g. `1h`, `30m`.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
+        ttl: Duration,
+        /// How many joins it allows (default: unlimited).
+        #[arg(long)]
+        uses: Option<u64>,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token by id.
+    Revoke { token_id: String },
+}
+
+/// `bcctl allocations ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum AllocationsCommand {
+    /// Book GPUs on one schedulable node of a pool.
+    Create {
+        #[arg(long)]
+        pool: String,
+        #[arg(long)]
+        gpus: u32,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    List {
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        active: bool,
+    },
+    Get {
+        allocation_id: String,
+    },
+    Release {
+        allocation_id: String,
+    },
+}
+
+/// `bcctl commands ...`
+#[derive(Debug, Clone, Subcommand)]
+pub enum CommandsCommand {
+    Get {
+        command_id: String,
+    },
+    List {
+        #[arg(long)]
+        node: Option<String>,
+    },
+    Cancel {
+        command_id: String,
+    },
+}
+
+fn print(args: &ClientArgs, v: &Value, table: impl FnOnce(&Value) -> String) -> anyhow::Result<()> {
+    if args.output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        print!("{}", table(v));
+    }
+    Ok(())
+}
+
+fn items(v: &Value, key: &str) -> Vec<Value> {
+    v.get(key)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn version_of(client: &Client, node_id: &str, given: Option<u64>) -> anyhow::Result<u64> {
+    if let Some(v) = given {
+        return Ok(v);
+    }
+    let n: Value = client
+        .call("nodes.get", &json!({"nodeId": node_id}))
+        .await?;
+    n.get("version")
+        .and_then(Value::as_u64)
+        .context("nodes.get returned no version")
+}
+
+async fn mutate(
+    args: &ClientArgs,
+    client: &Client,
+    method: &str,
+    node_id: &str,
+    version: Option<u64>,
+    extra: Value,
+) -> anyhow::Result<()> {
+    let version = version_of(client, node_id, version).await?;
+    let mut body = json!({"nodeId": node_id, "version": version});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    let v: Value = client.call(method, &body).await?;
+    print(args, &v, render::object)
+}
+
+fn parse_arg(kv: &str) -> anyhow::Result<(String, Value)> {
+    let Some((k, v)) = kv.split_once('=') else {
+        bail!("--arg {kv:?}: expected key=value");
+    };
+    let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+    Ok((k.to_owned(), value))
+}
+
+/// Runs `bcctl nodes ...`.
+pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
+    let c = args.client()?;
+    match cmd {
+        NodesCommand::List {
+            pool,
+            provision_state,
+            connectivity,
+            schedulable,
+        } => {
+            let v: Value = c
+                .call("nodes.list", &json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable}))
+                .await?;
+            print(args, &v, |v| render::nodes(&items(v, "nodes")))
+        }
+        NodesCommand::Get { node_id } => {
+            let v: Value = c.call("nodes.get", &json!({"nodeId": node_id})).await?;
+            print(args, &v, render::object)
+        }
+        NodesCommand::Events { node_id } => {
+            let v: Value = c.call("nodes.events", &json!({"nodeId": node_id})).await?;
+            print(args, &v, |v| {
+                render::list(
+                    &items(v, "events"),
+                    &[
+                        ("AT", "/at"),
+                        ("WHAT", "/kind"),
+                        ("FROM", "/from"),
+                        ("TO", "/to"),
+                        ("WHO", "/actor"),
+                        ("MESSAGE", "/message"),
+                    ],
+                )
+            })
+        }
+        NodesCommand::Cordon { node_id, version } => {
+            mutate(args, &c, "nodes.cordon", &node_id, version, json!({})).await
+        }
+        NodesCommand::Uncordon { node_id, version } => {
+            mutate(args, &c, "nodes.uncordon", &node_id, version, json!({})).await
+        }
+        NodesCommand::Drain { node_id, version } => {
+            mutate(args, &c, "nodes.drain", &node_id, version, json!({})).await
+        }
+        NodesCommand::Adopt { node_id, version } => {
+            mutate(args, &c, "nodes.adopt", &node_id, version, json!({})).await
+        }
+        NodesCommand::Recover { node_id, version } => {
+            mutate(args, &c, "nodes.recover", &node_id, version, json!({})).await
+        }
+        NodesCommand::RevokeIdentity { node_id, version } => {
+            mutate(
+                args,
+                &c,
+                "nodes.revokeIdentity",
+                &node_id,
+                version,
+                json!({}),
+            )
+            .await
+        }
+        NodesCommand::Delete { node_id, version } => {
+            mutate(args, &c, "nodes.delete", &node_id, version, json!({})).await
+        }
+        NodesCommand::EndDedicatedRoot { node_id, version } => {
+            mutate(
+                args,
+                &c,
+                "nodes.endDedicatedRoot",
+                &node_id,
+                version,
+                json!({}),
+            )
+            .await
+        }
+        NodesCommand::Taint {
+            node_id,
+            key,
+            value,
+            version,
+        } => {
+            mutate(
+                args,
+                &c,
+                "nodes.taint",
+                &node_id,
+                version,
+                json!({"key": key, "value": value}),
+            )
+            .await
+        }
+        NodesCommand::Untaint {
+            node_id,
+            key,
+            version,
+        } => {
+            mutate(
+                args,
+                &c,
+                "nodes.untaint",
+                &node_id,
+                version,
+                json!({"key": key}),
+            )
+            .await
+        }
+        NodesCommand::SetMaintenance {
+            node_id,
+            maintenance,
+            reason,
+            version,
+        } => {
+            mutate(
+                args,
+                &c,
+                "nodes.setMaintenance",
+                &node_id,
+                version,
+                json!({"maintenance": maintenance, "reason": reason}),
+            )
+            .await
+        }
+        NodesCommand::UpdateSpec {
+            node_id,
+            spec,
+            version,
+        } => {
+            let text = match spec.strip_prefix('@') {
+                Some(path) => {
+                    std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
+                }
+                None => spec,
+            };
+            let spec: Value = serde_json::from_str(&text).context("the spec is not valid JSON")?;
+            mutate(
+                args,
+                &c,
+                "nodes.updateSpec",
+                &node_id,
+                version,
+                json!({"spec": spec}),
+            )
+            .await
+        }
+        NodesCommand::StartDedicatedRoot {
+            node_id,
+            tenant,
+            version,
+        } => {
+            mutate(
+                args,
+                &c,
+                "nodes.startDedicatedRoot",
+                &node_id,
+                version,
+                json!({"tenantId": tenant}),
+            )
+            .await
+        }
+        NodesCommand::Run {
+            node_id,
+            command,
+            args: kvs,
+            wait,
+            timeout,
+        } => {
+            let mut a = serde_json::Map::new();
+            for kv in &kvs {
+                let (k, v) = parse_arg(kv)?;
+                a.insert(k, v);
+            }
+            let created: Value = c
+                .call("commands.create", &json!({"nodeId": node_id, "name": command, "args": a, "timeoutSeconds": timeout.as_secs().max(1)}))
+                .await?;
+            if !wait {
+                return print(args, &created, render::object);
+            }
+            let id = created
+                .get("id")
+                .and_then(Value::as_str)
+                .context("commands.create returned no id")?
+                .to_owned();
+            let mut last = String::new();
+            loop {
+                let v: Value = c.call("commands.get", &json!({"commandId": id})).await?;
+                let state = v
+                    .get("state")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_owned();
+                let progress = v.get("progress").and_then(Value::as_u64).unwrap_or(0);
+                let line = format!("{id} {state} {progress}%");
+                if line != last && args.output == Output::Table {
+                    eprintln!("{line}");
+                    last = line;
+                }
+                if matches!(
+                    state.as_str(),
+                    "succeeded" | "failed" | "cancelled" | "expired"
+                ) {
+                    print(args, &v, render::object)?;
+                    if state != "succeeded" {
+                        bail!("command {id} {state}");
+                    }
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Runs `bcctl pools ...`.
+pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
+    let c = args.client()?;
+    let v: Value = match cmd {
+        PoolsCommand::Create { name, kind, site, agent, owner_tenant, expected_gpus, expected_gpu_model } => {
+            c.call(
+                "pools.create",
+                &json!({"name": name, "kind": kind, "siteId": site, "agent": agent, "ownerTenantId": owner_tenant,
+                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}}),
+            )
+            .await?
+        }
+        PoolsCommand::List => {
+            let v: Value = c.call("pools.list", &json!({})).await?;
+            return print(args, &v, |v| {
+                render::list(&items(v, "pools"), &[("ID", "/id"), ("NAME", "/name"), ("KIND", "/kind"), ("AGENT", "/agent"), ("SITE", "/siteId"), ("OWNER", "/ownerTenantId"), ("VERSION", "/version")])
+            });
+        }
+        PoolsCommand::Get { pool_id } => c.call("pools.get", &json!({"poolId": pool_id})).await?,
+        PoolsCommand::Capacity { pool_id } => c.call("pools.capacity", &json!({"poolId": pool_id})).await?,
+        PoolsCommand::Delete { pool_id, version } => c.call("pools.delete", &json!({"poolId": pool_id, "version": version})).await?,
+    };
+    print(args, &v, render::object)
+}
+
+/// Runs `bcctl sites ...`.
+pub async fn sites(args: &ClientArgs, cmd: SitesCommand) -> anyhow::Result<()> {
+    let c = args.client()?;
+    let v: Value = match cmd {
+        SitesCommand::Create {
+            name,
+            kind,
+            owner_tenant,
+        } => {
+            c.call(
+                "sites.create",
+                &json!({"name": name, "kind": kind, "ownerTenantId": owner_tenant}),
+            )
+            .await?
+        }
+        SitesCommand::List => {
+            let v: Value = c.call("sites.list", &json!({})).await?;
+            return print(args, &v, |v| {
+                render::list(
+                    &items(v, "sites"),
+                    &[
+                        ("ID", "/id"),
+                        ("NAME", "/name"),
+                        ("KIND", "/kind"),
+                        ("OWNER", "/ownerTenantId"),
+                        ("VERSION", "/version"),
+                    ],
+                )
+            });
+        }
+        SitesCommand::Get { site_id } => c.call("sites.get", &json!({"siteId": site_id})).await?,
+        SitesCommand::Delete { site_id, version } => {
+            c.call(
+                "sites.delete",
+                &json!({"siteId": site_id, "version": version}),
+            )
+            .await?
+        }
+    };
+    print(args, &v, render::object)
+}
+
+/// Runs `bcctl tokens ...`.
+pub async fn tokens(args: &ClientArgs, cmd: TokensCommand) -> anyhow::Result<()> {
+    let c = args.client()?;
+    match cmd {
+        TokensCommand::Create {
+            pool,
+            site,
+            ttl,
+            uses,
+            description,
+        } => {
+            let v: Value = c
+                .call("tokens.create", &json!({"poolId": pool, "siteId": site, "ttlSeconds": ttl.as_secs().max(1), "maxUses": uses, "description": description}))
+                .await?;
+            print(args, &v, |v| {
+                format!(
+                    "{}\nJoin a machine:\n  bcd agent --control-plane {} --join-token {} --ca-pin {}\n",
+                    render::object(v),
+                    render::cell(v.get("controlPlane")),
+                    render::cell(v.get("token")),
+                    render::cell(v.get("caPin"))
+                )
+            })
+        }
+        TokensCommand::List => {
+            let v: Value = c.call("tokens.list", &json!({})).await?;
+            print(args, &v, |v| {
+                render::list(
+                    &items(v, "tokens"),
+                    &[
+                        ("ID", "/id"),
+                        ("POOL", "/poolId"),
+                        ("SITE", "/siteId"),
+                        ("EXPIRES", "/expiresAt"),
+                        ("USES", "/uses"),
+                        ("MAX", "/maxUses"),
+                        ("REVOKED", "/revoked"),
+                    ],
+                )
+            })
+        }
+        TokensCommand::Revoke { token_id } => {
+            let v: Value = c
+                .call("tokens.revoke", &json!({"tokenId": token_id}))
+                .await?;
+            print(args, &v, render::object)
+        }
+    }
+}
+
+/// Runs `bcctl allocations ...`.
+pub async fn allocations(args: &ClientArgs, cmd: AllocationsCommand) -> anyhow::Result<()> {
+    let c = args.client()?;
+    let v: Value = match cmd {
+        AllocationsCommand::Create { pool, gpus, tenant } => {
+            c.call(
+                "allocations.create",
+                &json!({"poolId": pool, "gpus": gpus, "tenantId": tenant}),
+            )
+            .await?
+        }
+        AllocationsCommand::List { pool, node, active } => {
+            let v: Value = c
+                .call(
+                    "allocations.list",
+                    &json!({"poolId": pool, "nodeId": node, "activeOnly": active}),
+                )
+                .await?;
+            return print(args, &v, |v| {
+                render::list(
+                    &items(v, "allocations"),
+                    &[
+                        ("ID", "/id"),
+                        ("POOL", "/poolId"),
+                        ("NODE", "/nodeId"),
+                        ("GPUS", "/gpus"),
+                        ("ATOMS", "/atoms"),
+                        ("TENANT", "/tenantId"),
+                        ("RELEASED", "/releasedAt"),
+                    ],
+                )
+            });
+        }
+        AllocationsCommand::Get { allocation_id } => {
+            c.call("allocations.get", &json!({"allocationId": allocation_id}))
+                .await?
+        }
+        AllocationsCommand::Release { allocation_id } => {
+            c.call(
+                "allocations.release",
+                &json!({"allocationId": allocation_id}),
+            )
+            .await?
+        }
+    };
+    print(args, &v, render::object)
+}
+
+/// Runs `bcctl commands ...`.
+pub async fn commands(args: &ClientArgs, cmd: CommandsCommand) -> anyhow::Result<()> {
+    let c = args.client()?;
+    match cmd {
+        CommandsCommand::Get { command_id } => {
+            let v: Value = c
+                .call("commands.get", &json!({"commandId": command_id}))
+                .await?;
+            print(args, &v, render::object)
+        }
+        CommandsCommand::Cancel { command_id } => {
+            let v: Value = c
+                .call("commands.cancel", &json!({"commandId": command_id}))
+                .await?;
+            print(args, &v, render::object)
+        }
+        CommandsCommand::List { node } => {
+            let v: Value = c.call("commands.list", &json!({"nodeId": node})).await?;
+            print(args, &v, |v| {
+                render::list(
+                    &items(v, "commands"),
+                    &[
+                        ("ID", "/id"),
+                        ("NODE", "/nodeId"),
+                        ("NAME", "/name"),
+                        ("STATE", "/state"),
+                        ("PROGRESS", "/progress"),
+                        ("CREATED", "/createdAt"),
+                        ("FINISHED", "/finishedAt"),
+                    ],
+                )
+            })
+        }
+    }
+}
