@@ -3,10 +3,13 @@
 //! says Goodbye.
 
 mod backoff;
+mod commands;
 mod join;
+pub mod journal;
 mod session;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -160,7 +163,16 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     backoff.reset();
 
     let cfg = crate::tls::session_config(&identity.ca_pem, &identity.cert_pem, &identity.key_pem)?;
+    let journal = journal::Journal::open(state.path())?;
+    let failed = journal.recover(chrono::Utc::now().timestamp_millis(), |_| false);
+    for e in &failed {
+        tracing::warn!(command = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
+    }
+    let boot_id = root
+        .read_trimmed("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default();
     let ctx = session::SessionContext {
+        executor: Arc::new(commands::Executor::new(journal, root.clone(), boot_id)),
         identity,
         root,
         tls: cfg,

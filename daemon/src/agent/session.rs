@@ -19,6 +19,7 @@ use crate::state::Identity;
 /// What a session needs.
 #[derive(Debug)]
 pub struct SessionContext {
+    pub executor: Arc<super::commands::Executor>,
     pub identity: Identity,
     pub root: HostRoot,
     pub tls: Arc<rustls::ClientConfig>,
@@ -45,7 +46,7 @@ fn msg(epoch: u64, m: agent_message::Msg) -> AgentMessage {
     }
 }
 
-async fn inventory_message(root: &HostRoot) -> Result<Inventory, String> {
+pub(crate) async fn inventory_message(root: &HostRoot) -> Result<Inventory, String> {
     let root = root.clone();
     tokio::task::spawn_blocking(move || {
         let inv = crate::inventory::collect(&root);
@@ -107,7 +108,10 @@ pub async fn run_once(
         agent_version: bc_protocol::VERSION.to_owned(),
         mode: bc_protocol::pb::AgentMode::Node.into(),
         observed_generation: 0,
-        pending_results: Vec::new(),
+        pending_results: ctx
+            .executor
+            .journal
+            .pending_results(chrono::Utc::now().timestamp_millis()),
     };
     if out
         .send(msg(0, agent_message::Msg::Hello(hello)))
@@ -193,9 +197,11 @@ pub async fn run_once(
                         return SessionEnd::Retry(format!("gateway said Goodbye ({}): {}", reason.as_str_name(), g.message));
                     }
                     Some(gateway_message::Msg::Command(c)) => {
-                        tracing::warn!(command = %c.name, id = %c.id, "commands are not handled by this agent build");
+                        tracing::info!(command = %c.name, id = %c.id, "command received");
+                        ctx.executor.on_command(c, out.clone(), epoch);
                     }
-                    Some(gateway_message::Msg::Welcome(_)) | Some(gateway_message::Msg::Cancel(_)) | None => {}
+                    Some(gateway_message::Msg::Cancel(c)) => ctx.executor.on_cancel(&c.id, &out, epoch),
+                    Some(gateway_message::Msg::Welcome(_)) | None => {}
                 }
             }
         }

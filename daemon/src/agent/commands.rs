@@ -1,0 +1,202 @@
+//! Command execution: the registry `name -> handler`, each run with its deadline and a cancel
+//! handle, journaled before it runs and before its result is reported (see [`super::journal`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_protocol::CommandName;
+use bc_protocol::pb::{AgentMessage, Command, CommandState, CommandUpdate, agent_message};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::journal::{Entry, Journal};
+use crate::hostroot::HostRoot;
+
+/// A failed command: `(code, message)`.
+pub type CommandFailure = (String, String);
+
+/// Runs commands for the session.
+#[derive(Debug)]
+pub struct Executor {
+    pub journal: Journal,
+    pub root: HostRoot,
+    pub boot_id: String,
+    running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn send(out: &mpsc::Sender<AgentMessage>, epoch: u64, u: CommandUpdate) {
+    // A full or closed channel loses nothing: the journal holds the result for the next Hello.
+    let _ = out.try_send(AgentMessage {
+        epoch,
+        msg: Some(agent_message::Msg::CommandUpdate(u)),
+    });
+}
+
+impl Executor {
+    /// An executor over `journal`, reading the host through `root`.
+    pub fn new(journal: Journal, root: HostRoot, boot_id: String) -> Self {
+        Self {
+            journal,
+            root,
+            boot_id,
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Handles a Command from the gateway: re-reports a journaled one, else journals and runs it.
+    pub fn on_command(self: &Arc<Self>, cmd: Command, out: mpsc::Sender<AgentMessage>, epoch: u64) {
+        if let Some(e) = self.journal.get(&cmd.id) {
+            if e.is_finished() {
+                tracing::info!(command = %cmd.id, "command already ran; re-sending its result");
+                send(&out, epoch, e.update());
+            }
+            return;
+        }
+        let args: Value = serde_json::from_slice(&cmd.args_json).unwrap_or_else(|_| json!({}));
+        let mut entry = Entry {
+            id: cmd.id.clone(),
+            name: cmd.name.clone(),
+            args: args.clone(),
+            state: "accepted".to_owned(),
+            result: None,
+            error_code: None,
+            error_message: None,
+            accepted_at: now_ms(),
+            finished_at: None,
+            boot_id: self.boot_id.clone(),
+        };
+        if let Err(e) = self.journal.put(&entry) {
+            // Without a journal entry we cannot promise not to run twice: refuse.
+            tracing::error!(command = %cmd.id, error = %e, "cannot journal command; refusing it");
+            send(
+                &out,
+                epoch,
+                CommandUpdate {
+                    id: cmd.id,
+                    state: CommandState::Failed.into(),
+                    progress: 0,
+                    result_json: Vec::new(),
+                    error: Some(bc_protocol::pb::ErrorInfo {
+                        code: "JOURNAL_UNWRITABLE".into(),
+                        message: e.to_string(),
+                    }),
+                },
+            );
+            return;
+        }
+        send(
+            &out,
+            epoch,
+            CommandUpdate {
+                id: cmd.id.clone(),
+                state: CommandState::Running.into(),
+                progress: 0,
+                ..Default::default()
+            },
+        );
+        let remaining = u64::try_from(cmd.deadline_ms.saturating_sub(now_ms()))
+            .unwrap_or(0)
+            .max(1);
+        let this = Arc::clone(self);
+        let id = cmd.id.clone();
+        let task = tokio::spawn(async move {
+            let run = execute(&cmd.name, &args, &this.root, &out, epoch);
+            let outcome = match tokio::time::timeout(Duration::from_millis(remaining), run).await {
+                Ok(r) => r,
+                Err(_) => Err((
+                    "DEADLINE_EXCEEDED".to_owned(),
+                    "the command ran past its deadline".to_owned(),
+                )),
+            };
+            entry.finished_at = Some(now_ms());
+            match outcome {
+                Ok(v) => {
+                    entry.state = "succeeded".to_owned();
+                    entry.result = Some(v);
+                }
+                Err((code, message)) => {
+                    entry.state = "failed".to_owned();
+                    entry.error_code = Some(code);
+                    entry.error_message = Some(message);
+                }
+            }
+            if let Err(e) = this.journal.put(&entry) {
+                tracing::error!(command = %entry.id, error = %e, "cannot journal the result");
+            }
+            tracing::info!(command = %entry.id, name = %entry.name, state = %entry.state, "command finished");
+            send(&out, epoch, entry.update());
+            this.running.lock().remove(&entry.id);
+        });
+        self.running.lock().insert(id, task.abort_handle());
+    }
+
+    /// Handles Cancel: stops a running command and journals it cancelled.
+    pub fn on_cancel(&self, id: &str, out: &mpsc::Sender<AgentMessage>, epoch: u64) {
+        let Some(handle) = self.running.lock().remove(id) else {
+            return;
+        };
+        handle.abort();
+        if let Some(mut e) = self.journal.get(id) {
+            if !e.is_finished() {
+                e.state = "cancelled".to_owned();
+                e.error_code = Some("CANCELLED".to_owned());
+                e.error_message = Some("cancelled by the control plane".to_owned());
+                e.finished_at = Some(now_ms());
+                let _ = self.journal.put(&e);
+                send(out, epoch, e.update());
+            }
+        }
+    }
+}
+
+/// Runs one command. Unknown or not-yet-supported commands fail with `UNSUPPORTED`.
+async fn execute(
+    name: &str,
+    _args: &Value,
+    root: &HostRoot,
+    out: &mpsc::Sender<AgentMessage>,
+    epoch: u64,
+) -> Result<Value, CommandFailure> {
+    let parsed: CommandName = name
+        .parse()
+        .map_err(|e: bc_protocol::ParseEnumError| ("UNSUPPORTED".to_owned(), e.to_string()))?;
+    match parsed {
+        CommandName::InventoryRefresh => {
+            let inv = super::session::inventory_message(root)
+                .await
+                .map_err(|e| ("INVENTORY_FAILED".to_owned(), e))?;
+            let doc: Value = serde_json::from_slice(&inv.document_json).unwrap_or(Value::Null);
+            let hw = inv.hardware.clone().unwrap_or_default();
+            out.send(AgentMessage {
+                epoch,
+                msg: Some(agent_message::Msg::Inventory(inv)),
+            })
+            .await
+            .map_err(|_| {
+                (
+                    "SESSION_CLOSED".to_owned(),
+                    "the session closed before the inventory was sent".to_owned(),
+                )
+            })?;
+            Ok(json!({
+                "hardwareKeyTrusted": hw.trusted,
+                "identifiers": hw.identifier_digests.len(),
+                "cpuThreads": doc.pointer("/cpu/threads"),
+                "memoryBytes": doc.pointer("/memory/totalBytes"),
+                "nics": doc.get("nics").and_then(Value::as_array).map(Vec::len),
+                "disks": doc.get("disks").and_then(Value::as_array).map(Vec::len),
+                "notes": doc.get("notes").and_then(Value::as_array).map(Vec::len),
+            }))
+        }
+        other => Err((
+            "UNSUPPORTED".to_owned(),
+            format!("{} is not supported by this agent build", other.as_str()),
+        )),
+    }
+}
