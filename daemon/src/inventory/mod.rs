@@ -22,8 +22,10 @@ pub fn collect(root: &HostRoot) -> Inventory {
         os: Some(Os {
             kernel: root.read_trimmed("/proc/sys/kernel/osrelease"),
             boot_id: root.read_trimmed("/proc/sys/kernel/random/boot_id"),
+            ..Os::default()
         }),
         notes,
+        ..Inventory::default()
     }
 }
 
@@ -78,6 +80,7 @@ fn collect_memory(root: &HostRoot, notes: &mut Vec<Note>) -> Option<Memory> {
     })?;
     Some(Memory {
         total_bytes: kib.saturating_mul(1024),
+        dimms: vec![],
     })
 }
 
@@ -110,6 +113,7 @@ fn collect_disks(root: &HostRoot) -> Vec<Disk> {
                     .read_trimmed(format!("{base}/queue/rotational"))
                     .map(|v| v == "1"),
                 name,
+                ..Disk::default()
             }
         })
         .collect()
@@ -127,6 +131,7 @@ fn collect_nics(root: &HostRoot) -> Vec<Nic> {
                     .map(|m| m.to_ascii_lowercase()),
                 physical: root.path(format!("{base}/device")).exists(),
                 name,
+                ..Nic::default()
             }
         })
         .collect()
