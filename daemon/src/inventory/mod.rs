@@ -1,6 +1,9 @@
 //! Inventory collectors. Each reads through a [`HostRoot`]; a missing or unreadable source leaves
 //! its section absent with a [`Note`], never failing the whole inventory.
 
+pub mod ethtool;
+pub mod nics;
+
 use bc_protocol::inventory::{self, Cpu, Disk, Inventory, Memory, Nic, Note, Os};
 
 use crate::hostroot::HostRoot;

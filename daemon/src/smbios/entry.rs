@@ -44,12 +44,16 @@ pub fn has_anchor(bytes: &[u8]) -> bool {
 
 /// Parses an entry point at the start of `bytes`.
 pub fn parse(bytes: &[u8]) -> Result<EntryPoint, SmbiosError> {
-    let short = || SmbiosError::BadEntryPoint(format!("entry point truncated at {} bytes", bytes.len()));
+    let short =
+        || SmbiosError::BadEntryPoint(format!("entry point truncated at {} bytes", bytes.len()));
     if bytes.starts_with(SM3_ANCHOR) {
         // 0x06 length, 0x07 major, 0x08 minor, 0x0C u32 max table size, 0x10 u64 table address.
         let len = usize::from(*bytes.get(6).ok_or_else(short)?);
         Ok(EntryPoint {
-            version: (*bytes.get(7).ok_or_else(short)?, *bytes.get(8).ok_or_else(short)?),
+            version: (
+                *bytes.get(7).ok_or_else(short)?,
+                *bytes.get(8).ok_or_else(short)?,
+            ),
             table_len: le_u32(bytes, 0x0C).ok_or_else(short)? as usize,
             table_address: le_u64(bytes, 0x10).ok_or_else(short)?,
             checksum_ok: checksum_ok(bytes, len),
@@ -64,10 +68,14 @@ pub fn parse(bytes: &[u8]) -> Result<EntryPoint, SmbiosError> {
             ));
         }
         Ok(EntryPoint {
-            version: (*bytes.get(6).ok_or_else(short)?, *bytes.get(7).ok_or_else(short)?),
+            version: (
+                *bytes.get(6).ok_or_else(short)?,
+                *bytes.get(7).ok_or_else(short)?,
+            ),
             table_len: usize::from(le_u16(bytes, 0x16).ok_or_else(short)?),
             table_address: u64::from(le_u32(bytes, 0x18).ok_or_else(short)?),
-            checksum_ok: checksum_ok(bytes, len) && checksum_ok(&bytes[0x10.min(bytes.len())..], 0x0F),
+            checksum_ok: checksum_ok(bytes, len)
+                && checksum_ok(&bytes[0x10.min(bytes.len())..], 0x0F),
         })
     } else {
         Err(SmbiosError::BadEntryPoint(

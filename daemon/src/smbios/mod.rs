@@ -86,7 +86,10 @@ pub fn parse_version(s: &str) -> Result<(u8, u8), SmbiosError> {
 }
 
 /// A raw structure table (no entry point) of a known version, or [`DEFAULT_RAW_VERSION`].
-pub fn from_raw_table(bytes: Vec<u8>, version: Option<(u8, u8)>) -> Result<SmbiosTable, SmbiosError> {
+pub fn from_raw_table(
+    bytes: Vec<u8>,
+    version: Option<(u8, u8)>,
+) -> Result<SmbiosTable, SmbiosError> {
     let len = bytes.len();
     let (v, assumed) = match version {
         Some(v) => (v, false),
@@ -130,7 +133,8 @@ pub fn from_dump_bin(bytes: &[u8]) -> Result<SmbiosTable, SmbiosError> {
 
 fn add_entry_warnings(t: &mut SmbiosTable, ep: &entry::EntryPoint, got: usize) {
     if !ep.checksum_ok {
-        t.warnings.push("entry point checksum does not add up".into());
+        t.warnings
+            .push("entry point checksum does not add up".into());
     }
     if got < ep.table_len && ep.version.0 < 3 {
         t.warnings.push(format!(
