@@ -211,9 +211,11 @@ pub struct PciDevice {
     pub numa_node: Option<i32>,
     /// NVIDIA (`10de`) display/3D controller (class `03xxxx`).
     pub nvidia_gpu: bool,
-    /// Mellanox/NVIDIA networking (`15b3`) network controller (class `02xxxx`), InfiniBand or
-    /// Ethernet.
-    pub mellanox_nic: bool,
+    /// Mellanox/NVIDIA Networking (`15b3`) network controller (class `02xxxx`): a ConnectX or
+    /// BlueField port, InfiniBand or Ethernet.
+    pub mellanox: bool,
+    /// An InfiniBand controller (class `0207xx`), any vendor.
+    pub infiniband: bool,
 }
 
 /// One InfiniBand (or RoCE) port from `/sys/class/infiniband/<dev>/ports/<n>`.

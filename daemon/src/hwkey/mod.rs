@@ -20,6 +20,7 @@
 //! ETHTOOL_GPERMADDR is not used (see `inventory::ethtool`). Dell derives its system UUID from the
 //! service tag (`4c4c4544-…`, "DELL"); it is counted as a separate identifier.
 
+mod cli;
 pub mod normalize;
 mod render;
 
@@ -32,6 +33,7 @@ use crate::inventory::nics::{self, NicProbe};
 use crate::smbios::{self, SmbiosFacts, SmbiosTable};
 use normalize::{Rejection, UuidVerdict};
 
+pub use cli::{HardwareKeyArgs, run};
 pub use render::{render_json, render_table};
 
 /// What kind of identifier a candidate is; the prefix of its `kind:value` line.

@@ -84,9 +84,9 @@ fn probe_one(root: &HostRoot, name: String) -> NicProbe {
         .or_else(|| {
             class_link.as_ref().and_then(|t| {
                 t.components()
+                    .rev()
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .filter(|c| is_pci_address(c))
-                    .last()
+                    .find(|c| is_pci_address(c))
             })
         });
     let mac = root

@@ -123,7 +123,6 @@ mod tests {
         ep[0x16..0x18].copy_from_slice(&1234u16.to_le_bytes());
         ep[0x18..0x1C].copy_from_slice(&0x20u32.to_le_bytes());
         // Intermediate checksum first (0x10..0x1F), then the whole.
-        let mut ep = ep;
         let isum = ep[0x10..0x1F].iter().fold(0u8, |a, x| a.wrapping_add(*x));
         ep[0x15] = ep[0x15].wrapping_sub(isum);
         let ep = with_checksum(ep, 4, 0x1F);
