@@ -1,5 +1,6 @@
 //! bcd
-#![forbid(unsafe_code)]
+// `unsafe` is denied everywhere but `inventory::ethtool` (one ioctl, see there).
+#![deny(unsafe_code)]
 pub mod agent;
 pub mod hostroot;
 pub mod hwkey;

@@ -17,7 +17,7 @@
 //! board was swapped is still recognised.
 //!
 //! # Limitations
-//! ETHTOOL_GPERMADDR is not used (see `inventory::ethtool`). Dell derives its system UUID from the
+//! ETHTOOL_GPERMADDR is asked only on a live root (`/`). Dell derives its system UUID from the
 //! service tag (`4c4c4544-…`, "DELL"); it is counted as a separate identifier.
 
 mod cli;

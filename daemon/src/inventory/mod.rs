@@ -12,6 +12,7 @@
 
 pub mod cpu;
 pub mod disks;
+#[allow(unsafe_code)]
 pub mod ethtool;
 pub mod gpu;
 pub mod host;
