@@ -79,7 +79,7 @@ pub fn render_table(r: &HardwareKeyReport, show_values: bool) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "{:<17} {:<40} {:<8} {:<34} VALUE",
+        "{:<17} {:<28} {:<8} {:<44} VALUE",
         "KIND", "SOURCE", "VERDICT", "COUNTS AS / REASON"
     );
     for c in &r.candidates {
@@ -97,7 +97,7 @@ pub fn render_table(r: &HardwareKeyReport, show_values: bool) -> String {
         });
         let _ = writeln!(
             s,
-            "{:<17} {:<40} {:<8} {:<34} {}",
+            "{:<17} {:<28} {:<8} {:<44} {}",
             c.kind.as_str(),
             c.source,
             if c.kept() { "kept" } else { "rejected" },

@@ -408,3 +408,54 @@ fn the_report_hides_serials_unless_asked() {
     assert_eq!(j["candidates"].as_array().map(Vec::len), Some(4));
     assert!(render_json(&r, true).to_string().contains("1519-7810"));
 }
+
+fn args(smbios: Option<PathBuf>, version: Option<&str>, output: &str) -> HardwareKeyArgs {
+    HardwareKeyArgs {
+        root: PathBuf::from("/nonexistent-bcd-root"),
+        smbios,
+        smbios_version: version.map(str::to_owned),
+        output: output.into(),
+        show_values: false,
+    }
+}
+
+#[test]
+fn the_command_reads_dump_bin_and_raw_files() {
+    let Some(beelink) = fixture(Path::new(SMBIOS).join("Beelink-EQ12.dmi")) else {
+        return;
+    };
+    let out = run(&args(Some(beelink), None, "json")).unwrap_or_default();
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    assert_eq!(j["hardwareKeyTrusted"], false);
+    assert_eq!(j["hardwareKey"], key_of(&["system-serial:bn1004gh10075"]));
+    assert!(
+        j["identitySource"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("smbios 3.5"))
+    );
+    let Some(hyperv) = fixture(Path::new(SMBIOS).join("HyperV.dmi")) else {
+        return;
+    };
+    // Read as SMBIOS 2.4, the UUID's first three fields are taken as stored.
+    let out = run(&args(Some(hyperv.clone()), Some("2.4"), "json")).unwrap_or_default();
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    assert_eq!(
+        j["hardwareKey"],
+        key_of(&[
+            "system-serial:1519-7810-4472-8775-7272-8851-12",
+            "system-uuid:ef4968b2-b04f-034e-a9d1-1a165a40c8d7",
+        ])
+    );
+    assert!(run(&args(Some(hyperv), Some("three"), "json")).is_err());
+    assert!(
+        run(&args(
+            Some(PathBuf::from("/nonexistent.dmi")),
+            None,
+            "table"
+        ))
+        .is_err()
+    );
+    let table = run(&args(None, None, "table")).unwrap_or_default();
+    assert!(table.contains("hardwareKeyTrusted: false"));
+    assert!(table.contains("no SMBIOS"));
+}

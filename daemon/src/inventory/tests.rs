@@ -250,3 +250,17 @@ fn cpuinfo_topology() {
     assert_eq!((c.sockets, c.cores, c.threads), (Some(2), Some(2), 3));
     assert_eq!(c.flags, ["a", "b"]);
 }
+
+#[test]
+fn the_command_prints_the_document_as_json() {
+    let out = run(&InventoryArgs {
+        root: PathBuf::from(NODE_EXPORTER),
+        output: "json".into(),
+    });
+    let back: Option<Inventory> = out.ok().and_then(|s| serde_json::from_str(&s).ok());
+    if PathBuf::from(NODE_EXPORTER).exists() {
+        let back = back.unwrap_or_default();
+        assert_eq!(back.cpu.map(|c| c.threads), Some(8));
+        assert_eq!(back.nics.len(), 4);
+    }
+}
