@@ -1,8 +1,10 @@
 //! bcd
-#![forbid(unsafe_code)]
+// `unsafe` is denied everywhere but `inventory::ethtool` (one ioctl, see there).
+#![deny(unsafe_code)]
 pub mod agent;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
+pub mod smbios;
 pub mod state;
 pub mod tls;

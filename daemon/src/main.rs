@@ -1,7 +1,6 @@
 //! `bcd`: the Better Compute node daemon. Thin binary: parses flags, sets up logging, hands over to
 //! the library, and is the only place errors become exit codes.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -25,23 +24,9 @@ enum Command {
     /// Run the ramdisk agent (inspection, burn-in, erase, image write).
     Ramdisk,
     /// Print this machine's hardware key and every candidate identifier.
-    HardwareKey {
-        /// Host root prefix to read /sys and /proc from.
-        #[arg(long, default_value = "/")]
-        root: PathBuf,
-        /// Output format: `table` or `json`.
-        #[arg(short = 'o', long, default_value = "table")]
-        output: String,
-    },
+    HardwareKey(bcd::hwkey::HardwareKeyArgs),
     /// Print this machine's inventory.
-    Inventory {
-        /// Host root prefix to read /sys and /proc from.
-        #[arg(long, default_value = "/")]
-        root: PathBuf,
-        /// Output format: `table` or `json`.
-        #[arg(short = 'o', long, default_value = "json")]
-        output: String,
-    },
+    Inventory(bcd::inventory::InventoryArgs),
 }
 
 fn init_logging(filter: &str) {
@@ -63,26 +48,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Site => anyhow::bail!(bcd_site::NOT_YET),
         Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),
-        Command::HardwareKey { root, output } => {
-            let id = bcd::hwkey::compute(&bcd::hostroot::HostRoot::new(root));
-            if output == "json" {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "hardwareKey": id.hardware_key,
-                        "hardwareKeyTrusted": id.trusted,
-                        "identifierDigests": id.identifier_digests,
-                    })
-                );
-            } else {
-                println!("hardwareKey:        {}", id.hardware_key);
-                println!("hardwareKeyTrusted: {}", id.trusted);
-            }
-        }
-        Command::Inventory { root, output: _ } => {
-            let inv = bcd::inventory::collect(&bcd::hostroot::HostRoot::new(root));
-            println!("{}", serde_json::to_string_pretty(&inv)?);
-        }
+        Command::HardwareKey(args) => print!("{}", bcd::hwkey::run(&args)?),
+        Command::Inventory(args) => print!("{}", bcd::inventory::run(&args)?),
     }
     Ok(())
 }

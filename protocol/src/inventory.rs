@@ -1,11 +1,14 @@
 //! The inventory document a node agent reports (`Inventory.document_json`), camelCase JSON.
 //!
 //! Every section is optional: a collector that cannot read its source leaves the section or field
-//! absent and adds a [`Note`]; it never fails the whole inventory.
+//! absent and adds a [`Note`]; it never fails the whole inventory. Fields the control plane reads
+//! today (keep their names and meaning): `hostname`, `cpu.model`, `cpu.threads`,
+//! `memory.totalBytes`, `disks[].name`, `disks[].sizeBytes`, `nics[].name`, `nics[].mac`,
+//! `nics[].physical`, `os.kernel`, `os.bootId`, `notes`.
 
 use serde::{Deserialize, Serialize};
 
-/// Version of this document's shape. Bump on an incompatible change.
+/// Version of this document's shape. Bump on an incompatible change; additions keep it.
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// The whole inventory of one machine.
@@ -13,8 +16,11 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[serde(rename_all = "camelCase")]
 pub struct Inventory {
     pub schema_version: u32,
+    /// `/proc/sys/kernel/hostname`, else `/etc/hostname`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<System>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Cpu>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -23,38 +29,117 @@ pub struct Inventory {
     pub disks: Vec<Disk>,
     #[serde(default)]
     pub nics: Vec<Nic>,
+    #[serde(default)]
+    pub pci_devices: Vec<PciDevice>,
+    #[serde(default)]
+    pub infiniband: Vec<InfinibandPort>,
+    /// GPUs: from NVML when it is loaded, else from the PCI list (vendor `10de`, class `0x03xx`).
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub os: Option<Os>,
+    /// `uefi` (`/sys/firmware/efi` exists) or `bios`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_mode: Option<BootMode>,
     /// Why a section or field is missing.
     #[serde(default)]
     pub notes: Vec<Note>,
 }
 
-/// CPU facts from `/proc/cpuinfo` and `/sys/devices/system/cpu`.
+/// System identity from SMBIOS (types 0, 1, 2, 3) or `/sys/class/dmi/id`. Values are as the
+/// firmware wrote them (trimmed), placeholders included: the hardware key, not the inventory,
+/// judges them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct System {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// Rendered by the SMBIOS rule (2.6+: first three fields little-endian), lowercase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios_vendor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios_version: Option<String>,
+    /// As the firmware wrote it, usually `MM/DD/YYYY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios_date: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub board_vendor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub board_product: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub board_serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chassis_vendor: Option<String>,
+    /// SMBIOS type 3 chassis type byte (e.g. 23 = rack mount chassis).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chassis_type: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chassis_serial: Option<String>,
+    /// `major.minor` from the entry point; absent when only `/sys/class/dmi/id` was readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smbios_version: Option<String>,
+}
+
+/// CPU facts from `/proc/cpuinfo`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Cpu {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Distinct `physical id` values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sockets: Option<u32>,
+    /// Distinct (`physical id`, `core id`) pairs: physical cores over all sockets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cores: Option<u32>,
     /// Logical CPUs (hardware threads).
     pub threads: u32,
+    /// Kernel machine name (`x86_64`, `aarch64`), from `/proc/sys/kernel/arch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<String>,
+    /// `flags` (x86) or `Features` (arm64) of the first CPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
 }
 
-/// Memory from `/proc/meminfo`.
+/// Memory: total from `/proc/meminfo`, modules from SMBIOS type 17.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Memory {
     /// `MemTotal`, bytes.
     pub total_bytes: u64,
+    /// Populated slots only (SMBIOS type 17 with a non-zero size).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dimms: Vec<Dimm>,
 }
 
-/// A block device from `/sys/block`.
+/// One memory module (SMBIOS type 17, Memory Device).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dimm {
+    /// Device locator string, e.g. `DIMM_A1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locator: Option<String>,
+    /// Bytes (from the size field, or the extended size when the size field says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// Memory type, e.g. `DDR4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_type: Option<String>,
+    /// MT/s (the SMBIOS "speed" field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_mts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+}
+
+/// A block device from `/sys/block` (and NVMe namespaces from `/sys/class/nvme`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Disk {
@@ -64,7 +149,16 @@ pub struct Disk {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// `wwid` (e.g. `naa.5000c500a1b2c3d4`, `eui.0025385...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotational: Option<bool>,
+    /// `nvme`, `sata`, `sas`, `usb`, `virtio`, `scsi` (from the device path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
+    pub nvme: bool,
 }
 
 /// A network interface from `/sys/class/net`.
@@ -75,8 +169,97 @@ pub struct Nic {
     /// Current MAC (`address`), lowercase `aa:bb:...`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// The burned-in MAC when known (bond member's `perm_hwaddr`, ETHTOOL_GPERMADDR, or `address`
+    /// when `addr_assign_type` is 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permanent_mac: Option<String>,
     /// True when the interface has a `device` link (a real device, not a virtual interface).
     pub physical: bool,
+    /// Kernel driver (`device/driver` link name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// Mb/s (`speed`); absent when the kernel reports -1 or no link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_mbps: Option<u32>,
+    /// `carrier` is 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// PCI address of the device (`0000:03:00.0`) when it is a PCI function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
+}
+
+/// A PCI function from `/sys/bus/pci/devices`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PciDevice {
+    /// `domain:bus:device.function`, e.g. `0000:45:00.0`.
+    pub address: String,
+    /// Lowercase hex without `0x`, e.g. `10de`.
+    pub vendor_id: String,
+    pub device_id: String,
+    /// 24-bit class code, lowercase hex without `0x`, e.g. `030200`.
+    pub class: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// `numa_node`; absent when the kernel reports -1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
+    /// NVIDIA (`10de`) display/3D controller (class `03xxxx`).
+    pub nvidia_gpu: bool,
+    /// Mellanox/NVIDIA Networking (`15b3`) network controller (class `02xxxx`): a ConnectX or
+    /// BlueField port, InfiniBand or Ethernet.
+    pub mellanox: bool,
+    /// An InfiniBand controller (class `0207xx`), any vendor.
+    pub infiniband: bool,
+}
+
+/// One InfiniBand (or RoCE) port from `/sys/class/infiniband/<dev>/ports/<n>`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InfinibandPort {
+    /// HCA name, e.g. `mlx5_0`.
+    pub device: String,
+    pub port: u32,
+    /// `state` without its number, e.g. `ACTIVE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `phys_state` without its number, e.g. `LinkUp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phys_state: Option<String>,
+    /// `rate` as written, e.g. `200 Gb/sec (4X HDR)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    /// `InfiniBand` or `Ethernet`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_layer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<String>,
+}
+
+/// A GPU. From NVML when present (every field), else from PCI (`pciBusId`, `name` from ids).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gpu {
+    /// `GPU-xxxxxxxx-...` (nvmlDeviceGetUUID); absent from the PCI fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `0000:45:00.0`.
+    pub pci_bus_id: String,
+    /// Framebuffer bytes (nvmlDeviceGetMemoryInfo total).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// nvmlSystemGetDriverVersion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// `nvml` or `pci`: which source filled this entry.
+    pub source: String,
 }
 
 /// Operating system facts.
@@ -86,9 +269,28 @@ pub struct Os {
     /// `/proc/sys/kernel/osrelease`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<String>,
+    /// `PRETTY_NAME` of `/etc/os-release` (else `/usr/lib/os-release`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distro: Option<String>,
+    /// `ID` and `VERSION_ID` of os-release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distro_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distro_version: Option<String>,
     /// `/proc/sys/kernel/random/boot_id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// Seconds since boot (`/proc/uptime`, first field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uptime_s: Option<f64>,
+}
+
+/// How the machine booted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BootMode {
+    Uefi,
+    Bios,
 }
 
 /// Why something could not be collected.
@@ -98,4 +300,60 @@ pub struct Note {
     /// Which collector, e.g. `cpu`, `smbios`.
     pub source: String,
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_the_control_plane_reads_keep_their_names() {
+        let inv = Inventory {
+            schema_version: SCHEMA_VERSION,
+            hostname: Some("h".into()),
+            cpu: Some(Cpu {
+                model: Some("m".into()),
+                threads: 8,
+                ..Cpu::default()
+            }),
+            memory: Some(Memory {
+                total_bytes: 1024,
+                dimms: vec![],
+            }),
+            disks: vec![Disk {
+                name: "sda".into(),
+                size_bytes: 512,
+                ..Disk::default()
+            }],
+            nics: vec![Nic {
+                name: "eth0".into(),
+                mac: Some("aa:bb:cc:dd:ee:ff".into()),
+                physical: true,
+                ..Nic::default()
+            }],
+            os: Some(Os {
+                kernel: Some("6.1".into()),
+                boot_id: Some("b".into()),
+                ..Os::default()
+            }),
+            boot_mode: Some(BootMode::Uefi),
+            ..Inventory::default()
+        };
+        let v = serde_json::to_value(&inv).unwrap_or_default();
+        assert_eq!(v["hostname"], "h");
+        assert_eq!(v["cpu"]["model"], "m");
+        assert_eq!(v["cpu"]["threads"], 8);
+        assert_eq!(v["memory"]["totalBytes"], 1024);
+        assert_eq!(v["disks"][0]["name"], "sda");
+        assert_eq!(v["disks"][0]["sizeBytes"], 512);
+        assert_eq!(v["nics"][0]["name"], "eth0");
+        assert_eq!(v["nics"][0]["mac"], "aa:bb:cc:dd:ee:ff");
+        assert_eq!(v["nics"][0]["physical"], true);
+        assert_eq!(v["os"]["kernel"], "6.1");
+        assert_eq!(v["os"]["bootId"], "b");
+        assert_eq!(v["bootMode"], "uefi");
+        assert!(v["notes"].is_array());
+        let back: Inventory = serde_json::from_value(v).unwrap_or_default();
+        assert_eq!(back, inv);
+    }
 }

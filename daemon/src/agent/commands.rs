@@ -142,15 +142,15 @@ impl Executor {
             return;
         };
         handle.abort();
-        if let Some(mut e) = self.journal.get(id) {
-            if !e.is_finished() {
-                e.state = "cancelled".to_owned();
-                e.error_code = Some("CANCELLED".to_owned());
-                e.error_message = Some("cancelled by the control plane".to_owned());
-                e.finished_at = Some(now_ms());
-                let _ = self.journal.put(&e);
-                send(out, epoch, e.update());
-            }
+        if let Some(mut e) = self.journal.get(id)
+            && !e.is_finished()
+        {
+            e.state = "cancelled".to_owned();
+            e.error_code = Some("CANCELLED".to_owned());
+            e.error_message = Some("cancelled by the control plane".to_owned());
+            e.finished_at = Some(now_ms());
+            let _ = self.journal.put(&e);
+            send(out, epoch, e.update());
         }
     }
 }

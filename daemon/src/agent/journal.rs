@@ -128,7 +128,7 @@ impl Journal {
             .filter_map(|e| fs::read_to_string(e.path()).ok())
             .filter_map(|t| serde_json::from_str(&t).ok())
             .collect();
-        out.sort_by_key(|e| e.accepted_at);
+        out.sort_by(|a, b| (a.accepted_at, &a.id).cmp(&(b.accepted_at, &b.id)));
         out
     }
 

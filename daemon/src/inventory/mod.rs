@@ -1,145 +1,78 @@
-//! Inventory collectors. Each reads through a [`HostRoot`]; a missing or unreadable source leaves
-//! its section absent with a [`Note`], never failing the whole inventory.
+//! Inventory collectors (spec "inventory and health"; DESIGN.md "The daemon").
+//!
+//! # Design
+//! Each collector reads through a [`HostRoot`] and owns one section: [`system`] (SMBIOS or
+//! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`], [`nics`], [`pci`]
+//! (PCI functions and InfiniBand ports) and [`gpu`]. A missing or unreadable source leaves its
+//! section or field absent and adds a [`Note`]; nothing fails the whole inventory. No process is
+//! spawned: the agent calls [`collect`] at start and on every `inventory.refresh`.
+//!
+//! # Limitations
+//! GPUs come from the PCI list unless NVML data is handed in ([`collect_with_gpus`]).
 
-use bc_protocol::inventory::{self, Cpu, Disk, Inventory, Memory, Nic, Note, Os};
+pub mod cpu;
+pub mod disks;
+#[allow(unsafe_code)]
+pub mod ethtool;
+pub mod gpu;
+pub mod host;
+pub mod nics;
+pub mod pci;
+mod render;
+pub mod system;
+
+use bc_protocol::inventory::{self, Gpu, Inventory, Note};
 
 use crate::hostroot::HostRoot;
 
-/// Collects the inventory of the machine under `root`.
+pub use render::{InventoryArgs, render_table, run};
+
+/// Collects the inventory of the machine under `root`, GPUs from the PCI list.
 pub fn collect(root: &HostRoot) -> Inventory {
+    collect_with_gpus(root, None)
+}
+
+/// Collects the inventory; `nvml_gpus`, when given (the NVML module's reading), replaces the GPUs
+/// found on the PCI bus.
+pub fn collect_with_gpus(root: &HostRoot, nvml_gpus: Option<Vec<Gpu>>) -> Inventory {
     let mut notes = Vec::new();
-    let cpu = collect_cpu(root, &mut notes);
-    let memory = collect_memory(root, &mut notes);
+    let (system, dimms) = system::collect(root, &mut notes);
+    let mut memory = host::memory(root, &mut notes);
+    if let Some(m) = memory.as_mut() {
+        m.dimms = dimms;
+    }
+    let pci_devices = pci::devices(root, &mut notes);
+    let gpus = match nvml_gpus {
+        Some(g) => g,
+        None => gpu::from_pci(&pci_devices),
+    };
     Inventory {
         schema_version: inventory::SCHEMA_VERSION,
-        hostname: root
-            .read_trimmed("/proc/sys/kernel/hostname")
-            .or_else(|| root.read_trimmed("/etc/hostname")),
-        cpu,
+        hostname: host::hostname(root, &mut notes),
+        system,
+        cpu: cpu::collect(root, &mut notes),
         memory,
-        disks: collect_disks(root),
-        nics: collect_nics(root),
-        os: Some(Os {
-            kernel: root.read_trimmed("/proc/sys/kernel/osrelease"),
-            boot_id: root.read_trimmed("/proc/sys/kernel/random/boot_id"),
-        }),
+        disks: disks::collect(root, &mut notes),
+        nics: nics::probe(root, &mut notes)
+            .into_iter()
+            .map(|p| p.nic)
+            .collect(),
+        infiniband: pci::infiniband(root),
+        pci_devices,
+        gpus,
+        os: Some(host::os(root, &mut notes)),
+        boot_mode: host::boot_mode(root, &mut notes),
         notes,
     }
 }
 
-fn collect_cpu(root: &HostRoot, notes: &mut Vec<Note>) -> Option<Cpu> {
-    let text = match root.read_to_string("/proc/cpuinfo") {
-        Ok(t) => t,
-        Err(e) => {
-            notes.push(Note {
-                source: "cpu".into(),
-                message: format!("/proc/cpuinfo: {e}"),
-            });
-            return None;
-        }
-    };
-    let mut threads = 0u32;
-    let mut model = None;
-    for line in text.lines() {
-        let Some((k, v)) = line.split_once(':') else {
-            continue;
-        };
-        match k.trim() {
-            "processor" => threads += 1,
-            "model name" if model.is_none() => model = Some(v.trim().to_owned()),
-            _ => {}
-        }
-    }
-    Some(Cpu {
-        model,
-        threads,
-        ..Cpu::default()
-    })
-}
-
-fn collect_memory(root: &HostRoot, notes: &mut Vec<Note>) -> Option<Memory> {
-    let text = match root.read_to_string("/proc/meminfo") {
-        Ok(t) => t,
-        Err(e) => {
-            notes.push(Note {
-                source: "memory".into(),
-                message: format!("/proc/meminfo: {e}"),
-            });
-            return None;
-        }
-    };
-    let kib = text.lines().find_map(|l| {
-        let rest = l.strip_prefix("MemTotal:")?;
-        rest.trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse::<u64>()
-            .ok()
-    })?;
-    Some(Memory {
-        total_bytes: kib.saturating_mul(1024),
-    })
-}
-
-fn list_dir(root: &HostRoot, abs: &str) -> Vec<String> {
-    let Ok(rd) = std::fs::read_dir(root.path(abs)) else {
-        return Vec::new();
-    };
-    let mut names: Vec<String> = rd
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
-fn collect_disks(root: &HostRoot) -> Vec<Disk> {
-    list_dir(root, "/sys/block")
-        .into_iter()
-        .filter(|n| !n.starts_with("loop") && !n.starts_with("ram"))
-        .map(|name| {
-            let base = format!("/sys/block/{name}");
-            let sectors: u64 = root
-                .read_trimmed(format!("{base}/size"))
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            Disk {
-                size_bytes: sectors.saturating_mul(512),
-                model: root.read_trimmed(format!("{base}/device/model")),
-                rotational: root
-                    .read_trimmed(format!("{base}/queue/rotational"))
-                    .map(|v| v == "1"),
-                name,
-            }
-        })
-        .collect()
-}
-
-fn collect_nics(root: &HostRoot) -> Vec<Nic> {
-    list_dir(root, "/sys/class/net")
-        .into_iter()
-        .filter(|n| n != "lo")
-        .map(|name| {
-            let base = format!("/sys/class/net/{name}");
-            Nic {
-                mac: root
-                    .read_trimmed(format!("{base}/address"))
-                    .map(|m| m.to_ascii_lowercase()),
-                physical: root.path(format!("{base}/device")).exists(),
-                name,
-            }
-        })
-        .collect()
+/// Adds a note from `source` (a collector name such as `cpu`).
+pub(crate) fn note(notes: &mut Vec<Note>, source: &str, message: impl Into<String>) {
+    notes.push(Note {
+        source: source.into(),
+        message: message.into(),
+    });
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn missing_root_gives_notes_not_failure() {
-        let inv = collect(&HostRoot::new("/nonexistent-bcd-root"));
-        assert!(inv.cpu.is_none());
-        assert!(inv.notes.iter().any(|n| n.source == "cpu"));
-    }
-}
+mod tests;

@@ -1,0 +1,341 @@
+//! Normalization and the junk rules of DESIGN.md "Hardware key".
+//!
+//! Firmware is full of placeholders (`To Be Filled By O.E.M.`, `Default string`), copied serials
+//! (`1234567890` on every board of a product line), placeholder UUIDs and shared MACs. Each rule
+//! here names what it caught, so `bcd hardware-key` can say why a candidate was dropped.
+
+use std::fmt;
+
+/// Why a candidate did not become an identifier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// Nothing left after trimming.
+    Empty,
+    /// A vendor placeholder string.
+    Placeholder(String),
+    /// One character repeated (`000000`, `XXXXXXXX`, `ffffffff-ffff-...`).
+    OneCharacterRun,
+    /// Consecutive digits (`0123456789`, `1234567890`).
+    SequentialDigits,
+    /// Fewer than [`MIN_ALNUM`] letters and digits.
+    TooShort,
+    /// Not 32 hex digits.
+    MalformedUuid,
+    /// A UUID known to be shipped on many machines.
+    PlaceholderUuid,
+    /// Not six `:`-separated hex bytes.
+    MalformedMac,
+    /// `00:00:00:00:00:00`.
+    ZeroMac,
+    /// Group bit set: not a station address.
+    MulticastMac,
+    /// Locally administered bit set: made up by software, not burned in.
+    LocallyAdministeredMac,
+    /// A MAC that many machines share (BMC USB network functions).
+    SharedMac,
+    /// An interface without a `device` link (bridge, bond, veth, tunnel).
+    VirtualInterface,
+    /// A BMC's USB network function (`cdc_ether`, `rndis_host`): same MAC on every host.
+    BmcUsbNic(String),
+    /// Only the current `address` is known and `addr_assign_type` is not 0.
+    NotPermanent(String),
+    /// The value was not readable (permission, missing file).
+    Unreadable(String),
+    /// Equal, after normalization, to an identifier already counted.
+    DuplicateOf(String),
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => write!(f, "empty"),
+            Self::Placeholder(p) => write!(f, "placeholder {p:?}"),
+            Self::OneCharacterRun => write!(f, "one character repeated"),
+            Self::SequentialDigits => write!(f, "sequential digits"),
+            Self::TooShort => write!(f, "fewer than {MIN_ALNUM} letters and digits"),
+            Self::MalformedUuid => write!(f, "not a UUID"),
+            Self::PlaceholderUuid => write!(f, "well-known placeholder UUID"),
+            Self::MalformedMac => write!(f, "not a 48-bit MAC"),
+            Self::ZeroMac => write!(f, "zero MAC"),
+            Self::MulticastMac => write!(f, "multicast MAC"),
+            Self::LocallyAdministeredMac => write!(f, "locally administered MAC"),
+            Self::SharedMac => write!(f, "MAC shared by many machines"),
+            Self::VirtualInterface => write!(f, "virtual interface (no device link)"),
+            Self::BmcUsbNic(d) => write!(f, "BMC USB network function (driver {d})"),
+            Self::NotPermanent(why) => write!(f, "no permanent MAC ({why})"),
+            Self::Unreadable(why) => write!(f, "unreadable: {why}"),
+            Self::DuplicateOf(other) => write!(f, "same value as {other}"),
+        }
+    }
+}
+
+/// Shortest serial that can name one machine.
+pub const MIN_ALNUM: usize = 4;
+
+/// Placeholder strings seen in real tables (compared after [`normalize`], so lowercase and
+/// without edge punctuation).
+const PLACEHOLDERS: &[&str] = &[
+    "to be filled by o.e.m",
+    "to be filled by oem",
+    "to be filled",
+    "default string",
+    "default",
+    "system serial number",
+    "chassis serial number",
+    "base board serial number",
+    "baseboard serial number",
+    "serial number",
+    "serial",
+    "none",
+    "null",
+    "n/a",
+    "na",
+    "not specified",
+    "not applicable",
+    "not available",
+    "not present",
+    "not settable",
+    "unknown",
+    "invalid",
+    "empty",
+    "oem",
+    "o.e.m",
+    "system product name",
+    "type1productconfigid",
+];
+
+/// UUIDs (rendered) that firmware ships on many machines.
+const PLACEHOLDER_UUIDS: &[&str] = &[
+    // AMI Aptio "Default string" builds (Beelink, many mini PCs), in both byte orders.
+    "03000200-0400-0500-0006-000700080009",
+    "00020003-0004-0005-0006-000700080009",
+    "12345678-1234-5678-90ab-cddeefaabbcc",
+    "01234567-89ab-cdef-0123-456789abcdef",
+    "00112233-4455-6677-8899-aabbccddeeff",
+];
+
+/// MACs that BMC USB network functions present on every host (OpenBMC's `usb0` host side).
+const SHARED_MACS: &[&str] = &["02:00:00:00:00:02", "02:00:00:00:00:01"];
+
+/// Drivers of BMC USB network functions: their MAC belongs to a whole product line.
+pub const BMC_USB_DRIVERS: &[&str] = &["cdc_ether", "rndis_host", "cdc_eem", "cdc_ncm"];
+
+/// Trims whitespace and punctuation at both ends and lowercases (`.790H8D2.CN74.` becomes
+/// `790h8d2.cn74`).
+pub fn normalize(raw: &str) -> String {
+    raw.trim_matches(|c: char| !c.is_alphanumeric())
+        .to_lowercase()
+}
+
+/// Letters and digits only: the form two values are compared in for independence.
+pub fn compact(normalized: &str) -> String {
+    normalized.chars().filter(|c| c.is_alphanumeric()).collect()
+}
+
+/// Checks a normalized serial.
+pub fn check_serial(v: &str) -> Result<(), Rejection> {
+    if v.is_empty() {
+        return Err(Rejection::Empty);
+    }
+    if let Some(p) = PLACEHOLDERS.iter().find(|p| **p == v) {
+        return Err(Rejection::Placeholder((*p).to_owned()));
+    }
+    check_compact(&compact(v))
+}
+
+fn check_compact(c: &str) -> Result<(), Rejection> {
+    let mut chars = c.chars();
+    if let Some(first) = chars.next()
+        && chars.all(|x| x == first)
+    {
+        return Err(if c.chars().count() >= MIN_ALNUM {
+            Rejection::OneCharacterRun
+        } else {
+            Rejection::TooShort
+        });
+    }
+    if c.chars().count() < MIN_ALNUM {
+        return Err(Rejection::TooShort);
+    }
+    if c.len() >= 5 && "01234567890123456789".contains(c) {
+        return Err(Rejection::SequentialDigits);
+    }
+    Ok(())
+}
+
+/// What a UUID turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UuidVerdict {
+    /// A real UUID, canonical lowercase `8-4-4-4-12`.
+    Uuid(String),
+    /// Ten zero bytes and a MAC (Supermicro, ASRock Rack): it counts as that MAC.
+    EmbeddedMac(String),
+}
+
+/// Checks a rendered UUID (`8-4-4-4-12`, any case).
+pub fn check_uuid(rendered: &str) -> Result<UuidVerdict, Rejection> {
+    let hex: String = rendered
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != '-' && *c != '{' && *c != '}')
+        .collect::<String>()
+        .to_lowercase();
+    if hex.is_empty() {
+        return Err(Rejection::Empty);
+    }
+    if let Some(p) = PLACEHOLDERS.iter().find(|p| **p == normalize(rendered)) {
+        return Err(Rejection::Placeholder((*p).to_owned()));
+    }
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(Rejection::MalformedUuid);
+    }
+    let canon = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    if hex.chars().all(|c| c == '0') || hex.chars().all(|c| c == 'f') {
+        return Err(Rejection::OneCharacterRun);
+    }
+    if PLACEHOLDER_UUIDS.contains(&canon.as_str()) {
+        return Err(Rejection::PlaceholderUuid);
+    }
+    if hex[..20].chars().all(|c| c == '0') {
+        let m = &hex[20..];
+        let mac = (0..6)
+            .map(|i| &m[i * 2..i * 2 + 2])
+            .collect::<Vec<_>>()
+            .join(":");
+        return Ok(UuidVerdict::EmbeddedMac(mac));
+    }
+    check_compact(&hex).map_err(|_| Rejection::PlaceholderUuid)?;
+    Ok(UuidVerdict::Uuid(canon))
+}
+
+/// Checks a MAC (`aa:bb:cc:dd:ee:ff`, any case, `-` or `:`); returns it lowercase with `:`.
+pub fn check_mac(raw: &str) -> Result<String, Rejection> {
+    let parts: Vec<&str> = raw.trim().split([':', '-']).collect();
+    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
+        return Err(Rejection::MalformedMac);
+    }
+    let mut bytes = [0u8; 6];
+    for (b, p) in bytes.iter_mut().zip(&parts) {
+        *b = u8::from_str_radix(p, 16).map_err(|_| Rejection::MalformedMac)?;
+    }
+    let mac = parts.join(":").to_lowercase();
+    if bytes.iter().all(|b| *b == 0) {
+        return Err(Rejection::ZeroMac);
+    }
+    if SHARED_MACS.contains(&mac.as_str()) {
+        return Err(Rejection::SharedMac);
+    }
+    if bytes[0] & 0x01 != 0 {
+        return Err(Rejection::MulticastMac);
+    }
+    if bytes[0] & 0x02 != 0 {
+        return Err(Rejection::LocallyAdministeredMac);
+    }
+    Ok(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalization_trims_edges_and_case() {
+        assert_eq!(
+            normalize("  .790H8D2.CN7475162M0382. "),
+            "790h8d2.cn7475162m0382"
+        );
+        assert_eq!(normalize("1234567890."), "1234567890");
+        assert_eq!(
+            normalize("\tTo Be Filled By O.E.M. "),
+            "to be filled by o.e.m"
+        );
+    }
+
+    #[test]
+    fn junk_serials_are_rejected() {
+        for (raw, want) in [
+            ("", Rejection::Empty),
+            (
+                "To Be Filled By O.E.M.",
+                Rejection::Placeholder("to be filled by o.e.m".into()),
+            ),
+            (
+                "Default string",
+                Rejection::Placeholder("default string".into()),
+            ),
+            (
+                "System Serial Number",
+                Rejection::Placeholder("system serial number".into()),
+            ),
+            ("0123456789", Rejection::SequentialDigits),
+            ("1234567890", Rejection::SequentialDigits),
+            ("1234567890.", Rejection::SequentialDigits),
+            ("00000000", Rejection::OneCharacterRun),
+            ("XXXXXXXXXX", Rejection::OneCharacterRun),
+            ("ab", Rejection::TooShort),
+        ] {
+            assert_eq!(check_serial(&normalize(raw)), Err(want), "{raw:?}");
+        }
+        assert_eq!(check_serial(&normalize("E09626824801435")), Ok(()));
+        assert_eq!(check_serial(&normalize("790H8D2")), Ok(()));
+    }
+
+    #[test]
+    fn uuids() {
+        assert_eq!(
+            check_uuid("03000200-0400-0500-0006-000700080009"),
+            Err(Rejection::PlaceholderUuid)
+        );
+        assert_eq!(
+            check_uuid("00000000-0000-0000-0000-000000000000"),
+            Err(Rejection::OneCharacterRun)
+        );
+        assert_eq!(
+            check_uuid("FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF"),
+            Err(Rejection::OneCharacterRun)
+        );
+        assert_eq!(
+            check_uuid("00000000-0000-0000-0000-D05099FAA835"),
+            Ok(UuidVerdict::EmbeddedMac("d0:50:99:fa:a8:35".into()))
+        );
+        assert_eq!(
+            check_uuid("B26849EF-4FB0-4E03-A9D1-1A165A40C8D7"),
+            Ok(UuidVerdict::Uuid(
+                "b26849ef-4fb0-4e03-a9d1-1a165a40c8d7".into()
+            ))
+        );
+        assert_eq!(check_uuid("not-a-uuid"), Err(Rejection::MalformedUuid));
+        assert_eq!(
+            check_uuid("Not Settable"),
+            Err(Rejection::Placeholder("not settable".into()))
+        );
+    }
+
+    #[test]
+    fn macs() {
+        assert_eq!(
+            check_mac("00:25:90:EB:96:28"),
+            Ok("00:25:90:eb:96:28".into())
+        );
+        assert_eq!(check_mac("00:00:00:00:00:00"), Err(Rejection::ZeroMac));
+        assert_eq!(check_mac("01:01:01:01:01:01"), Err(Rejection::MulticastMac));
+        assert_eq!(check_mac("ff:ff:ff:ff:ff:ff"), Err(Rejection::MulticastMac));
+        assert_eq!(
+            check_mac("02:42:ac:11:00:02"),
+            Err(Rejection::LocallyAdministeredMac)
+        );
+        assert_eq!(check_mac("02:00:00:00:00:02"), Err(Rejection::SharedMac));
+        assert_eq!(check_mac("00:25:90"), Err(Rejection::MalformedMac));
+        assert_eq!(
+            check_mac("80:00:02:08:fe:80:00:00:00:00:00:00:00:02:c9:03:00:0f:ab:cd"),
+            Err(Rejection::MalformedMac)
+        );
+        assert_eq!(check_mac("zz:25:90:eb:96:28"), Err(Rejection::MalformedMac));
+    }
+}

@@ -1,0 +1,133 @@
+//! Network interfaces from `/sys/class/net` (kernel ABI `sysfs-class-net`), with the facts the
+//! hardware key needs: physical or not, and the permanent MAC with where it came from.
+
+use bc_protocol::inventory::{Nic, Note};
+
+use crate::hostroot::HostRoot;
+
+/// Where a NIC's permanent MAC came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermSource {
+    /// `bonding_slave/perm_hwaddr`: a bond member, whose `address` is the bond's.
+    BondingSlave,
+    /// The ETHTOOL_GPERMADDR ioctl (live machine only).
+    Ethtool,
+    /// `address`, trusted because `addr_assign_type` is 0 (NET_ADDR_PERM).
+    Address,
+}
+
+impl PermSource {
+    /// Short name for reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BondingSlave => "bonding_slave/perm_hwaddr",
+            Self::Ethtool => "ethtool",
+            Self::Address => "address",
+        }
+    }
+}
+
+/// One interface as read, plus what the hardware key needs to judge it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NicProbe {
+    pub nic: Nic,
+    /// Where `nic.permanent_mac` came from, when set.
+    pub perm_source: Option<PermSource>,
+    /// `addr_assign_type` (0 permanent, 1 random, 2 stolen, 3 set by userspace).
+    pub addr_assign_type: Option<u8>,
+}
+
+/// A PCI address (`0000:03:00.0`).
+pub fn is_pci_address(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+}
+
+/// Reads every interface but `lo`. A missing `/sys/class/net` gives a note and no NICs.
+pub fn probe(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<NicProbe> {
+    let names = match root.list_dir("/sys/class/net") {
+        Ok(n) => n,
+        Err(e) => {
+            notes.push(Note {
+                source: "nics".into(),
+                message: format!("/sys/class/net: {e}"),
+            });
+            return Vec::new();
+        }
+    };
+    names
+        .into_iter()
+        .filter(|n| n != "lo" && n != "bonding_masters")
+        .map(|name| probe_one(root, name))
+        .collect()
+}
+
+fn probe_one(root: &HostRoot, name: String) -> NicProbe {
+    let base = format!("/sys/class/net/{name}");
+    let class_link = root.read_link(&base);
+    // A real device has a `device` link; fixture trees drop it, but their class link still
+    // points under /sys/devices/<bus>, never /sys/devices/virtual.
+    let physical = root.exists(format!("{base}/device"))
+        || class_link.as_ref().is_some_and(|t| {
+            let t = t.to_string_lossy();
+            t.contains("devices/") && !t.contains("devices/virtual/")
+        });
+    let pci_address = root
+        .read_link_name(format!("{base}/device"))
+        .filter(|a| is_pci_address(a))
+        .or_else(|| {
+            class_link.as_ref().and_then(|t| {
+                t.components()
+                    .rev()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .find(|c| is_pci_address(c))
+            })
+        });
+    let mac = root
+        .read_trimmed(format!("{base}/address"))
+        .map(|m| m.to_ascii_lowercase());
+    let addr_assign_type = root.read_parsed::<u8>(format!("{base}/addr_assign_type"));
+    let (permanent_mac, perm_source) =
+        if let Some(p) = root.read_trimmed(format!("{base}/bonding_slave/perm_hwaddr")) {
+            (Some(p.to_ascii_lowercase()), Some(PermSource::BondingSlave))
+        } else if let Some(p) = physical
+            .then(|| super::ethtool::permanent_mac(root, &name))
+            .flatten()
+        {
+            (Some(p), Some(PermSource::Ethtool))
+        } else if addr_assign_type == Some(0) {
+            (mac.clone(), mac.as_ref().map(|_| PermSource::Address))
+        } else {
+            (None, None)
+        };
+    let speed_mbps = root
+        .read_parsed::<i64>(format!("{base}/speed"))
+        .filter(|s| *s > 0)
+        .and_then(|s| u32::try_from(s).ok());
+    NicProbe {
+        nic: Nic {
+            mac,
+            permanent_mac,
+            physical,
+            driver: root.read_link_name(format!("{base}/device/driver")),
+            speed_mbps,
+            link: root
+                .read_trimmed(format!("{base}/carrier"))
+                .map(|c| c == "1"),
+            mtu: root.read_parsed(format!("{base}/mtu")),
+            numa_node: root
+                .read_parsed::<i32>(format!("{base}/device/numa_node"))
+                .filter(|n| *n >= 0),
+            pci_address,
+            name,
+        },
+        perm_source,
+        addr_assign_type,
+    }
+}
