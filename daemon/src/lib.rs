@@ -4,3 +4,4 @@ pub mod agent;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
+pub mod nvml;

@@ -35,7 +35,10 @@ const UNKNOWN: Ret = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
 /// `nvmlInit` calls minus `nvmlShutdown` calls, as NVML counts them.
 static INIT_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Event sets: slot `i` is handle `i + 1`; each holds (GPU index, event mask) registrations.
-static EVENT_SETS: Mutex<Vec<Option<Vec<(usize, u64)>>>> = Mutex::new(Vec::new());
+/// (GPU index, event mask) pairs registered in one event set.
+type Registrations = Vec<(usize, u64)>;
+
+static EVENT_SETS: Mutex<Vec<Option<Registrations>>> = Mutex::new(Vec::new());
 /// This copy of the library's config path, found once.
 static CONFIG_PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
 
@@ -633,7 +636,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 /// The event types the fake can deliver.
 const SUPPORTED_EVENTS: u64 = nvmlEventTypeXidCriticalError as u64;
 
-fn lock_sets() -> std::sync::MutexGuard<'static, Vec<Option<Vec<(usize, u64)>>>> {
+fn lock_sets() -> std::sync::MutexGuard<'static, Vec<Option<Registrations>>> {
     EVENT_SETS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
