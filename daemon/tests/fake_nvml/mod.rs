@@ -75,7 +75,11 @@ fn artifacts() -> &'static (PathBuf, PathBuf) {
             .parent()
             .unwrap()
             .to_owned();
-        let src = newest_source_mtime(Path::new(FAKE_SRC));
+        let src = newest_source_mtime(&Path::new(FAKE_SRC).join("src")).max(
+            std::fs::metadata(Path::new(FAKE_SRC).join("Cargo.toml"))
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH),
+        );
         let fresh = |p: &Path| {
             std::fs::metadata(p)
                 .and_then(|m| m.modified())
