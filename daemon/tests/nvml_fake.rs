@@ -162,6 +162,17 @@ fn each_fault_flips_its_check_and_only_that_gpu() {
             A::DrainP2p,
         ),
         (
+            "every NVLink down",
+            |g| {
+                for l in g["nvlinks"].as_array_mut().unwrap() {
+                    l["active"] = json!(false);
+                }
+            },
+            "nvlink",
+            Warn,
+            A::None,
+        ),
+        (
             "recovery action reset",
             |g| g["recoveryAction"] = json!(1),
             "recoveryAction",
