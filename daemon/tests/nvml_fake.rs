@@ -402,6 +402,8 @@ fn a_reset_with_running_processes_is_refused() {
     node.update(|v| {
         v["gpus"][5]["processes"] = json!([{"pid": 4242, "usedMemoryBytes": 1024}]);
     });
+    // One NVML round first: the fake rewrites its file in normalized form on init.
+    inventory_gpus(&node.cfg).unwrap();
     let before = node.read();
     let err = reset(&node.cfg, &ResetTarget::All, &node.root).unwrap_err();
     assert_eq!(err.code(), "GPU_BUSY");
@@ -555,4 +557,45 @@ async fn without_nvml_the_xid_watch_follows_the_kernel_log() {
     tokio::task::spawn_blocking(move || watch.stop())
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reset_proceeds_while_the_xid_watch_runs_and_the_watch_resumes() {
+    if !fixture_present() {
+        return;
+    }
+    let node = FakeNode::new(&h100_node());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+    let watch = spawn_xid_watch(&node.cfg, &node.root, tx).unwrap();
+    assert_eq!(watch.source(), XidSource::Nvml);
+    assert_eq!(node.read()["nvmlClients"], 1, "the watch holds NVML open");
+
+    // The fake nvidia-smi, like the real one, refuses while any process has NVML open; the
+    // reset must get the watch to let go first.
+    let (cfg, root) = (node.cfg.clone(), node.root.clone());
+    let target = ResetTarget::Gpus(vec!["0000:ca:00.0".into()]);
+    let rep = tokio::task::spawn_blocking(move || reset(&cfg, &target, &root))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rep.verified);
+    assert_eq!(node.read()["gpus"][6]["resetCount"], 1);
+
+    node.update(|v| v["gpus"][6]["xidEvents"] = json!([95]));
+    let ev = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("an XID event after the reset")
+        .unwrap();
+    assert_eq!(
+        (ev.xid, ev.pci_bus_id.as_deref()),
+        (95, Some("0000:ca:00.0"))
+    );
+    tokio::task::spawn_blocking(move || watch.stop())
+        .await
+        .unwrap();
+    assert_eq!(
+        node.read()["nvmlClients"],
+        0,
+        "a stopped watch lets go of NVML"
+    );
 }

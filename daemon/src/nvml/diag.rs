@@ -233,6 +233,7 @@ pub fn diag(cfg: &NvmlConfig, expected: Option<&ExpectedGpus>, root: &HostRoot) 
         action: RecommendedAction::None,
         summary: String::new(),
     };
+    let _gate = super::shared_access();
     let nvml = match open(cfg) {
         Ok(n) => n,
         Err(e) => {

@@ -20,7 +20,9 @@
 //! - [`reset()`] runs `nvidia-smi -r` for the requested GPUs (and their direct NVLink peers) with
 //!   the preflight, persistence-mode handling and verification `gpu.reset` needs.
 //!
-//! Everything here blocks (NVML calls, `nvidia-smi`); async callers use `spawn_blocking`.
+//! Everything here blocks (NVML calls, `nvidia-smi`); async callers use `spawn_blocking`. A reset
+//! has NVML to itself: other users wait, and the XID watch shuts its NVML down meanwhile (an open
+//! NVML handle would make `nvidia-smi -r` refuse the GPU).
 //! Tests run against `tests/fake-nvml`, a fake library and `nvidia-smi` (see `docs/gpu.md`).
 //!
 //! # Limitations
@@ -38,9 +40,11 @@ pub mod xid;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError as WrapperError;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::{Deserialize, Serialize};
 
 pub use busid::PciAddr;
@@ -120,6 +124,33 @@ impl NvmlError {
     }
 }
 
+/// Keeps NVML users out of `gpu.reset`'s way. An initialized NVML holds the GPUs' device files
+/// open, and `nvidia-smi -r` refuses a GPU any process holds open, so while a reset runs nobody
+/// else in bcd may have NVML initialized. Diag and inventory hold the gate shared for their run;
+/// the XID watch holds it shared and lets go (shutting its NVML down) when a reset is pending;
+/// the reset holds it exclusively.
+static NVML_GATE: RwLock<()> = parking_lot::const_rwlock(());
+/// Resets waiting for or holding [`NVML_GATE`].
+static RESETS_PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Shared use of NVML (blocks while a reset runs or waits).
+pub(crate) fn shared_access() -> RwLockReadGuard<'static, ()> {
+    NVML_GATE.read()
+}
+
+/// Sole use of NVML, for a reset.
+pub(crate) fn exclusive_access() -> RwLockWriteGuard<'static, ()> {
+    RESETS_PENDING.fetch_add(1, Ordering::SeqCst);
+    let guard = NVML_GATE.write();
+    RESETS_PENDING.fetch_sub(1, Ordering::SeqCst);
+    guard
+}
+
+/// A reset waits for long-lived NVML users to let go.
+pub(crate) fn reset_pending() -> bool {
+    RESETS_PENDING.load(Ordering::SeqCst) > 0 || NVML_GATE.is_locked_exclusive()
+}
+
 /// Loads and initializes NVML (`nvmlInit_v2`).
 pub fn open(cfg: &NvmlConfig) -> Result<Nvml, NvmlError> {
     let lib = cfg
@@ -161,6 +192,7 @@ pub struct GpuInfo {
 
 /// The GPUs NVML sees, in index order.
 pub fn inventory_gpus(cfg: &NvmlConfig) -> Result<Vec<GpuInfo>, NvmlError> {
+    let _gate = shared_access();
     let nvml = open(cfg)?;
     let count = nvml
         .device_count()

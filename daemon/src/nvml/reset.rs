@@ -1,6 +1,7 @@
 //! `gpu.reset`: reset GPUs with `nvidia-smi -r`, safely, and prove it worked.
 //!
-//! Steps: resolve the targets (UUID or PCI bus id, or all); add direct NVLink peers (a GPU whose
+//! The reset has NVML to itself for its whole run (see `super::exclusive_access`). Steps: resolve
+//! the targets (UUID or PCI bus id, or all); add direct NVLink peers (a GPU whose
 //! link ends at another GPU rather than an NVSwitch is reset with it, as bridged pairs require);
 //! refuse with `GPU_BUSY` if any has compute processes; record a before snapshot; switch
 //! persistence mode off where it is on (it holds the device open); shut NVML down (an open NVML
@@ -308,6 +309,7 @@ pub fn reset(
     target: &ResetTarget,
     root: &HostRoot,
 ) -> Result<ResetReport, ResetError> {
+    let _gate = super::exclusive_access();
     let nvml = open(cfg)?;
     let gpus = enumerate(&nvml)?;
     let requested = resolve(&gpus, target)?;

@@ -5,7 +5,9 @@
 //! event registration fails, it follows `/dev/kmsg` under the host root instead, starting at the
 //! end (the backlog is `diag.nvml`'s business) and parsing the driver's `NVRM: Xid` lines.
 //! Events go into a `tokio::sync::mpsc::Sender<XidEvent>`; the watch ends when the receiver is
-//! dropped or [`XidWatch::stop`] is called. It runs on its own thread (NVML blocks).
+//! dropped or [`XidWatch::stop`] is called. It runs on its own thread (NVML blocks). While a
+//! `gpu.reset` runs, the watch shuts its NVML down and registers again afterwards; an XID raised
+//! in that window is not delivered by NVML (events only reach sets registered before them).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -199,22 +201,40 @@ fn nvml_thread(
     tx: &Sender<XidEvent>,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
-    let nvml = match open(cfg) {
-        Ok(n) => n,
-        Err(e) => {
-            let _ = ready.send(Err(e.to_string()));
-            return;
-        }
-    };
-    let set = match register(&nvml) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    let _ = ready.send(Ok(()));
+    let mut ready = Some(ready);
+    let idle = Duration::from_millis(u64::from(POLL_MS));
     while !stop.load(Ordering::SeqCst) && !tx.is_closed() {
+        // Blocks while a reset runs; the GPUs come back with fresh handles, so register anew.
+        let gate = super::shared_access();
+        let session = open(cfg).map_err(|e| e.to_string()).and_then(|nvml| {
+            // The event set borrows `nvml`: the whole session runs in here, and both are shut
+            // down before the gate is released.
+            let set = register(&nvml)?;
+            if let Some(r) = ready.take() {
+                let _ = r.send(Ok(()));
+            }
+            serve(&set, stop, tx);
+            Ok(())
+        });
+        drop(gate);
+        if let Err(e) = session {
+            match ready.take() {
+                Some(r) => {
+                    let _ = r.send(Err(e));
+                    return;
+                }
+                None => {
+                    tracing::warn!(error = %e, "XID watch: NVML unavailable, retrying");
+                    std::thread::sleep(idle);
+                }
+            }
+        }
+    }
+}
+
+/// Delivers events until a stop, a closed channel or a pending reset.
+fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEvent>) {
+    while !stop.load(Ordering::SeqCst) && !tx.is_closed() && !super::reset_pending() {
         let data = match set.wait(POLL_MS) {
             Ok(d) => d,
             Err(WrapperError::Timeout) => continue,
@@ -240,7 +260,7 @@ fn nvml_thread(
             .and_then(|p| PciAddr::parse(&p.bus_id))
             .map(PciAddr::to_bus_id);
         if tx.blocking_send(ev).is_err() {
-            break;
+            return;
         }
     }
 }

@@ -146,8 +146,17 @@ impl FakeNode {
         serde_json::from_slice(&std::fs::read(&self.state).unwrap()).unwrap()
     }
 
-    /// Changes the state.
+    /// Changes the state, under the fake's `flock` on `fake-nvml.lock` (the library writes the
+    /// file too, e.g. when a process initializes NVML).
     pub fn update(&self, f: impl FnOnce(&mut Value)) {
+        use nix::fcntl::{Flock, FlockArg};
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.state.with_extension("lock"))
+            .unwrap();
+        let _guard = Flock::lock(lock, FlockArg::LockExclusive).unwrap();
         let mut v = self.read();
         f(&mut v);
         let tmp = self.state.with_extension("test-tmp");

@@ -32,6 +32,9 @@ pub struct FakeConfig {
     pub init_error: Option<InitError>,
     /// The GPUs in NVML enumeration order (index 0 first).
     pub gpus: Vec<FakeGpu>,
+    /// Processes that have NVML initialized (written by the fake). Like the real driver's open
+    /// device files, any such client makes the fake `nvidia-smi -r` refuse.
+    pub nvml_clients: u32,
 }
 
 impl Default for FakeConfig {
@@ -42,6 +45,7 @@ impl Default for FakeConfig {
             cuda_driver_version: 12040,
             init_error: None,
             gpus: Vec::new(),
+            nvml_clients: 0,
         }
     }
 }

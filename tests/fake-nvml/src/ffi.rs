@@ -92,11 +92,18 @@ fn update_gpu(device: nvmlDevice_t, f: impl FnOnce(&mut FakeGpu) -> Result<(), R
     if INIT_COUNT.load(Ordering::SeqCst) == 0 {
         return UNINIT;
     }
-    status(load().and_then(|(path, mut cfg)| {
-        let i = gpu_index(device, &cfg)?;
-        f(&mut cfg.gpus[i])?;
-        state::save(&path, &cfg).map_err(|_| UNKNOWN)
-    }))
+    let path = match config_path() {
+        Some(p) => p,
+        None => return UNKNOWN,
+    };
+    let r = state::update(&path, |cfg| {
+        let i = gpu_index(device, cfg)?;
+        f(&mut cfg.gpus[i])
+    });
+    match r {
+        Ok(r) => status(r),
+        Err(_) => UNKNOWN,
+    }
 }
 
 fn handle(index: usize) -> nvmlDevice_t {
@@ -168,6 +175,16 @@ fn pci_info(bus_id: &str, device_id: u32, subsys: u32) -> Result<nvmlPciInfo_t, 
 
 // --- init -------------------------------------------------------------------------------------
 
+/// Adds `delta` to the config's `nvmlClients`; false when the file could not be updated.
+fn count_client(delta: i32) -> bool {
+    config_path().is_some_and(|path| {
+        state::update(&path, |c| {
+            c.nvml_clients = c.nvml_clients.saturating_add_signed(delta);
+        })
+        .is_ok()
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
     match load() {
@@ -183,7 +200,10 @@ pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
                 nvmlReturn_enum_NVML_ERROR_NO_PERMISSION
             }
             None => {
-                INIT_COUNT.fetch_add(1, Ordering::SeqCst);
+                if INIT_COUNT.fetch_add(1, Ordering::SeqCst) == 0 && !count_client(1) {
+                    INIT_COUNT.fetch_sub(1, Ordering::SeqCst);
+                    return UNKNOWN;
+                }
                 OK
             }
         },
@@ -198,8 +218,15 @@ pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Ret {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlShutdown() -> Ret {
-    let r = INIT_COUNT.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-    if r.is_ok() { OK } else { UNINIT }
+    match INIT_COUNT.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+        Ok(1) => {
+            // The last shutdown of this process closes its (pretend) device files.
+            count_client(-1);
+            OK
+        }
+        Ok(_) => OK,
+        Err(_) => UNINIT,
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -701,20 +728,22 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
 
 /// Pops the oldest queued XID of a GPU registered in `regs`, writing the state back.
 fn pop_xid(regs: &[(usize, u64)]) -> Result<Option<(usize, u64)>, Ret> {
-    let (path, mut cfg) = load()?;
-    for &(i, types) in regs {
-        if types & SUPPORTED_EVENTS == 0 {
-            continue;
-        }
-        if let Some(g) = cfg.gpus.get_mut(i)
-            && !g.xid_events.is_empty()
-        {
-            let xid = g.xid_events.remove(0);
-            state::save(&path, &cfg).map_err(|_| UNKNOWN)?;
-            return Ok(Some((i, xid)));
-        }
+    let (path, cfg) = load()?;
+    let queued = |cfg: &FakeConfig| {
+        regs.iter().find_map(|&(i, types)| {
+            (types & SUPPORTED_EVENTS != 0
+                && cfg.gpus.get(i).is_some_and(|g| !g.xid_events.is_empty()))
+            .then_some(i)
+        })
+    };
+    // Poll without the lock; take it only when there is something to pop.
+    if queued(&cfg).is_none() {
+        return Ok(None);
     }
-    Ok(None)
+    state::update(&path, |cfg| {
+        queued(cfg).map(|i| (i, cfg.gpus[i].xid_events.remove(0)))
+    })
+    .map_err(|_| UNKNOWN)
 }
 
 #[unsafe(no_mangle)]

@@ -1,7 +1,8 @@
 //! What the fake `nvidia-smi -r -i <ids>` does to the fake's state.
 //!
-//! Like the real tool it refuses when any target GPU is held open: by a compute process, or by
-//! persistence mode (`nvidia-persistenced` keeps the device file open). Then it resets every
+//! Like the real tool it refuses when any target GPU is held open: by a compute process, by
+//! persistence mode (`nvidia-persistenced` keeps the device file open), or by another process with
+//! NVML initialized (a monitoring agent). Then it resets every
 //! target: volatile ECC counters, queued XIDs and the recovery action are cleared, and pending
 //! page retirements and row remaps are applied. Messages follow the real tool's wording.
 
@@ -47,7 +48,7 @@ pub fn gpu_reset(cfg: &mut FakeConfig, ids: &[String]) -> Result<String, SmiFail
     let mut busy = Vec::new();
     for &i in &targets {
         let g = &cfg.gpus[i];
-        if !g.processes.is_empty() || g.persistence_mode {
+        if !g.processes.is_empty() || g.persistence_mode || cfg.nvml_clients > 0 {
             busy.push(format!(
                 "  GPU {}: In use by another client\n",
                 long_bus_id(&g.pci_bus_id)

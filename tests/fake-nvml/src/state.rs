@@ -101,6 +101,29 @@ pub fn save(path: &Path, cfg: &FakeConfig) -> Result<(), StateError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
+/// Loads, changes and saves the config under an exclusive `flock` on `<path>.lock`, so writers in
+/// different processes (the library, the fake `nvidia-smi`) never lose each other's updates.
+pub fn update<T>(path: &Path, f: impl FnOnce(&mut FakeConfig) -> T) -> Result<T, StateError> {
+    use nix::fcntl::{Flock, FlockArg};
+    let lock_path = path.with_extension("lock");
+    let io = |source| StateError::Io {
+        path: lock_path.clone(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io)?;
+    let _guard = Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, errno)| io(std::io::Error::from(errno)))?;
+    let mut cfg = load(path)?;
+    let out = f(&mut cfg);
+    save(path, &cfg)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -41,19 +41,21 @@ fn main() -> ExitCode {
         Ok(p) => p,
         Err(e) => return fail(9, &e.to_string()),
     };
-    let mut cfg = match state::load(&path) {
-        Ok(c) => c,
-        Err(e) => return fail(9, &e.to_string()),
-    };
-    match smi::gpu_reset(&mut cfg, &ids) {
-        Ok(out) => {
-            if let Err(e) = state::save(&path, &cfg) {
-                return fail(255, &e.to_string());
-            }
+    let result = state::update(&path, |cfg| {
+        let before = cfg.clone();
+        let r = smi::gpu_reset(cfg, &ids);
+        if r.is_err() {
+            *cfg = before;
+        }
+        r
+    });
+    match result {
+        Err(e) => fail(9, &e.to_string()),
+        Ok(Ok(out)) => {
             print!("{out}");
             ExitCode::SUCCESS
         }
-        Err(f) => {
+        Ok(Err(f)) => {
             print!("{}", f.message);
             ExitCode::from(u8::try_from(f.exit_code).unwrap_or(255))
         }
