@@ -168,6 +168,15 @@ pub(crate) fn drain_lines(pending: &mut Vec<u8>) -> Vec<String> {
         .collect()
 }
 
+/// The events in the complete lines of `pending`.
+fn parse_lines(pending: &mut Vec<u8>) -> Vec<KmsgEvent> {
+    drain_lines(pending)
+        .iter()
+        .filter_map(|l| parse_record(l))
+        .filter_map(|r| parse_event(&r.message))
+        .collect()
+}
+
 /// Opens `/dev/kmsg` under `root` for non-blocking reads.
 pub(crate) fn open(root: &HostRoot) -> Result<std::fs::File, KmsgError> {
     let path = root.path(KMSG);
@@ -208,31 +217,14 @@ pub fn read_since_boot(root: &HostRoot) -> Result<Vec<KmsgEvent>, KmsgError> {
     let mut pending = Vec::new();
     let mut events = Vec::new();
     while let Some(n) = read_chunk(&mut f, &mut buf, root)? {
+        // A `/dev/kmsg` read is one record, newline-terminated.
         pending.extend_from_slice(&buf[..n]);
-        // A `/dev/kmsg` read is one record; make sure it ends a line.
-        if pending.last() != Some(&b'\n') && n < buf.len() && is_char_device(&f) {
-            pending.push(b'\n');
-        }
-        events.extend(
-            drain_lines(&mut pending)
-                .iter()
-                .filter_map(|l| parse_record(l))
-                .filter_map(|r| parse_event(&r.message)),
-        );
+        events.extend(parse_lines(&mut pending));
     }
+    // A regular file (a fixture) may end without a newline.
     pending.push(b'\n');
-    events.extend(
-        drain_lines(&mut pending)
-            .iter()
-            .filter_map(|l| parse_record(l))
-            .filter_map(|r| parse_event(&r.message)),
-    );
+    events.extend(parse_lines(&mut pending));
     Ok(events)
-}
-
-fn is_char_device(f: &std::fs::File) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    f.metadata().is_ok_and(|m| m.file_type().is_char_device())
 }
 
 /// Positions `f` after the last record (`SEEK_END` on `/dev/kmsg` skips the backlog).

@@ -270,13 +270,7 @@ fn kmsg_thread(mut f: std::fs::File, root: &HostRoot, stop: &AtomicBool, tx: &Se
     let mut pending = Vec::new();
     while !stop.load(Ordering::SeqCst) && !tx.is_closed() {
         match kmsg::read_chunk(&mut f, &mut buf, root) {
-            Ok(Some(n)) => {
-                pending.extend_from_slice(&buf[..n]);
-                // A `/dev/kmsg` read is exactly one record.
-                if pending.last() != Some(&b'\n') && n < buf.len() && is_char_device(&f) {
-                    pending.push(b'\n');
-                }
-            }
+            Ok(Some(n)) => pending.extend_from_slice(&buf[..n]),
             Ok(None) => {
                 std::thread::sleep(Duration::from_millis(u64::from(POLL_MS)));
                 continue;
@@ -301,9 +295,4 @@ fn kmsg_thread(mut f: std::fs::File, root: &HostRoot, stop: &AtomicBool, tx: &Se
             }
         }
     }
-}
-
-fn is_char_device(f: &std::fs::File) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    f.metadata().is_ok_and(|m| m.file_type().is_char_device())
 }
