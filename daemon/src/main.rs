@@ -33,6 +33,8 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
     },
+    /// GPU checks through NVML: list, diag, reset, watch XIDs (JSON output).
+    Gpu(bcd::nvml::cli::GpuArgs),
     /// Print this machine's inventory.
     Inventory {
         /// Host root prefix to read /sys and /proc from.
@@ -77,6 +79,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("hardwareKeyTrusted: {}", id.trusted);
             }
         }
+        Command::Gpu(args) => bcd::nvml::cli::run(args)?,
         Command::Inventory { root, output: _ } => {
             let inv = bcd::inventory::collect(&bcd::hostroot::HostRoot::new(root));
             println!("{}", serde_json::to_string_pretty(&inv)?);

@@ -599,3 +599,40 @@ async fn a_reset_proceeds_while_the_xid_watch_runs_and_the_watch_resumes() {
         "a stopped watch lets go of NVML"
     );
 }
+
+#[test]
+fn bcd_gpu_diag_and_reset_from_the_command_line() {
+    if !fixture_present() {
+        return;
+    }
+    let node = FakeNode::new(&h100_node());
+    node.update(|v| v["gpus"][0]["processes"] = json!([{"pid": 77}]));
+    let bcd = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_bcd"))
+            .arg("gpu")
+            .arg("--nvml-lib")
+            .arg(node.cfg.lib_path.as_ref().unwrap())
+            .arg("--nvidia-smi")
+            .arg(&node.cfg.nvidia_smi)
+            .arg("--root")
+            .arg(node.root.root())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = bcd(&["diag", "--expect-count", "8", "--expect-name", "H100"]);
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verdict"], "pass");
+    assert_eq!(report["gpus"].as_array().unwrap().len(), 8);
+
+    let out = bcd(&["reset", "0000:1a:00.0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GPU_BUSY") && err.contains("77"), "{err}");
+
+    let out = bcd(&["reset", "0000:1b:00.0"]);
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verified"], true);
+}

@@ -32,6 +32,7 @@
 
 mod busid;
 mod checks;
+pub mod cli;
 pub mod diag;
 pub mod kmsg;
 pub mod reset;
