@@ -202,7 +202,7 @@ fn nvml_thread(
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let mut ready = Some(ready);
-    let idle = Duration::from_millis(u64::from(POLL_MS));
+    let mut backoff = Duration::from_millis(u64::from(POLL_MS));
     while !stop.load(Ordering::SeqCst) && !tx.is_closed() {
         // Blocks while a reset runs; the GPUs come back with fresh handles, so register anew.
         let gate = super::shared_access();
@@ -224,11 +224,27 @@ fn nvml_thread(
                     return;
                 }
                 None => {
-                    tracing::warn!(error = %e, "XID watch: NVML unavailable, retrying");
-                    std::thread::sleep(idle);
+                    tracing::warn!(error = %e, retry_in = ?backoff, "XID watch: NVML unavailable");
+                    sleep_unless_stopped(backoff, stop);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
+        } else {
+            backoff = Duration::from_millis(u64::from(POLL_MS));
         }
+    }
+}
+
+/// Longest wait between attempts to re-open NVML after it went away.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+    let step = Duration::from_millis(u64::from(POLL_MS));
+    let mut left = d;
+    while !left.is_zero() && !stop.load(Ordering::SeqCst) {
+        let s = left.min(step);
+        std::thread::sleep(s);
+        left -= s;
     }
 }
 

@@ -124,7 +124,9 @@ impl FakeNode {
         std::fs::copy(lib, d.join("libfake_nvml.so")).unwrap();
         // A hard link, not a copy: writing an executable races with fork+exec in other test
         // threads (ETXTBSY); `current_exe()` of a hard link still names this directory.
-        std::fs::hard_link(smi, d.join("nvidia-smi")).unwrap();
+        if std::fs::hard_link(smi, d.join("nvidia-smi")).is_err() {
+            std::fs::copy(smi, d.join("nvidia-smi")).unwrap();
+        }
         let state = d.join("fake-nvml.json");
         std::fs::write(&state, serde_json::to_vec_pretty(config).unwrap()).unwrap();
         std::fs::create_dir_all(d.join("root/dev")).unwrap();

@@ -38,20 +38,25 @@ type Registrations = Vec<(usize, u64)>;
 
 static EVENT_SETS: Mutex<Vec<Option<Registrations>>> = Mutex::new(Vec::new());
 /// This copy of the library's config path, found once.
-static CONFIG_PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
+static CONFIG_PATH: OnceLock<PathBuf> = OnceLock::new();
 
-fn config_path() -> Option<PathBuf> {
-    CONFIG_PATH
-        .get_or_init(|| {
-            let me: unsafe extern "C" fn() -> Ret = nvmlInit_v2;
-            let image = state::image_containing(me as usize);
-            state::config_path_beside(image.as_deref()).ok()
-        })
-        .clone()
+/// The library file this code was loaded from.
+fn own_image() -> Option<PathBuf> {
+    let me: unsafe extern "C" fn() -> Ret = nvmlInit_v2;
+    state::image_containing(me as usize)
+}
+
+/// This copy's config file, found once (a miss is not remembered: the file may appear later).
+fn config_path() -> Result<PathBuf, state::StateError> {
+    if let Some(p) = CONFIG_PATH.get() {
+        return Ok(p.clone());
+    }
+    let p = state::config_path_beside(own_image().as_deref())?;
+    Ok(CONFIG_PATH.get_or_init(|| p).clone())
 }
 
 fn load() -> Result<(PathBuf, FakeConfig), Ret> {
-    let path = config_path().ok_or(UNKNOWN)?;
+    let path = config_path().map_err(|_| UNKNOWN)?;
     let cfg = state::load(&path).map_err(|_| UNKNOWN)?;
     Ok((path, cfg))
 }
@@ -90,9 +95,8 @@ fn update_gpu(device: nvmlDevice_t, f: impl FnOnce(&mut FakeGpu) -> Result<(), R
     if INIT_COUNT.load(Ordering::SeqCst) == 0 {
         return UNINIT;
     }
-    let path = match config_path() {
-        Some(p) => p,
-        None => return UNKNOWN,
+    let Ok(path) = config_path() else {
+        return UNKNOWN;
     };
     let r = state::update(&path, |cfg| {
         let i = gpu_index(device, cfg)?;
@@ -175,7 +179,7 @@ fn pci_info(bus_id: &str, device_id: u32, subsys: u32) -> Result<nvmlPciInfo_t, 
 
 /// Adds `delta` to the config's `nvmlClients`; false when the file could not be updated.
 fn count_client(delta: i32) -> bool {
-    config_path().is_some_and(|path| {
+    config_path().is_ok_and(|path| {
         state::update(&path, |c| {
             c.nvml_clients = c.nvml_clients.saturating_add_signed(delta);
         })
@@ -186,7 +190,13 @@ fn count_client(delta: i32) -> bool {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlInit_v2() -> Ret {
     match load() {
-        Err(e) => e,
+        Err(e) => {
+            // The caller only sees "Unknown Error"; say which file is missing or broken.
+            if let Err(why) = config_path().and_then(|p| state::load(&p).map(|_| ())) {
+                eprintln!("fake-nvml: {why}");
+            }
+            e
+        }
         Ok((_, cfg)) => match cfg.init_error {
             Some(crate::config::InitError::DriverNotLoaded) => {
                 nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED
