@@ -142,16 +142,17 @@ fn retired_and_remapped(dev: &Device) -> Vec<Check> {
         ],
     );
     let n = |v: Option<u64>| v.map_or("?".into(), |v| v.to_string());
-    let retired = match dev.are_pages_pending_retired() {
-        Ok(true) => Check::fail("retiredPagesPending", true, RecommendedAction::ResetGpu),
-        Ok(false) => Check::pass("retiredPagesPending", false),
-        Err(e) => query_failed("retiredPagesPending", &e),
-    }
-    .detail(format!(
+    let retired_detail = format!(
         "retired pages: {} single-bit, {} double-bit",
         n(f[0]),
         n(f[1])
-    ));
+    );
+    let retired = match dev.are_pages_pending_retired() {
+        Ok(true) => Check::fail("retiredPagesPending", true, RecommendedAction::ResetGpu)
+            .detail(retired_detail),
+        Ok(false) => Check::pass("retiredPagesPending", false).detail(retired_detail),
+        Err(e) => query_failed("retiredPagesPending", &e),
+    };
     let remap_detail = format!(
         "remapped rows: {} correctable, {} uncorrectable",
         n(f[2]),

@@ -19,6 +19,8 @@
 //!   `/dev/kmsg` under the host root, and pushes [`XidEvent`]s into a tokio channel.
 //! - [`reset()`] runs `nvidia-smi -r` for the requested GPUs (and their direct NVLink peers) with
 //!   the preflight, persistence-mode handling and verification `gpu.reset` needs.
+//! - [`cli`] exposes all of it as `bcd gpu {list,diag,reset,watch-xids}` and gives the agent its
+//!   `--nvml-lib` / `--nvidia-smi` flags ([`cli::NvmlArgs`]).
 //!
 //! Everything here blocks (NVML calls, `nvidia-smi`); async callers use `spawn_blocking`. A reset
 //! has NVML to itself: other users wait, and the XID watch shuts its NVML down meanwhile (an open
