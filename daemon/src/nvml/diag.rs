@@ -2,7 +2,7 @@
 //!
 //! Every check reports its status (pass / warn / fail), its value and, where there is one, the
 //! threshold it was held against. A check whose NVML query the GPU does not support passes with
-//! the value `"notSupported"`. The per-GPU checks live in [`super::checks`].
+//! the value `"notSupported"`. The per-GPU checks live in `checks.rs`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@
 //! identity, health counters (ECC, retired pages, remapped rows, temperature, power, throttle
 //! reasons, PCIe and NVLink state), the driver's recommended recovery action (field 230) and XID
 //! error events. bcd loads it at run time through nvml-wrapper, so the daemon starts and runs on
-//! hosts without a GPU or driver; there every entry point answers "NVML unavailable: <reason>".
+//! hosts without a GPU or driver; there every entry point answers `NVML unavailable: <reason>`.
 //!
 //! # Design
 //!
