@@ -636,3 +636,34 @@ fn bcd_gpu_diag_and_reset_from_the_command_line() {
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["verified"], true);
 }
+
+#[test]
+fn every_mock_profile_builds_a_healthy_node() {
+    if !fixture_present() {
+        return;
+    }
+    for profile in fake_nvml::PROFILES {
+        let cfg = fake_nvml::profile_node(profile);
+        let count = cfg["gpus"].as_array().unwrap().len() as u32;
+        let name = cfg["gpus"][0]["name"].as_str().unwrap().to_owned();
+        let node = FakeNode::new(&cfg);
+        let expected = ExpectedGpus {
+            count,
+            name: Some(name),
+        };
+        let r = diag(&node.cfg, Some(&expected), &node.root);
+        assert_eq!(
+            (r.verdict, r.action),
+            (CheckStatus::Pass, RecommendedAction::None),
+            "{profile}: {}",
+            serde_json::to_string_pretty(&r).unwrap()
+        );
+        let nvlink = check(&r, 0, "nvlink").value.clone();
+        let has_links = !cfg["gpus"][0]["nvlinks"].as_array().unwrap().is_empty();
+        assert_eq!(
+            nvlink == json!("notSupported"),
+            !has_links,
+            "{profile}: {nvlink}"
+        );
+    }
+}

@@ -14,10 +14,13 @@ use bcd::hostroot::HostRoot;
 use bcd::nvml::NvmlConfig;
 use serde_json::{Value, json};
 
+const GPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/gpus");
 const H100: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../shared/fixtures/gpus/h100.yaml"
 );
+/// Every profile in the fixture folder.
+pub const PROFILES: [&str; 6] = ["a100", "b200", "gb200", "h100", "l40s", "t4"];
 const FAKE_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fake-nvml");
 
 /// `true` when the fixture exists; otherwise prints why the test is skipped, and fails under
@@ -200,16 +203,27 @@ fn ys(v: &serde_norway::Value, path: &[&str]) -> String {
 /// 18 active NVLink links each fanned over the four NVSwitches, and the profile's memory, PCIe,
 /// power and thermal values.
 pub fn h100_node() -> Value {
-    let text = std::fs::read_to_string(H100).unwrap();
+    profile_node("h100")
+}
+
+/// The fake's JSON for one of NVIDIA's mock profiles (`a100`, `h100`, `l40s`, ...): the listed
+/// devices with the defaults' values; NVLink links fanned round-robin over the declared
+/// NVSwitches (none when the profile declares no switches).
+pub fn profile_node(profile: &str) -> Value {
+    let path = format!("{GPUS}/{profile}.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let p: serde_norway::Value = serde_norway::from_str(&text).unwrap();
     let d = y(&p, &["device_defaults"]);
     let switches: Vec<String> = y(&p, &["nvlink", "switches"])
         .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|s| ys(s, &["bdf"]))
-        .collect();
-    let links = yu(&p, &["nvlink", "links_per_gpu"]) as usize;
+        .map(|sw| sw.iter().map(|s| ys(s, &["bdf"])).collect())
+        .unwrap_or_default();
+    let links = if switches.is_empty() {
+        0
+    } else {
+        yu(&p, &["nvlink", "links_per_gpu"]) as usize
+    };
+    let opt = |path: &[&str]| y(d, path).as_u64().unwrap_or(0);
     let gpus: Vec<Value> = y(&p, &["devices"])
         .as_sequence()
         .unwrap()
@@ -218,13 +232,13 @@ pub fn h100_node() -> Value {
             json!({
                 "uuid": ys(dev, &["uuid"]),
                 "name": ys(d, &["name"]),
-                "serial": ys(dev, &["serial"]),
+                "serial": y(dev, &["serial"]).as_str(),
                 "pciBusId": ys(dev, &["pci", "bus_id"]),
                 "pciDeviceId": yu(d, &["pci", "device_id"]),
-                "pciSubSystemId": yu(d, &["pci", "subsystem_id"]),
+                "pciSubSystemId": opt(&["pci", "subsystem_id"]),
                 "memoryTotalBytes": yu(d, &["memory", "total_bytes"]),
-                "memoryReservedBytes": yu(d, &["memory", "reserved_bytes"]),
-                "memoryUsedBytes": yu(d, &["memory", "used_bytes"]),
+                "memoryReservedBytes": opt(&["memory", "reserved_bytes"]),
+                "memoryUsedBytes": opt(&["memory", "used_bytes"]),
                 "temperatureC": yu(d, &["thermal", "temperature_gpu_c"]),
                 "slowdownThresholdC": yu(d, &["thermal", "slowdown_threshold_c"]),
                 "shutdownThresholdC": yu(d, &["thermal", "shutdown_threshold_c"]),
