@@ -124,6 +124,16 @@ pub struct ExpectedGpus {
     pub name: Option<String>,
 }
 
+/// The arguments of the `diag.nvml` command: `{"expectedGpus": {"count": 8, "name": "H100"}}`
+/// (optional; from the pool's hardware profile).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiagArgs {
+    /// What the node should have.
+    #[serde(default)]
+    pub expected_gpus: Option<ExpectedGpus>,
+}
+
 /// One GPU's results.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

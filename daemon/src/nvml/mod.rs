@@ -38,6 +38,7 @@ pub mod cli;
 pub mod diag;
 pub mod kmsg;
 pub mod reset;
+mod tool;
 pub mod watch;
 pub mod xid;
 
@@ -51,8 +52,8 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::{Deserialize, Serialize};
 
 pub use busid::PciAddr;
-pub use diag::{Check, CheckStatus, DiagReport, ExpectedGpus, GpuReport, diag};
-pub use reset::{ResetError, ResetReport, ResetTarget, reset};
+pub use diag::{Check, CheckStatus, DiagArgs, DiagReport, ExpectedGpus, GpuReport, diag};
+pub use reset::{ResetArgs, ResetError, ResetReport, ResetTarget, reset};
 pub use watch::{XidEvent, XidSource, XidWatch, spawn_xid_watch};
 pub use xid::{RecommendedAction, XidClass};
 

@@ -12,6 +12,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
@@ -22,6 +23,7 @@ use crate::hostroot::HostRoot;
 
 use super::busid::PciAddr;
 use super::checks::{NVLINK_MAX_LINKS, field_u64s};
+use super::tool::run_with_timeout;
 use super::{NvmlConfig, NvmlError, kmsg, open, xid};
 
 /// Which GPUs to reset: `"all"` or a list of UUIDs / PCI bus ids.
@@ -52,6 +54,18 @@ impl<'de> Deserialize<'de> for ResetTarget {
         }
     }
 }
+
+/// The arguments of the `gpu.reset` command: `{"gpus": "all" | ["GPU-…", "0000:1a:00.0"]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResetArgs {
+    /// Which GPUs.
+    pub gpus: ResetTarget,
+}
+
+/// How long `nvidia-smi -r` may run before it is killed and the reset counts as failed. NVIDIA
+/// documents resets taking seconds; a hung tool must not hold the NVML gate forever.
+pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// A GPU that holds compute processes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -372,9 +386,9 @@ pub fn reset(
     drop(nvml);
 
     let ids: Vec<String> = addrs.iter().map(|a| a.to_bus_id()).collect();
-    let run = Command::new(&cfg.nvidia_smi)
-        .args(["-r", "-i", &ids.join(",")])
-        .output();
+    let mut cmd = Command::new(&cfg.nvidia_smi);
+    cmd.args(["-r", "-i", &ids.join(",")]);
+    let run = run_with_timeout(cmd, NVIDIA_SMI_TIMEOUT);
 
     // Whatever happened, persistence mode goes back on.
     let nvml = open(cfg);
@@ -399,11 +413,7 @@ pub fn reset(
     };
     let mut report = ResetReport {
         gpus: results,
-        nvidia_smi_output: format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
+        nvidia_smi_output: out.text.clone(),
         verified: false,
     };
     let nvml = match nvml {
@@ -413,13 +423,13 @@ pub fn reset(
                 r.problems
                     .push(format!("NVML unavailable after reset: {e}"));
             }
-            return Err(if out.status.success() {
+            return Err(if out.success() {
                 ResetError::VerifyFailed {
                     report: Box::new(report),
                 }
             } else {
                 ResetError::ResetFailed {
-                    exit_code: out.status.code(),
+                    exit_code: out.code(),
                     report: Box::new(report),
                 }
             });
@@ -431,9 +441,9 @@ pub fn reset(
             .ok()
             .map(|d| snapshot(&d));
     }
-    if !out.status.success() {
+    if !out.success() {
         return Err(ResetError::ResetFailed {
-            exit_code: out.status.code(),
+            exit_code: out.code(),
             report: Box::new(report),
         });
     }
@@ -501,6 +511,13 @@ mod tests {
             ResetTarget::Gpus(vec!["GPU-1".into(), "0000:1a:00.0".into()])
         );
         assert!(serde_json::from_str::<ResetTarget>(r#""some""#).is_err());
+    }
+
+    #[test]
+    fn command_args_parse() {
+        let a: ResetArgs = serde_json::from_str(r#"{"gpus":"all"}"#).unwrap();
+        assert_eq!(a.gpus, ResetTarget::All);
+        assert!(serde_json::from_str::<ResetArgs>(r#"{"gpus":"all","x":1}"#).is_err());
     }
 
     #[test]
