@@ -64,8 +64,8 @@ fn newest_source_mtime(dir: &Path) -> SystemTime {
     newest
 }
 
-/// The built fake library and `nvidia-smi`: those `cargo test --workspace` left in the profile
-/// dir when they are newer than the fake's sources, otherwise a build of `fake-nvml` into its
+/// The built fake library and `nvidia-smi`: those `cargo test --workspace` (or `cargo build`) left
+/// in the profile dir when they are newer than the fake's sources, otherwise a build of `fake-nvml` into its
 /// own target dir (so it never waits on the lock of the running cargo).
 fn artifacts() -> &'static (PathBuf, PathBuf) {
     static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
@@ -88,8 +88,17 @@ fn artifacts() -> &'static (PathBuf, PathBuf) {
                 .and_then(|m| m.modified())
                 .is_ok_and(|t| t >= src)
         };
-        let (lib, smi) = (profile.join("libfake_nvml.so"), profile.join("nvidia-smi"));
-        if fresh(&lib) && fresh(&smi) {
+        // `cargo build` uplifts the cdylib into the profile dir; `cargo test` leaves it in deps/.
+        let lib = [
+            profile.join("libfake_nvml.so"),
+            profile.join("deps/libfake_nvml.so"),
+        ]
+        .into_iter()
+        .find(|p| fresh(p));
+        let smi = profile.join("nvidia-smi");
+        if let Some(lib) = lib
+            && fresh(&smi)
+        {
             return (lib, smi);
         }
         let own = target.join("fake-nvml-for-tests");
