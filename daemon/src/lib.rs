@@ -5,6 +5,7 @@ pub mod agent;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
+pub mod nvml;
 pub mod smbios;
 pub mod state;
 pub mod tls;

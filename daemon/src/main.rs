@@ -25,6 +25,8 @@ enum Command {
     Ramdisk,
     /// Print this machine's hardware key and every candidate identifier.
     HardwareKey(bcd::hwkey::HardwareKeyArgs),
+    /// GPU checks through NVML: list, diag, reset, watch XIDs (JSON output).
+    Gpu(bcd::nvml::cli::GpuArgs),
     /// Print this machine's inventory.
     Inventory(bcd::inventory::InventoryArgs),
 }
@@ -50,6 +52,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),
         Command::HardwareKey(args) => print!("{}", bcd::hwkey::run(&args)?),
         Command::Inventory(args) => print!("{}", bcd::inventory::run(&args)?),
+        Command::Gpu(args) => bcd::nvml::cli::run(args)?,
     }
     Ok(())
 }

@@ -1,0 +1,314 @@
+//! The XID watch: every XID error reaches the control plane as it happens.
+//!
+//! The watch waits on an NVML event set registered for `nvmlEventTypeXidCriticalError` on every
+//! GPU (`nvmlEventSetWait_v2`, woken every [`POLL_MS`] to notice a stop). Where NVML is missing or
+//! event registration fails, it follows `/dev/kmsg` under the host root instead, starting at the
+//! end (the backlog is `diag.nvml`'s business) and parsing the driver's `NVRM: Xid` lines.
+//! Events go into a `tokio::sync::mpsc::Sender<XidEvent>`; the watch ends when the receiver is
+//! dropped or [`XidWatch::stop`] is called. It runs on its own thread (NVML blocks). While a
+//! `gpu.reset` runs, the watch shuts its NVML down and registers again afterwards; an XID raised
+//! in that window is not delivered by NVML (events only reach sets registered before them).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError as WrapperError;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::Sender;
+
+use crate::hostroot::HostRoot;
+
+use super::busid::PciAddr;
+use super::kmsg::{self, KmsgError};
+use super::xid::{self, RecommendedAction, XidClass};
+use super::{NvmlConfig, NvmlError, open};
+
+/// How long one NVML wait or one empty kernel-log poll lasts, ms.
+pub const POLL_MS: u32 = 250;
+
+/// Where XIDs come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum XidSource {
+    /// An NVML event set.
+    Nvml,
+    /// The kernel log.
+    Kmsg,
+}
+
+/// One XID error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct XidEvent {
+    /// The XID number.
+    pub xid: u64,
+    /// The GPU, `0000:1a:00.0`.
+    pub pci_bus_id: Option<String>,
+    /// The GPU's UUID (NVML source only).
+    pub uuid: Option<String>,
+    /// Catalog class.
+    pub class: XidClass,
+    /// What the catalog recommends.
+    pub action: RecommendedAction,
+    /// Catalog description, when known.
+    pub description: Option<String>,
+    /// The driver's message (kernel log source only).
+    pub message: Option<String>,
+    /// Process id the driver named, if any.
+    pub pid: Option<u32>,
+    /// Where it was seen.
+    pub source: XidSource,
+    /// When bcd saw it.
+    pub observed_at: DateTime<Utc>,
+}
+
+impl XidEvent {
+    fn new(xid: u64, source: XidSource) -> Self {
+        let class = XidClass::of(xid);
+        Self {
+            xid,
+            pci_bus_id: None,
+            uuid: None,
+            class,
+            action: class.action(),
+            description: xid::describe(xid).map(str::to_owned),
+            message: None,
+            pid: None,
+            source,
+            observed_at: Utc::now(),
+        }
+    }
+}
+
+/// Neither source could be started.
+#[derive(Debug, thiserror::Error)]
+#[error("no XID source: NVML: {nvml}; kernel log: {kmsg}")]
+pub struct WatchError {
+    /// Why NVML events are unavailable.
+    pub nvml: String,
+    /// Why the kernel log is unavailable.
+    pub kmsg: KmsgError,
+}
+
+/// A running watch. Dropping it stops the thread (without waiting).
+#[derive(Debug)]
+pub struct XidWatch {
+    source: XidSource,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl XidWatch {
+    /// Which source the watch uses.
+    pub fn source(&self) -> XidSource {
+        self.source
+    }
+
+    /// Stops the watch and waits for its thread (at most about [`POLL_MS`]).
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for XidWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Starts the watch: NVML events when they can be registered, the kernel log otherwise. Blocks
+/// briefly while NVML initializes.
+pub fn spawn_xid_watch(
+    cfg: &NvmlConfig,
+    root: &HostRoot,
+    tx: Sender<XidEvent>,
+) -> Result<XidWatch, WatchError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let nvml_cfg = cfg.clone();
+    let (stop2, tx2) = (stop.clone(), tx.clone());
+    let thread = std::thread::Builder::new()
+        .name("bcd-xid-nvml".into())
+        .spawn(move || nvml_thread(&nvml_cfg, &stop2, &tx2, ready_tx));
+    let nvml_reason = match (thread, ready_rx.recv()) {
+        (Ok(t), Ok(Ok(()))) => {
+            return Ok(XidWatch {
+                source: XidSource::Nvml,
+                stop,
+                thread: Some(t),
+            });
+        }
+        (Ok(_), Ok(Err(reason))) => reason,
+        (Ok(_), Err(_)) => "NVML watch thread ended".to_owned(),
+        (Err(e), _) => e.to_string(),
+    };
+    tracing::info!(reason = %nvml_reason, "XID watch: NVML events unavailable, following the kernel log");
+    let mut f = kmsg::open(root).map_err(|kmsg| WatchError {
+        nvml: nvml_reason.clone(),
+        kmsg,
+    })?;
+    if let Err(source) = kmsg::seek_to_end(&mut f) {
+        return Err(WatchError {
+            nvml: nvml_reason,
+            kmsg: KmsgError::Io {
+                path: root.path(kmsg::KMSG),
+                source,
+            },
+        });
+    }
+    let (stop2, root2) = (stop.clone(), root.clone());
+    let thread = std::thread::Builder::new()
+        .name("bcd-xid-kmsg".into())
+        .spawn(move || kmsg_thread(f, &root2, &stop2, &tx))
+        .map_err(|source| WatchError {
+            nvml: nvml_reason,
+            kmsg: KmsgError::Io {
+                path: root.path(kmsg::KMSG),
+                source,
+            },
+        })?;
+    Ok(XidWatch {
+        source: XidSource::Kmsg,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+fn register(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, String> {
+    let n = nvml.device_count().map_err(|e| e.to_string())?;
+    let mut set = nvml.create_event_set().map_err(|e| e.to_string())?;
+    for i in 0..n {
+        let dev = nvml.device_by_index(i).map_err(|e| e.to_string())?;
+        set = dev
+            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            .map_err(|e| format!("GPU {i}: {}", e.error))?;
+    }
+    Ok(set)
+}
+
+fn nvml_thread(
+    cfg: &NvmlConfig,
+    stop: &AtomicBool,
+    tx: &Sender<XidEvent>,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(u64::from(POLL_MS));
+    while !stop.load(Ordering::SeqCst) && !tx.is_closed() {
+        // Blocks while a reset runs; the GPUs come back with fresh handles, so register anew.
+        let gate = super::shared_access();
+        let session = open(cfg).map_err(|e| e.to_string()).and_then(|nvml| {
+            // The event set borrows `nvml`: the whole session runs in here, and both are shut
+            // down before the gate is released.
+            let set = register(&nvml)?;
+            if let Some(r) = ready.take() {
+                let _ = r.send(Ok(()));
+            }
+            serve(&set, stop, tx);
+            Ok(())
+        });
+        drop(gate);
+        if let Err(e) = session {
+            match ready.take() {
+                Some(r) => {
+                    let _ = r.send(Err(e));
+                    return;
+                }
+                None => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "XID watch: NVML unavailable");
+                    sleep_unless_stopped(backoff, stop);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        } else {
+            backoff = Duration::from_millis(u64::from(POLL_MS));
+        }
+    }
+}
+
+/// Longest wait between attempts to re-open NVML after it went away.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
+    let step = Duration::from_millis(u64::from(POLL_MS));
+    let mut left = d;
+    while !left.is_zero() && !stop.load(Ordering::SeqCst) {
+        let s = left.min(step);
+        std::thread::sleep(s);
+        left -= s;
+    }
+}
+
+/// Delivers events until a stop, a closed channel or a pending reset.
+fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEvent>) {
+    while !stop.load(Ordering::SeqCst) && !tx.is_closed() && !super::reset_pending() {
+        let data = match set.wait(POLL_MS) {
+            Ok(d) => d,
+            Err(WrapperError::Timeout) => continue,
+            Err(e) => {
+                tracing::warn!(error = %NvmlError::Call { call: "nvmlEventSetWait", source: e }, "XID watch");
+                std::thread::sleep(Duration::from_millis(u64::from(POLL_MS)));
+                continue;
+            }
+        };
+        if !data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+            continue;
+        }
+        let xid = match data.event_data {
+            Some(XidError::Value(v)) => v,
+            _ => continue,
+        };
+        let mut ev = XidEvent::new(xid, XidSource::Nvml);
+        ev.uuid = data.device.uuid().ok();
+        ev.pci_bus_id = data
+            .device
+            .pci_info()
+            .ok()
+            .and_then(|p| PciAddr::parse(&p.bus_id))
+            .map(PciAddr::to_bus_id);
+        if tx.blocking_send(ev).is_err() {
+            return;
+        }
+    }
+}
+
+fn kmsg_thread(mut f: std::fs::File, root: &HostRoot, stop: &AtomicBool, tx: &Sender<XidEvent>) {
+    let mut buf = vec![0u8; 8192];
+    let mut pending = Vec::new();
+    while !stop.load(Ordering::SeqCst) && !tx.is_closed() {
+        match kmsg::read_chunk(&mut f, &mut buf, root) {
+            Ok(Some(n)) => pending.extend_from_slice(&buf[..n]),
+            Ok(None) => {
+                std::thread::sleep(Duration::from_millis(u64::from(POLL_MS)));
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "XID watch: kernel log read failed");
+                std::thread::sleep(Duration::from_millis(u64::from(POLL_MS)));
+                continue;
+            }
+        }
+        for line in kmsg::drain_lines(&mut pending) {
+            let Some(x) = kmsg::parse_record(&line).and_then(|r| kmsg::parse_xid(&r.message))
+            else {
+                continue;
+            };
+            let mut ev = XidEvent::new(x.xid, XidSource::Kmsg);
+            ev.pci_bus_id = Some(x.addr.to_bus_id());
+            ev.pid = x.pid;
+            ev.message = Some(x.text);
+            if tx.blocking_send(ev).is_err() {
+                return;
+            }
+        }
+    }
+}

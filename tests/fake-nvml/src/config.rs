@@ -1,0 +1,320 @@
+//! The fake's JSON description of a node's GPUs (the file `FAKE_NVML_CONFIG` names, or
+//! `fake-nvml.json` beside the loaded library). It is both the configuration and the live
+//! state: the library and the fake `nvidia-smi` re-read it on every call and write their changes
+//! back (atomically), so a reset done by one process is seen by the next NVML call of another.
+
+use serde::{Deserialize, Serialize};
+
+/// Why `nvmlInit_v2` fails, when the config says it should.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum InitError {
+    /// `NVML_ERROR_DRIVER_NOT_LOADED` (9): the kernel module is not loaded.
+    DriverNotLoaded,
+    /// `NVML_ERROR_LIB_RM_VERSION_MISMATCH` (18): user-space library and kernel module differ,
+    /// typically after a driver upgrade without a reboot.
+    LibRmVersionMismatch,
+    /// `NVML_ERROR_NO_PERMISSION` (4): the caller may not open `/dev/nvidiactl`.
+    NoPermission,
+}
+
+/// The whole node as NVML sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FakeConfig {
+    /// `nvmlSystemGetDriverVersion`, e.g. `550.163.01`.
+    pub driver_version: String,
+    /// `nvmlSystemGetNVMLVersion`, e.g. `12.550.163.01`.
+    pub nvml_version: String,
+    /// `nvmlSystemGetCudaDriverVersion`: major * 1000 + minor * 10 (12040 = 12.4).
+    pub cuda_driver_version: i32,
+    /// When set, `nvmlInit_v2` fails with this error and nothing else works.
+    pub init_error: Option<InitError>,
+    /// The GPUs in NVML enumeration order (index 0 first).
+    pub gpus: Vec<FakeGpu>,
+    /// Processes that have NVML initialized (written by the fake). Like the real driver's open
+    /// device files, any such client makes the fake `nvidia-smi -r` refuse.
+    pub nvml_clients: u32,
+}
+
+impl Default for FakeConfig {
+    fn default() -> Self {
+        Self {
+            driver_version: "550.163.01".into(),
+            nvml_version: "12.550.163.01".into(),
+            cuda_driver_version: 12040,
+            init_error: None,
+            gpus: Vec::new(),
+            nvml_clients: 0,
+        }
+    }
+}
+
+/// ECC error counters (`nvmlDeviceGetTotalEccErrors`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct EccCounts {
+    /// Corrected (single-bit) errors since the last driver load or GPU reset.
+    pub volatile_corrected: u64,
+    /// Uncorrected (double-bit) errors since the last driver load or GPU reset.
+    pub volatile_uncorrected: u64,
+    /// Corrected errors over the GPU's life.
+    pub aggregate_corrected: u64,
+    /// Uncorrected errors over the GPU's life.
+    pub aggregate_uncorrected: u64,
+}
+
+/// Page retirement (pre-Ampere; `nvmlDeviceGetRetiredPagesPendingStatus`, fields 29-31).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RetiredPages {
+    /// Pages retired for multiple single-bit errors.
+    pub single_bit: u64,
+    /// Pages retired for a double-bit error.
+    pub double_bit: u64,
+    /// Retirements waiting for the next reset or reboot.
+    pub pending: bool,
+}
+
+/// Row remapping (Ampere and later; fields 142-145).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RemappedRows {
+    /// Rows remapped for correctable errors.
+    pub correctable: u64,
+    /// Rows remapped for uncorrectable errors.
+    pub uncorrectable: u64,
+    /// A remap waits for the next reset.
+    pub pending: bool,
+    /// A remap failed: the GPU is out of spare rows.
+    pub failure: bool,
+}
+
+/// PCIe link state (`nvmlDeviceGet{Curr,Max}PcieLink{Generation,Width}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PcieLink {
+    /// Current generation (1-6).
+    pub current_gen: u32,
+    /// Maximum generation the GPU and slot support.
+    pub max_gen: u32,
+    /// Current lane count.
+    pub current_width: u32,
+    /// Maximum lane count.
+    pub max_width: u32,
+}
+
+impl Default for PcieLink {
+    fn default() -> Self {
+        Self {
+            current_gen: 5,
+            max_gen: 5,
+            current_width: 16,
+            max_width: 16,
+        }
+    }
+}
+
+/// One NVLink link (`nvmlDeviceGetNvLinkState`, `nvmlDeviceGetNvLinkRemotePciInfo_v2`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NvLink {
+    /// The link is up.
+    pub active: bool,
+    /// PCI bus id of the far end: an NVSwitch, or another GPU for a direct (bridge) link.
+    pub remote_pci_bus_id: Option<String>,
+}
+
+/// A process with a compute context (`nvmlDeviceGetComputeRunningProcesses_v3`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FakeProcess {
+    /// Process id.
+    pub pid: u32,
+    /// GPU memory it holds, bytes.
+    pub used_memory_bytes: u64,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FakeGpu {
+    /// `GPU-xxxxxxxx-...`.
+    pub uuid: String,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// Board serial (`nvmlDeviceGetSerial`); `None` answers `NVML_ERROR_NOT_SUPPORTED`.
+    pub serial: Option<String>,
+    /// PCI bus id in the `0000:1A:00.0` form; NVML returns it as `00000000:1A:00.0`.
+    pub pci_bus_id: String,
+    /// PCI device id, vendor in the low 16 bits (`0x233010DE` = H100 SXM).
+    pub pci_device_id: u32,
+    /// PCI subsystem id.
+    pub pci_sub_system_id: u32,
+    /// Framebuffer size, bytes.
+    pub memory_total_bytes: u64,
+    /// Reserved by the driver, bytes.
+    pub memory_reserved_bytes: u64,
+    /// In use, bytes.
+    pub memory_used_bytes: u64,
+    /// GPU core temperature, °C.
+    pub temperature_c: u32,
+    /// `NVML_TEMPERATURE_THRESHOLD_SLOWDOWN`, °C.
+    pub slowdown_threshold_c: u32,
+    /// `NVML_TEMPERATURE_THRESHOLD_SHUTDOWN`, °C.
+    pub shutdown_threshold_c: u32,
+    /// Board power draw, mW.
+    pub power_usage_mw: u32,
+    /// Enforced power limit, mW.
+    pub power_limit_mw: u32,
+    /// ECC counters.
+    pub ecc: EccCounts,
+    /// Page retirement.
+    pub retired_pages: RetiredPages,
+    /// Row remapping.
+    pub remapped_rows: RemappedRows,
+    /// PCIe link.
+    pub pcie: PcieLink,
+    /// NVLink links; empty answers `NVML_ERROR_NOT_SUPPORTED` (a PCIe card without NVLink).
+    pub nvlinks: Vec<NvLink>,
+    /// Persistence mode.
+    pub persistence_mode: bool,
+    /// Compute processes.
+    pub processes: Vec<FakeProcess>,
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` (field 230): 0 none, 1 GPU reset, 2 node reboot,
+    /// 3 drain peer-to-peer, 4 drain and reset.
+    pub recovery_action: u32,
+    /// Whether field 230 is supported (drivers before R550 answer `NOT_SUPPORTED`).
+    pub recovery_action_supported: bool,
+    /// `nvmlDeviceGetCurrentClocksThrottleReasons` bit mask (`nvmlClocksThrottleReason*`).
+    pub throttle_reasons: u64,
+    /// XIDs waiting to be delivered by `nvmlEventSetWait_v2`, oldest first.
+    pub xid_events: Vec<u64>,
+    /// The fake `nvidia-smi -r` fails on this GPU (exit 255) without changing it.
+    pub reset_fails: bool,
+    /// How many times the fake `nvidia-smi -r` reset this GPU (written by the fake).
+    pub reset_count: u32,
+}
+
+impl Default for FakeGpu {
+    fn default() -> Self {
+        Self {
+            uuid: String::new(),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            serial: None,
+            pci_bus_id: String::new(),
+            pci_device_id: 0x2330_10DE,
+            pci_sub_system_id: 0x1658_10DE,
+            memory_total_bytes: 85_899_345_920,
+            memory_reserved_bytes: 1_073_741_824,
+            memory_used_bytes: 0,
+            temperature_c: 34,
+            slowdown_threshold_c: 87,
+            shutdown_threshold_c: 92,
+            power_usage_mw: 95_000,
+            power_limit_mw: 700_000,
+            ecc: EccCounts::default(),
+            retired_pages: RetiredPages::default(),
+            remapped_rows: RemappedRows::default(),
+            pcie: PcieLink::default(),
+            nvlinks: Vec::new(),
+            persistence_mode: true,
+            processes: Vec::new(),
+            recovery_action: 0,
+            recovery_action_supported: true,
+            throttle_reasons: 0,
+            xid_events: Vec::new(),
+            reset_fails: false,
+            reset_count: 0,
+        }
+    }
+}
+
+/// Splits a PCI bus id (`0000:1A:00.0`, `00000000:1a:00.0`, `1a:00.0`, `0000:1a:00`) into
+/// (domain, bus, device, function); the function defaults to 0.
+pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32, u32)> {
+    let s = s.trim();
+    let (rest, func) = match s.rsplit_once('.') {
+        Some((r, f)) => (r, u32::from_str_radix(f, 16).ok()?),
+        None => (s, 0),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    let (dom, bus, dev) = match parts.as_slice() {
+        [d, b, v] => (u32::from_str_radix(d, 16).ok()?, *b, *v),
+        [b, v] => (0, *b, *v),
+        _ => return None,
+    };
+    Some((
+        dom,
+        u32::from_str_radix(bus, 16).ok()?,
+        u32::from_str_radix(dev, 16).ok()?,
+        func,
+    ))
+}
+
+impl FakeConfig {
+    /// Index of the GPU whose bus id, UUID or decimal index is `id` (as `nvidia-smi -i` takes).
+    pub fn find_gpu(&self, id: &str) -> Option<usize> {
+        let id = id.trim();
+        if let Some(i) = self
+            .gpus
+            .iter()
+            .position(|g| g.uuid.eq_ignore_ascii_case(id))
+        {
+            return Some(i);
+        }
+        if let Some(want) = parse_bus_id(id).filter(|_| id.contains(':')) {
+            return self
+                .gpus
+                .iter()
+                .position(|g| parse_bus_id(&g.pci_bus_id) == Some(want));
+        }
+        id.parse::<usize>().ok().filter(|i| *i < self.gpus.len())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_parse_in_every_nvml_form() {
+        let want = Some((0, 0x1a, 0, 0));
+        assert_eq!(parse_bus_id("0000:1A:00.0"), want);
+        assert_eq!(parse_bus_id("00000000:1a:00.0"), want);
+        assert_eq!(parse_bus_id("1a:00.0"), want);
+        assert_eq!(parse_bus_id("0000:1a:00"), want);
+        assert_eq!(parse_bus_id("nonsense"), None);
+    }
+
+    #[test]
+    fn gpus_are_found_by_uuid_bus_id_or_index() {
+        let cfg = FakeConfig {
+            gpus: vec![
+                FakeGpu {
+                    uuid: "GPU-a".into(),
+                    pci_bus_id: "0000:1A:00.0".into(),
+                    ..FakeGpu::default()
+                },
+                FakeGpu {
+                    uuid: "GPU-b".into(),
+                    pci_bus_id: "0000:1B:00.0".into(),
+                    ..FakeGpu::default()
+                },
+            ],
+            ..FakeConfig::default()
+        };
+        assert_eq!(cfg.find_gpu("GPU-b"), Some(1));
+        assert_eq!(cfg.find_gpu("00000000:1B:00.0"), Some(1));
+        assert_eq!(cfg.find_gpu("0"), Some(0));
+        assert_eq!(cfg.find_gpu("7"), None);
+        assert_eq!(cfg.find_gpu("0000:99:00.0"), None);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let err = serde_json::from_str::<FakeConfig>(r#"{"gpus":[{"uuidd":"x"}]}"#);
+        assert!(err.is_err());
+    }
+}
