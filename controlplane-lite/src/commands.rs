@@ -44,6 +44,9 @@ pub enum CommandError {
     },
     #[error("args must be a JSON object")]
     BadArgs,
+    /// A destructive command on a node that still takes work.
+    #[error("{name} needs node {node_id} cordoned or draining first (or args.force: true)")]
+    NotCordoned { node_id: String, name: String },
     #[error("command {id} is already {state}")]
     AlreadyOver { id: String, state: &'static str },
     #[error(transparent)]
@@ -56,12 +59,18 @@ impl From<CommandError> for ApiError {
             CommandError::NodeNotFound(_) | CommandError::NotFound(_) => ErrorCode::NotFound,
             CommandError::UnknownName(_) | CommandError::BadArgs => ErrorCode::InvalidArgument,
             CommandError::NotAllowed { .. } => ErrorCode::PermissionDenied,
-            CommandError::AlreadyOver { .. } => ErrorCode::InvalidState,
+            CommandError::AlreadyOver { .. } | CommandError::NotCordoned { .. } => {
+                ErrorCode::InvalidState
+            }
             CommandError::Store(_) => ErrorCode::Internal,
         };
         ApiError::new(code, e.to_string())
     }
 }
+
+/// Commands that disrupt running work: accepted only for a cordoned or draining node, or with
+/// `force`.
+pub const DISRUPTIVE_COMMANDS: &[CommandName] = &[CommandName::GpuReset, CommandName::NodeReboot];
 
 /// A fresh command id: `cmd_` and 20 characters of `[a-z0-9]`.
 pub fn new_command_id() -> String {
@@ -102,9 +111,15 @@ impl Commands {
         actor: &str,
     ) -> Result<CommandRecord, CommandError> {
         let parsed: CommandName = name.parse()?;
-        if !args.is_object() {
+        let mut args = args;
+        let Some(obj) = args.as_object_mut() else {
             return Err(CommandError::BadArgs);
-        }
+        };
+        // `force` is the control plane's to read; the agent never sees it.
+        let force = obj
+            .remove("force")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
         let now = now_ms();
         let rec = CommandRecord {
             id: new_command_id(),
@@ -131,6 +146,27 @@ impl Commands {
                 let Some(node) = nodes::get(c, &id)? else {
                     return Ok(Err(CommandError::NodeNotFound(id)));
                 };
+                let mut to_insert = to_insert;
+                if DISRUPTIVE_COMMANDS.contains(&parsed)
+                    && !force
+                    && !node.cordoned
+                    && !node.no_schedule_reasons.iter().any(|r| r == "draining")
+                {
+                    return Ok(Err(CommandError::NotCordoned { node_id: id, name: parsed.as_str().to_owned() }));
+                }
+                if parsed == CommandName::DiagNvml
+                    && to_insert.args.get("expectedGpus").is_none()
+                    && let Some(pool) = node.pool_id.as_deref()
+                    && let Some(p) = crate::store::pools::get(c, pool)?
+                    && let Some(count) = p.hardware_profile.expected_gpu_count
+                    && let Some(a) = to_insert.args.as_object_mut()
+                {
+                    // The pool's hardware profile says what the node should have.
+                    a.insert(
+                        "expectedGpus".to_owned(),
+                        serde_json::json!({"count": count, "name": p.hardware_profile.expected_gpu_model}),
+                    );
+                }
                 if node.trust == Trust::TenantControlled && !READ_ONLY_COMMANDS.contains(&parsed) {
                     return Ok(Err(CommandError::NotAllowed {
                         node_id: id,
@@ -213,7 +249,10 @@ impl Commands {
             .await
         {
             Ok(Some(c)) => {
-                tracing::info!(command = %c.id, name = %c.name, state = c.state.as_str(), "command update")
+                tracing::info!(command = %c.id, name = %c.name, state = c.state.as_str(), "command update");
+                if c.state.is_final() {
+                    crate::health::on_command_result(&self.store, &c).await;
+                }
             }
             Ok(None) => {
                 tracing::warn!(node_id, command = %u.id, "update for an unknown command ignored")

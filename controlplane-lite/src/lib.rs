@@ -5,6 +5,7 @@ pub mod ca;
 pub mod client;
 pub mod commands;
 pub mod gateway;
+pub mod health;
 pub mod liveness;
 pub mod model;
 pub mod server;

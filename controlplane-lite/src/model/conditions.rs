@@ -136,7 +136,12 @@ pub fn profile_conditions(
         });
     }
     if let Some(expected) = &profile.expected_gpu_model {
-        let wrong: Vec<&String> = models.iter().filter(|m| *m != expected).collect();
+        // The profile names a model ("H100"); NVML names the product ("NVIDIA H100 80GB HBM3").
+        let want = expected.to_ascii_lowercase();
+        let wrong: Vec<&String> = models
+            .iter()
+            .filter(|m| !m.to_ascii_lowercase().contains(&want))
+            .collect();
         out.push(match inventory {
             None => make(
                 "GpuModelMismatch",
@@ -148,7 +153,7 @@ pub fn profile_conditions(
                 "GpuModelMismatch",
                 ConditionStatus::False,
                 "ModelMatches",
-                format!("every GPU is {expected}"),
+                format!("every GPU is a {expected}"),
             ),
             Some(_) => make(
                 "GpuModelMismatch",

@@ -23,6 +23,8 @@ pub struct Executor {
     pub journal: Journal,
     pub root: HostRoot,
     pub boot_id: String,
+    /// Where NVML and `nvidia-smi` are (diag.nvml, gpu.reset, GPU inventory).
+    pub nvml: crate::nvml::NvmlConfig,
     running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
 
@@ -40,11 +42,17 @@ fn send(out: &mpsc::Sender<AgentMessage>, epoch: u64, u: CommandUpdate) {
 
 impl Executor {
     /// An executor over `journal`, reading the host through `root`.
-    pub fn new(journal: Journal, root: HostRoot, boot_id: String) -> Self {
+    pub fn new(
+        journal: Journal,
+        root: HostRoot,
+        boot_id: String,
+        nvml: crate::nvml::NvmlConfig,
+    ) -> Self {
         Self {
             journal,
             root,
             boot_id,
+            nvml,
             running: Mutex::new(HashMap::new()),
         }
     }
@@ -106,7 +114,7 @@ impl Executor {
         let this = Arc::clone(self);
         let id = cmd.id.clone();
         let task = tokio::spawn(async move {
-            let run = execute(&cmd.name, &args, &this.root, &out, epoch);
+            let run = execute(&cmd.name, &args, &this.root, &this.nvml, &out, epoch);
             let outcome = match tokio::time::timeout(Duration::from_millis(remaining), run).await {
                 Ok(r) => r,
                 Err(_) => Err((
@@ -158,8 +166,9 @@ impl Executor {
 /// Runs one command. Unknown or not-yet-supported commands fail with `UNSUPPORTED`.
 async fn execute(
     name: &str,
-    _args: &Value,
+    args: &Value,
     root: &HostRoot,
+    nvml: &crate::nvml::NvmlConfig,
     out: &mpsc::Sender<AgentMessage>,
     epoch: u64,
 ) -> Result<Value, CommandFailure> {
@@ -168,7 +177,7 @@ async fn execute(
         .map_err(|e: bc_protocol::ParseEnumError| ("UNSUPPORTED".to_owned(), e.to_string()))?;
     match parsed {
         CommandName::InventoryRefresh => {
-            let inv = super::session::inventory_message(root)
+            let inv = super::session::inventory_message(root, nvml)
                 .await
                 .map_err(|e| ("INVENTORY_FAILED".to_owned(), e))?;
             let doc: Value = serde_json::from_slice(&inv.document_json).unwrap_or(Value::Null);
@@ -193,6 +202,46 @@ async fn execute(
                 "disks": doc.get("disks").and_then(Value::as_array).map(Vec::len),
                 "notes": doc.get("notes").and_then(Value::as_array).map(Vec::len),
             }))
+        }
+        CommandName::DiagNvml => {
+            let a: crate::nvml::DiagArgs = serde_json::from_value(args.clone()).map_err(|e| {
+                (
+                    "INVALID_ARGUMENT".to_owned(),
+                    format!("diag.nvml args: {e}"),
+                )
+            })?;
+            let (cfg, root) = (nvml.clone(), root.clone());
+            let report = tokio::task::spawn_blocking(move || {
+                crate::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)
+            })
+            .await
+            .map_err(|e| ("INTERNAL".to_owned(), e.to_string()))?;
+            serde_json::to_value(report).map_err(|e| ("INTERNAL".to_owned(), e.to_string()))
+        }
+        CommandName::GpuReset => {
+            let a: crate::nvml::ResetArgs = serde_json::from_value(args.clone()).map_err(|e| {
+                (
+                    "INVALID_ARGUMENT".to_owned(),
+                    format!("gpu.reset args: {e}"),
+                )
+            })?;
+            let (cfg, root) = (nvml.clone(), root.clone());
+            let outcome =
+                tokio::task::spawn_blocking(move || crate::nvml::reset(&cfg, &a.gpus, &root))
+                    .await
+                    .map_err(|e| ("INTERNAL".to_owned(), e.to_string()))?;
+            match outcome {
+                Ok(report) => {
+                    serde_json::to_value(report).map_err(|e| ("INTERNAL".to_owned(), e.to_string()))
+                }
+                Err(e) => {
+                    let details = e
+                        .details()
+                        .map(|d| format!(" details: {d}"))
+                        .unwrap_or_default();
+                    Err((e.code().to_owned(), format!("{e}{details}")))
+                }
+            }
         }
         other => Err((
             "UNSUPPORTED".to_owned(),

@@ -44,6 +44,8 @@ pub struct AgentArgs {
     /// Largest reconnect wait.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
     pub reconnect_max: Duration,
+    #[command(flatten)]
+    pub nvml: crate::nvml::cli::NvmlArgs,
 }
 
 /// What stops the agent.
@@ -172,7 +174,12 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
     let ctx = session::SessionContext {
-        executor: Arc::new(commands::Executor::new(journal, root.clone(), boot_id)),
+        executor: Arc::new(commands::Executor::new(
+            journal,
+            root.clone(),
+            boot_id,
+            args.nvml.config(),
+        )),
         identity,
         root,
         tls: cfg,

@@ -46,10 +46,30 @@ fn msg(epoch: u64, m: agent_message::Msg) -> AgentMessage {
     }
 }
 
-pub(crate) async fn inventory_message(root: &HostRoot) -> Result<Inventory, String> {
+pub(crate) async fn inventory_message(
+    root: &HostRoot,
+    nvml: &crate::nvml::NvmlConfig,
+) -> Result<Inventory, String> {
     let root = root.clone();
+    let nvml = nvml.clone();
     tokio::task::spawn_blocking(move || {
-        let inv = crate::inventory::collect(&root);
+        // GPUs through NVML when it is there; the PCI list otherwise.
+        let gpus = crate::nvml::inventory_gpus(&nvml)
+            .ok()
+            .filter(|g| !g.is_empty())
+            .map(|gs| {
+                gs.into_iter()
+                    .map(|g| bc_protocol::inventory::Gpu {
+                        uuid: Some(g.uuid),
+                        name: Some(g.name),
+                        pci_bus_id: g.pci_bus_id,
+                        memory_bytes: Some(g.memory_bytes),
+                        driver_version: None,
+                        source: "nvml".to_owned(),
+                    })
+                    .collect()
+            });
+        let inv = crate::inventory::collect_with_gpus(&root, gpus);
         let hw = crate::hwkey::compute(&root);
         let doc = serde_json::to_vec(&inv).map_err(|e| e.to_string())?;
         Ok(Inventory {
@@ -148,7 +168,7 @@ pub async fn run_once(
     let interval = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(50)));
     tracing::info!(node_id = %node.node_id, epoch, gateway = %welcome.gateway_id, heartbeat = ?interval, "session open");
 
-    match inventory_message(&ctx.root).await {
+    match inventory_message(&ctx.root, &ctx.executor.nvml).await {
         Ok(inv) => {
             let _ = out
                 .send(msg(epoch, agent_message::Msg::Inventory(inv)))
