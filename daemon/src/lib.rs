@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 pub mod agent;
 pub mod config;
+pub mod converge;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
