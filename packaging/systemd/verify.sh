@@ -1,11 +1,12 @@
 #!/bin/sh
-# Checks the unit files with `systemd-analyze verify` (CI runs this).
+# Checks the unit files with `systemd-analyze verify` (run it in CI). UNIT_DIR overrides where
+# the units are read from (tests).
 #
 # verify refuses a unit whose ExecStart binary does not exist, so the units are copied to a
 # temp dir with /usr/bin/bcd and /usr/bin/bcctl replaced by real executables: the built binaries
 # when BCD_BIN / BCCTL_BIN name them, else /bin/true. Every other line is checked as shipped.
 set -eu
-here=$(cd "$(dirname "$0")" && pwd)
+here=${UNIT_DIR:-$(cd "$(dirname "$0")" && pwd)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bcd_bin=${BCD_BIN:-/bin/true}
