@@ -352,6 +352,10 @@ impl<'a> DeviceBinder<'a> {
 /// `vfio-pci`, from its `iommu_group` link (→ `/dev/vfio/<group>`); a process uses the GPU when
 /// one of its `/proc/<pid>/fd/*` links points at that node. Reading other processes' fds needs
 /// root (`CAP_SYS_PTRACE`/`CAP_DAC_READ_SEARCH`); an unreadable fd dir is skipped, not fatal.
+///
+/// The agent's own pid is not excluded: if NVML is initialised in this process it holds
+/// `/dev/nvidia*` open, and unbinding `nvidia` under an open handle blocks until it is closed,
+/// so such a GPU is rightly reported busy. The NVML owner must shut NVML down around a rebind.
 #[derive(Debug, Clone)]
 pub struct ProcfsProbe {
     root: HostRoot,
