@@ -223,3 +223,36 @@ fn unknown_user_and_missing_home_are_errors() -> Result<(), Box<dyn std::error::
     assert!(matches!(err, Some(SshError::NoHome(_))), "{err:?}");
     Ok(())
 }
+
+proptest::proptest! {
+    /// Whatever the user's file holds (short of our marker lines), installing a block and
+    /// removing it again gives back the same bytes, and the block lands on its own lines.
+    #[test]
+    fn splice_round_trips_any_user_content(
+        lines in proptest::collection::vec("[ -~\t\r]{0,40}", 0..8),
+        trailing_newline in proptest::bool::ANY,
+    ) {
+        let mut user = lines.join("\n");
+        if trailing_newline && !user.is_empty() {
+            user.push('\n');
+        }
+        let path = Path::new("authorized_keys");
+        let block = format!("{BEGIN_MARKER}\nssh-ed25519 AAAA k\n{END_MARKER}\n");
+        let with = splice(user.as_bytes(), &block, path);
+        proptest::prop_assert!(with.is_ok());
+        let with = with.unwrap_or_default();
+        let text = String::from_utf8_lossy(&with).into_owned();
+        proptest::prop_assert!(text.starts_with(&user));
+        proptest::prop_assert!(text.ends_with(&block));
+        let begin_at = text.len() - block.len();
+        proptest::prop_assert!(begin_at == 0 || text.as_bytes()[begin_at - 1] == b'\n');
+        let without = splice(&with, "", path).unwrap_or_default();
+        let mut want = user.clone().into_bytes();
+        if !want.is_empty() && !want.ends_with(b"\n") {
+            want.push(b'\n');
+        }
+        proptest::prop_assert_eq!(without, want);
+        // Replacing the block with itself changes nothing.
+        proptest::prop_assert_eq!(splice(&with, &block, path).unwrap_or_default(), with);
+    }
+}
