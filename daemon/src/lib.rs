@@ -2,6 +2,8 @@
 // `unsafe` is denied everywhere but `inventory::ethtool` (one ioctl, see there).
 #![deny(unsafe_code)]
 pub mod agent;
+pub mod config;
+pub mod converge;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
@@ -9,3 +11,4 @@ pub mod nvml;
 pub mod smbios;
 pub mod state;
 pub mod tls;
+pub mod notify;

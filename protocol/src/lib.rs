@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod inventory;
+pub mod spec;
 pub mod types;
 
 /// Generated `bcd.v1` messages and tonic services.
