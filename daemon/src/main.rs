@@ -1,6 +1,7 @@
 //! `bcd`: the Better Compute node daemon. Thin binary: parses flags, sets up logging, hands over to
 //! the library, and is the only place errors become exit codes.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,15 @@ enum Command {
     Ramdisk,
     /// Print this machine's hardware key and every candidate identifier.
     HardwareKey(bcd::hwkey::HardwareKeyArgs),
+    /// Show what the agent of a state dir says about itself (status.json, node.json).
+    Status {
+        /// The agent's state dir.
+        #[arg(long, default_value = "/var/lib/bcd")]
+        state_dir: PathBuf,
+        /// Output format: `table` or `json`.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
     /// GPU checks through NVML: list, diag, reset, watch XIDs (JSON output).
     Gpu(bcd::nvml::cli::GpuArgs),
     /// Print this machine's inventory.
@@ -53,6 +63,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::HardwareKey(args) => print!("{}", bcd::hwkey::run(&args)?),
         Command::Inventory(args) => print!("{}", bcd::inventory::run(&args)?),
         Command::Gpu(args) => bcd::nvml::cli::run(args)?,
+        Command::Status { state_dir, output } => {
+            let st = bcd::agent::status::StatusFile::read(&state_dir).ok_or_else(|| {
+                anyhow::anyhow!("no status in {}: has `bcd agent --state-dir {}` run?", state_dir.display(), state_dir.display())
+            })?;
+            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(0)), None).is_ok();
+            if output == "json" {
+                let mut v = serde_json::to_value(&st)?;
+                v["running"] = serde_json::Value::Bool(alive);
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let d = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".to_owned());
+                println!("state:               {}{}", st.state, if alive { "" } else { " (agent not running)" });
+                println!("nodeId:              {}", d(&st.node_id));
+                println!("identityGeneration:  {}", st.identity_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into()));
+                println!("controlPlane:        {}", d(&st.control_plane));
+                println!("sessionEpoch:        {}", st.session_epoch.map(|g| g.to_string()).unwrap_or_else(|| "-".into()));
+                println!("lastHeartbeatAck:    {}", d(&st.last_heartbeat_ack));
+                println!("certificateNotAfter: {}", d(&st.certificate_not_after));
+                println!("observedGeneration:  {}", st.observed_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into()));
+                if !st.message.is_empty() {
+                    println!("message:             {}", st.message);
+                }
+                println!("updatedAt:           {}", st.updated_at);
+            }
+        }
     }
     Ok(())
 }

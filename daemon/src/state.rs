@@ -55,6 +55,24 @@ pub struct Identity {
     pub ca_pem: String,
 }
 
+/// Validity of a certificate, ms since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before_ms: i64,
+    pub not_after_ms: i64,
+}
+
+/// Reads notBefore/notAfter of the first certificate in `pem`.
+pub fn cert_validity(pem: &str) -> Option<Validity> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let cert = p.parse_x509().ok()?;
+    let v = cert.validity();
+    Some(Validity {
+        not_before_ms: v.not_before.timestamp().saturating_mul(1000),
+        not_after_ms: v.not_after.timestamp().saturating_mul(1000),
+    })
+}
+
 /// The state dir.
 #[derive(Debug, Clone)]
 pub struct StateDir {
@@ -127,6 +145,26 @@ impl StateDir {
             cert_pem: read("cert.pem")?,
             ca_pem: read("ca.pem")?,
         }))
+    }
+
+    /// Moves a dead identity (revoked, deleted, expired) aside as `*.retired-<ms>` so it is never
+    /// used again but stays for an operator to read.
+    pub fn retire_identity(&self, why: &str) -> Result<(), StateError> {
+        let stamp = chrono::Utc::now().timestamp_millis();
+        for name in ["node.json", "cert.pem", "key.pem"] {
+            let from = self.file(name);
+            if from.exists() {
+                let to = self.file(&format!("{name}.retired-{stamp}"));
+                fs::rename(&from, &to).map_err(io(&from))?;
+            }
+        }
+        write_atomic(&self.file(&format!("retired-{stamp}.txt")), why.as_bytes(), 0o644)
+    }
+
+    /// Replaces the certificate and key after a renewal (the node id and generation stay).
+    pub fn replace_certificate(&self, key_pem: &str, cert_pem: &str) -> Result<(), StateError> {
+        write_atomic(&self.file("key.pem"), key_pem.as_bytes(), 0o600)?;
+        write_atomic(&self.file("cert.pem"), cert_pem.as_bytes(), 0o644)
     }
 
     /// Stores an identity. `node.json` is written last, so a crash mid-way leaves no half identity.

@@ -112,6 +112,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             temp.path().to_owned()
         }
     };
+    // The agent's config wants absolute paths.
+    let base = std::path::absolute(&base).context("resolving the state dir")?;
+    let root = std::path::absolute(&args.root).context("resolving --root")?;
     let cp_dir = base.join("controlplane");
     let agent_dir = base.join("agent");
     let loopback = "127.0.0.1:0".parse().context("loopback address")?;
@@ -157,7 +160,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .arg("--state-dir")
         .arg(&agent_dir)
         .arg("--root")
-        .arg(&args.root)
+        .arg(&root)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -20,6 +20,7 @@ use crate::state::Identity;
 #[derive(Debug)]
 pub struct SessionContext {
     pub executor: Arc<super::commands::Executor>,
+    pub state_dir: std::path::PathBuf,
     pub identity: Identity,
     pub root: HostRoot,
     pub tls: Arc<rustls::ClientConfig>,
@@ -30,6 +31,10 @@ pub struct SessionContext {
 pub enum SessionEnd {
     /// SIGTERM: Goodbye sent; the agent exits.
     Shutdown,
+    /// The identity was revoked or the node deleted: this identity must never be used again.
+    Revoked(String),
+    /// A renewed certificate and its key: reconnect with them at once.
+    Rotate { key_pem: String, cert_pem: String },
     /// Anything else: reconnect after a backoff.
     Retry(String),
 }
@@ -82,36 +87,48 @@ pub(crate) async fn inventory_message(
     .map_err(|e| e.to_string())?
 }
 
-/// Applies a spec. Generation 1 is empty and converges at once; device binding and break-glass
-/// SSH are applied by the converge module when present.
-fn apply_spec(spec: &bc_protocol::pb::Spec) -> SpecStatus {
-    let empty = spec
-        .spec
-        .as_ref()
-        .is_none_or(|s| s.devices.is_none() && s.break_glass_ssh.is_none());
-    if empty {
-        SpecStatus {
-            generation: spec.generation,
-            converged: true,
-            reason: String::new(),
-            message: String::new(),
-        }
-    } else {
-        SpecStatus {
-            generation: spec.generation,
-            converged: false,
-            reason: "Unsupported".to_owned(),
-            message: "this agent build cannot apply devices or breakGlassSsh".to_owned(),
-        }
-    }
+/// What the session loop shares with the agent across sessions.
+#[derive(Debug)]
+pub struct Shared<'a> {
+    pub stop: &'a mut watch::Receiver<bool>,
+    pub backoff: &'a mut Backoff,
+    /// The converge task's input.
+    pub desired: &'a watch::Sender<crate::converge::Desired>,
+    /// The converge task's output.
+    pub statuses: &'a mut mpsc::Receiver<SpecStatus>,
+    /// The newest SpecStatus, re-sent after a reconnect.
+    pub last_status: &'a mut Option<SpecStatus>,
+    pub status: &'a super::status::StatusFile,
+    /// When to renew the certificate.
+    pub renew_at: Option<tokio::time::Instant>,
+    /// A just-renewed (key, certificate) this session uses: stored once it opened a session (the
+    /// old one keeps working until then).
+    pub promote: Option<(&'a crate::state::StateDir, &'a str, &'a str)>,
+    /// Set when the gateway said Welcome.
+    pub welcomed: &'a mut bool,
+}
+
+fn is_identity_refusal(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unauthenticated
+        && (status.message().contains("revoked") || status.message().contains("no longer exists"))
+}
+
+async fn renew(client: &mut GatewayClient<tonic::transport::Channel>) -> Result<(String, String), String> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .and_then(|c| c.pem())
+        .map_err(|e| e.to_string())?;
+    let resp = client
+        .renew(bc_protocol::pb::RenewRequest { csr_pem: csr })
+        .await
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))?
+        .into_inner();
+    Ok((key.serialize_pem(), resp.certificate_pem))
 }
 
 /// Runs one session until shutdown or failure.
-pub async fn run_once(
-    ctx: &SessionContext,
-    stop: &mut watch::Receiver<bool>,
-    backoff: &mut Backoff,
-) -> SessionEnd {
+pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
     let node = &ctx.identity.node;
     let channel = match crate::tls::channel(&node.control_plane, Arc::clone(&ctx.tls)).await {
         Ok(c) => c,
@@ -121,68 +138,62 @@ pub async fn run_once(
     let (out, out_rx) = mpsc::channel::<AgentMessage>(64);
     let hello = Hello {
         node_id: node.node_id.clone(),
-        boot_id: ctx
-            .root
-            .read_trimmed("/proc/sys/kernel/random/boot_id")
-            .unwrap_or_default(),
+        boot_id: ctx.root.read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
         agent_version: bc_protocol::VERSION.to_owned(),
         mode: bc_protocol::pb::AgentMode::Node.into(),
-        observed_generation: 0,
-        pending_results: ctx
-            .executor
-            .journal
-            .pending_results(chrono::Utc::now().timestamp_millis()),
+        observed_generation: crate::converge::observed_generation(&ctx.state_dir),
+        pending_results: ctx.executor.journal.pending_results(chrono::Utc::now().timestamp_millis()),
     };
-    if out
-        .send(msg(0, agent_message::Msg::Hello(hello)))
-        .await
-        .is_err()
-    {
+    if out.send(msg(0, agent_message::Msg::Hello(hello))).await.is_err() {
         return SessionEnd::Retry("outbound stream closed".to_owned());
     }
     let mut inbound = match client.session(ReceiverStream::new(out_rx)).await {
         Ok(r) => r.into_inner(),
-        Err(status) => {
-            return SessionEnd::Retry(format!(
-                "session refused: {}: {}",
-                status.code(),
-                status.message()
-            ));
-        }
+        Err(status) if is_identity_refusal(&status) => return SessionEnd::Revoked(status.message().to_owned()),
+        Err(status) => return SessionEnd::Retry(format!("session refused: {}: {}", status.code(), status.message())),
     };
     let welcome = match tokio::time::timeout(WELCOME_TIMEOUT, inbound.message()).await {
-        Ok(Ok(Some(bc_protocol::pb::GatewayMessage {
-            msg: Some(gateway_message::Msg::Welcome(w)),
-        }))) => w,
+        Ok(Ok(Some(bc_protocol::pb::GatewayMessage { msg: Some(gateway_message::Msg::Welcome(w)) }))) => w,
         Ok(Ok(other)) => return SessionEnd::Retry(format!("expected Welcome, got {other:?}")),
-        Ok(Err(status)) => {
-            return SessionEnd::Retry(format!(
-                "session refused: {}: {}",
-                status.code(),
-                status.message()
-            ));
-        }
+        Ok(Err(status)) if is_identity_refusal(&status) => return SessionEnd::Revoked(status.message().to_owned()),
+        Ok(Err(status)) => return SessionEnd::Retry(format!("session refused: {}: {}", status.code(), status.message())),
         Err(_) => return SessionEnd::Retry("no Welcome in time".to_owned()),
     };
     let epoch = welcome.epoch;
     let interval = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(50)));
     tracing::info!(node_id = %node.node_id, epoch, gateway = %welcome.gateway_id, heartbeat = ?interval, "session open");
+    sh.status.connected(epoch, &welcome.gateway_id);
+    *sh.welcomed = true;
+    if let Some((state, key, cert)) = sh.promote
+        && let Err(e) = state.replace_certificate(key, cert)
+    {
+        tracing::error!(error = %e, "storing the renewed certificate failed; it stays in memory only");
+    }
 
     match inventory_message(&ctx.root, &ctx.executor.nvml).await {
         Ok(inv) => {
-            let _ = out
-                .send(msg(epoch, agent_message::Msg::Inventory(inv)))
-                .await;
+            let _ = out.send(msg(epoch, agent_message::Msg::Inventory(inv))).await;
         }
         Err(e) => tracing::warn!(error = %e, "inventory collection failed"),
+    }
+    if let Some(s) = sh.last_status.clone() {
+        let _ = out.send(msg(epoch, agent_message::Msg::SpecStatus(s))).await;
     }
 
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let renew_at = sh.renew_at;
+    let renew_sleep = async move {
+        match renew_at {
+            Some(t) => tokio::time::sleep_until(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(renew_sleep);
     let mut seq = 0u64;
     loop {
         tokio::select! {
-            _ = stop.wait_for(|v| *v) => {
+            _ = sh.stop.wait_for(|v| *v) => {
                 let bye = Goodbye { reason: GoodbyeReason::Shutdown.into(), message: "agent stopping".to_owned() };
                 let _ = out.send(msg(epoch, agent_message::Msg::Goodbye(bye))).await;
                 drop(out);
@@ -193,27 +204,47 @@ pub async fn run_once(
                 tracing::info!("said Goodbye");
                 return SessionEnd::Shutdown;
             }
+            _ = &mut renew_sleep => {
+                match renew(&mut client).await {
+                    Ok((key_pem, cert_pem)) => return SessionEnd::Rotate { key_pem, cert_pem },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "certificate renewal failed; retrying on the next session");
+                        return SessionEnd::Retry(format!("renewal failed: {e}"));
+                    }
+                }
+            }
             _ = tick.tick() => {
                 seq += 1;
                 if out.send(msg(epoch, agent_message::Msg::Heartbeat(Heartbeat { seq }))).await.is_err() {
                     return SessionEnd::Retry("outbound stream closed".to_owned());
                 }
             }
+            Some(s) = sh.statuses.recv() => {
+                tracing::info!(generation = s.generation, converged = s.converged, reason = %s.reason, "spec status");
+                *sh.last_status = Some(s.clone());
+                let _ = out.send(msg(epoch, agent_message::Msg::SpecStatus(s))).await;
+            }
             next = inbound.message() => {
                 let m = match next {
                     Ok(Some(m)) => m,
                     Ok(None) => return SessionEnd::Retry("gateway closed the stream".to_owned()),
+                    Err(status) if is_identity_refusal(&status) => return SessionEnd::Revoked(status.message().to_owned()),
                     Err(status) => return SessionEnd::Retry(format!("stream error: {}: {}", status.code(), status.message())),
                 };
                 match m.msg {
-                    Some(gateway_message::Msg::HeartbeatAck(_)) => backoff.reset(),
+                    Some(gateway_message::Msg::HeartbeatAck(a)) => {
+                        sh.backoff.reset();
+                        sh.status.heartbeat_acked(a.seq);
+                    }
                     Some(gateway_message::Msg::Spec(spec)) => {
-                        let status = apply_spec(&spec);
-                        tracing::info!(generation = spec.generation, converged = status.converged, "spec applied");
-                        let _ = out.send(msg(epoch, agent_message::Msg::SpecStatus(status))).await;
+                        tracing::info!(generation = spec.generation, "spec received");
+                        let _ = sh.desired.send(Some((spec.generation, spec.spec.unwrap_or_default())));
                     }
                     Some(gateway_message::Msg::Goodbye(g)) => {
                         let reason = GoodbyeReason::try_from(g.reason).unwrap_or(GoodbyeReason::Unspecified);
+                        if matches!(reason, GoodbyeReason::Revoked | GoodbyeReason::Deleted) {
+                            return SessionEnd::Revoked(format!("gateway said Goodbye ({}): {}", reason.as_str_name(), g.message));
+                        }
                         return SessionEnd::Retry(format!("gateway said Goodbye ({}): {}", reason.as_str_name(), g.message));
                     }
                     Some(gateway_message::Msg::Command(c)) => {

@@ -1,0 +1,109 @@
+//! `<state dir>/status.json`: what the running agent says about itself, for `bcd status` (and
+//! for an operator reading the file after a crash). Written atomically on every change of
+//! connectivity and at most every few seconds for heartbeat acknowledgements.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::state::write_atomic;
+
+/// How often heartbeat acknowledgements are written at most.
+pub const ACK_WRITE_EVERY: Duration = Duration::from_secs(5);
+
+/// The file's content (camelCase JSON).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// `joining`, `connecting`, `connected`, `disconnected`, `revoked`, `stopped`.
+    pub state: String,
+    pub node_id: Option<String>,
+    pub identity_generation: Option<u64>,
+    pub control_plane: Option<String>,
+    pub session_epoch: Option<u64>,
+    pub gateway_id: Option<String>,
+    /// RFC 3339.
+    pub last_heartbeat_ack: Option<String>,
+    /// RFC 3339: the node certificate's notAfter.
+    pub certificate_not_after: Option<String>,
+    pub observed_generation: Option<u64>,
+    /// Why the agent is in this state, for people.
+    pub message: String,
+    /// The agent's pid.
+    pub pid: u32,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+/// The status file writer.
+#[derive(Debug)]
+pub struct StatusFile {
+    path: PathBuf,
+    inner: Mutex<(AgentStatus, Option<Instant>)>,
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl StatusFile {
+    /// A writer for `<state_dir>/status.json`.
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            path: state_dir.join("status.json"),
+            inner: Mutex::new((AgentStatus { pid: std::process::id(), ..Default::default() }, None)),
+        }
+    }
+
+    /// Reads the file of a state dir.
+    pub fn read(state_dir: &Path) -> Option<AgentStatus> {
+        let text = std::fs::read_to_string(state_dir.join("status.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn write(&self, s: &AgentStatus) {
+        if let Ok(data) = serde_json::to_vec_pretty(s) {
+            if let Err(e) = write_atomic(&self.path, &data, 0o644) {
+                tracing::debug!(error = %e, "status.json not written");
+            }
+        }
+    }
+
+    /// Changes the status with `f` and writes it.
+    pub fn update(&self, f: impl FnOnce(&mut AgentStatus)) {
+        let snapshot = {
+            let mut g = self.inner.lock();
+            f(&mut g.0);
+            g.0.updated_at = now();
+            g.0.clone()
+        };
+        self.write(&snapshot);
+    }
+
+    /// A session opened.
+    pub fn connected(&self, epoch: u64, gateway_id: &str) {
+        self.update(|s| {
+            s.state = "connected".to_owned();
+            s.session_epoch = Some(epoch);
+            s.gateway_id = Some(gateway_id.to_owned());
+            s.message = String::new();
+        });
+    }
+
+    /// A heartbeat was acknowledged; written at most every [`ACK_WRITE_EVERY`].
+    pub fn heartbeat_acked(&self, _seq: u64) {
+        let snapshot = {
+            let mut g = self.inner.lock();
+            g.0.last_heartbeat_ack = Some(now());
+            if g.1.is_some_and(|t| t.elapsed() < ACK_WRITE_EVERY) {
+                return;
+            }
+            g.1 = Some(Instant::now());
+            g.0.updated_at = now();
+            g.0.clone()
+        };
+        self.write(&snapshot);
+    }
+}
