@@ -48,6 +48,9 @@ pub async fn model_method(
             )
         })?
     };
+    if method == "nodes.updateSpec" {
+        validate_spec(&st, &req).await?;
+    }
     let m = method.clone();
     let out = st
         .store
@@ -56,6 +59,39 @@ pub async fn model_method(
         .map_err(|e| ApiError::from(&e))?;
     after_commit(&st, &method, &out).await;
     Ok(Json(out))
+}
+
+/// `nodes.updateSpec`: the spec must parse, name GPUs the node has, carry no past expiry, and give
+/// no break-glass keys to a tenant-controlled node (spec::validate).
+async fn validate_spec(st: &ApiState, req: &Value) -> Result<(), ApiError> {
+    let bad = |m: String| ApiError::new(ErrorCode::InvalidArgument, m);
+    let spec_json = req.get("spec").cloned().unwrap_or(Value::Null);
+    let spec: bc_protocol::spec::NodeSpec =
+        serde_json::from_value(spec_json).map_err(|e| bad(format!("spec: {e}")))?;
+    let Some(node_id) = req.get("nodeId").and_then(Value::as_str).map(str::to_owned) else {
+        return Ok(()); // the dispatcher reports the missing field
+    };
+    let node = st.store.run(move |c| crate::store::nodes::get(c, &node_id)).await?;
+    let Some(node) = node else { return Ok(()) };
+    let known: Option<Vec<bc_protocol::spec::KnownGpu>> = node.inventory.as_ref().map(|inv| {
+        inv.get("gpus")
+            .and_then(Value::as_array)
+            .map(|gs| {
+                gs.iter()
+                    .map(|g| bc_protocol::spec::KnownGpu {
+                        uuid: g.get("uuid").and_then(Value::as_str).map(str::to_owned),
+                        pci_address: g.get("pciBusId").and_then(Value::as_str).map(str::to_owned),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    let ctx = bc_protocol::spec::ValidationContext {
+        now_ms: chrono::Utc::now().timestamp_millis(),
+        trust: node.trust,
+        known_gpus: known.as_deref(),
+    };
+    bc_protocol::spec::validate(&spec, &ctx).map_err(|e| bad(e.to_string()))
 }
 
 /// Gateway effects of a committed verb.

@@ -180,7 +180,7 @@ pub async fn push_spec(store: &Store, registry: &Registry, node_id: &str) {
         msg: Some(bc_protocol::pb::gateway_message::Msg::Spec(
             bc_protocol::pb::Spec {
                 generation: node.generation,
-                spec: Some(session::spec_to_wire(&node.spec)),
+                spec: Some(session::spec_to_wire(&node.spec, node.trust)),
             },
         )),
     };

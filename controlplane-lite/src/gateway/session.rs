@@ -80,7 +80,7 @@ pub(super) async fn open(
     };
     let spec = Spec {
         generation: opened.generation,
-        spec: Some(spec_to_wire(&opened.spec)),
+        spec: Some(spec_to_wire(&opened.spec, opened.trust)),
     };
     // Capacity is 64 and the receiver is fresh: these cannot block.
     let _ = tx.send(msg(Msg::Welcome(welcome))).await;
@@ -99,9 +99,19 @@ pub(super) async fn open(
     Ok(rx)
 }
 
-/// The stored spec (camelCase JSON) on the wire. Generation 1 is the empty spec.
-pub(crate) fn spec_to_wire(_spec: &serde_json::Value) -> bc_protocol::pb::NodeSpec {
-    bc_protocol::pb::NodeSpec::default()
+/// The stored spec (camelCase JSON, validated by `nodes.updateSpec`) on the wire. A
+/// tenant-controlled node never receives break-glass keys. Generation 1 is the empty spec.
+pub(crate) fn spec_to_wire(spec: &serde_json::Value, trust: bc_protocol::Trust) -> bc_protocol::pb::NodeSpec {
+    let parsed: bc_protocol::spec::NodeSpec = match serde_json::from_value(spec.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            // Only specs that passed validation are stored; an older or hand-edited row is sent empty.
+            tracing::error!(error = %e, "stored spec does not parse; sending an empty spec");
+            return bc_protocol::pb::NodeSpec::default();
+        }
+    };
+    let parsed = if trust == bc_protocol::Trust::TenantControlled { parsed.without_break_glass_keys() } else { parsed };
+    bc_protocol::pb::NodeSpec::from(&parsed)
 }
 
 async fn serve(

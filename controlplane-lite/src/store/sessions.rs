@@ -27,6 +27,7 @@ pub struct Opened {
     pub generation: u64,
     pub spec: serde_json::Value,
     pub identity_generation: u64,
+    pub trust: bc_protocol::Trust,
 }
 
 fn set_connectivity(
@@ -95,6 +96,7 @@ pub fn open(conn: &mut Connection, s: &SessionOpen) -> Result<Option<Opened>, St
         generation: node.generation,
         spec: node.spec,
         identity_generation: node.identity_generation,
+        trust: node.trust,
     }))
 }
 
