@@ -67,6 +67,8 @@ pub struct ServeConfig {
     pub heartbeat_interval: Duration,
     pub liveness: LivenessConfig,
     pub node_cert_ttl: Duration,
+    /// Join attempts allowed per source address per minute (0: no limit).
+    pub join_attempts_per_minute: u32,
 }
 
 impl ServeConfig {
@@ -82,6 +84,7 @@ impl ServeConfig {
             heartbeat_interval: Duration::from_secs(10),
             liveness: LivenessConfig::default(),
             node_cert_ttl: ca::DEFAULT_NODE_CERT_TTL,
+            join_attempts_per_minute: 60,
         }
     }
 }
@@ -240,6 +243,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         ca: Arc::clone(&ca),
         heartbeat_interval: cfg.heartbeat_interval,
         node_cert_ttl: cfg.node_cert_ttl,
+        registry: Arc::clone(&registry),
+        limiter: Arc::new(crate::gateway::join::RateLimiter::new(
+            cfg.join_attempts_per_minute,
+        )),
     };
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(chain_pem, key_pem))

@@ -65,23 +65,50 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gpu(args) => bcd::nvml::cli::run(args)?,
         Command::Status { state_dir, output } => {
             let st = bcd::agent::status::StatusFile::read(&state_dir).ok_or_else(|| {
-                anyhow::anyhow!("no status in {}: has `bcd agent --state-dir {}` run?", state_dir.display(), state_dir.display())
+                anyhow::anyhow!(
+                    "no status in {}: has `bcd agent --state-dir {}` run?",
+                    state_dir.display(),
+                    state_dir.display()
+                )
             })?;
-            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(0)), None).is_ok();
+            let alive = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(0)),
+                None,
+            )
+            .is_ok();
             if output == "json" {
                 let mut v = serde_json::to_value(&st)?;
                 v["running"] = serde_json::Value::Bool(alive);
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 let d = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".to_owned());
-                println!("state:               {}{}", st.state, if alive { "" } else { " (agent not running)" });
+                println!(
+                    "state:               {}{}",
+                    st.state,
+                    if alive { "" } else { " (agent not running)" }
+                );
                 println!("nodeId:              {}", d(&st.node_id));
-                println!("identityGeneration:  {}", st.identity_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into()));
+                println!(
+                    "identityGeneration:  {}",
+                    st.identity_generation
+                        .map(|g| g.to_string())
+                        .unwrap_or_else(|| "-".into())
+                );
                 println!("controlPlane:        {}", d(&st.control_plane));
-                println!("sessionEpoch:        {}", st.session_epoch.map(|g| g.to_string()).unwrap_or_else(|| "-".into()));
+                println!(
+                    "sessionEpoch:        {}",
+                    st.session_epoch
+                        .map(|g| g.to_string())
+                        .unwrap_or_else(|| "-".into())
+                );
                 println!("lastHeartbeatAck:    {}", d(&st.last_heartbeat_ack));
                 println!("certificateNotAfter: {}", d(&st.certificate_not_after));
-                println!("observedGeneration:  {}", st.observed_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into()));
+                println!(
+                    "observedGeneration:  {}",
+                    st.observed_generation
+                        .map(|g| g.to_string())
+                        .unwrap_or_else(|| "-".into())
+                );
                 if !st.message.is_empty() {
                     println!("message:             {}", st.message);
                 }

@@ -158,7 +158,11 @@ impl StateDir {
                 fs::rename(&from, &to).map_err(io(&from))?;
             }
         }
-        write_atomic(&self.file(&format!("retired-{stamp}.txt")), why.as_bytes(), 0o644)
+        write_atomic(
+            &self.file(&format!("retired-{stamp}.txt")),
+            why.as_bytes(),
+            0o644,
+        )
     }
 
     /// Replaces the certificate and key after a renewal (the node id and generation stay).

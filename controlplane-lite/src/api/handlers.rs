@@ -71,7 +71,10 @@ async fn validate_spec(st: &ApiState, req: &Value) -> Result<(), ApiError> {
     let Some(node_id) = req.get("nodeId").and_then(Value::as_str).map(str::to_owned) else {
         return Ok(()); // the dispatcher reports the missing field
     };
-    let node = st.store.run(move |c| crate::store::nodes::get(c, &node_id)).await?;
+    let node = st
+        .store
+        .run(move |c| crate::store::nodes::get(c, &node_id))
+        .await?;
     let Some(node) = node else { return Ok(()) };
     let known: Option<Vec<bc_protocol::spec::KnownGpu>> = node.inventory.as_ref().map(|inv| {
         inv.get("gpus")
@@ -100,8 +103,20 @@ async fn after_commit(st: &ApiState, method: &str, out: &Value) {
     let Some(node_id) = node_id else { return };
     match method {
         "nodes.revokeIdentity" => {
+            let epoch = st.registry.sender(&node_id).map(|(e, _)| e);
             st.registry
                 .close(&node_id, GoodbyeReason::Revoked, "node identity revoked");
+            // The control plane ended the session on purpose: disconnected, not unreachable.
+            if let Some(epoch) = epoch {
+                let id = node_id.clone();
+                if let Err(e) = st
+                    .store
+                    .run(move |c| crate::store::sessions::close_clean(c, &id, epoch, "revoked"))
+                    .await
+                {
+                    tracing::error!(node_id, error = %e, "recording the revoked session's end failed");
+                }
+            }
         }
         "nodes.delete" => {
             st.registry

@@ -81,6 +81,9 @@ pub struct ServeArgs {
     /// Lifetime of node certificates.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "24h")]
     pub node_cert_ttl: Duration,
+    /// Join attempts allowed per source address per minute (0: no limit).
+    #[arg(long, default_value_t = 60)]
+    pub join_attempts_per_minute: u32,
 }
 
 impl ServeArgs {
@@ -98,6 +101,7 @@ impl ServeArgs {
         cfg.liveness.unreachable_after = self.unreachable_after;
         cfg.liveness.lost_after = self.lost_after;
         cfg.node_cert_ttl = self.node_cert_ttl;
+        cfg.join_attempts_per_minute = self.join_attempts_per_minute;
         cfg
     }
 }

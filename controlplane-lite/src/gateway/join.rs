@@ -24,6 +24,89 @@ pub struct JoinService {
     pub ca: Arc<CertificateAuthority>,
     pub heartbeat_interval: Duration,
     pub node_cert_ttl: Duration,
+    /// Live sessions: a machine whose record has one may not re-join (cloned machines).
+    pub registry: Arc<crate::gateway::registry::Registry>,
+    /// Join attempts per source address.
+    pub limiter: Arc<RateLimiter>,
+}
+
+/// Fixed-window limit of join attempts per source address (a guessing or runaway agent must not
+/// hammer the store).
+#[derive(Debug)]
+pub struct RateLimiter {
+    per_minute: u32,
+    windows:
+        parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u32)>>,
+}
+
+impl RateLimiter {
+    /// At most `per_minute` attempts per address per minute; 0 turns the limit off.
+    pub fn new(per_minute: u32) -> Self {
+        Self {
+            per_minute,
+            windows: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Counts an attempt from `ip`; false when over the limit.
+    pub fn allow(&self, ip: std::net::IpAddr) -> bool {
+        if self.per_minute == 0 {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        let mut w = self.windows.lock();
+        if w.len() > 100_000 {
+            w.retain(|_, (start, _)| now.duration_since(*start) < Duration::from_secs(60));
+        }
+        let e = w.entry(ip).or_insert((now, 0));
+        if now.duration_since(e.0) >= Duration::from_secs(60) {
+            *e = (now, 0);
+        }
+        e.1 += 1;
+        e.1 <= self.per_minute
+    }
+}
+
+/// The node a joining machine already is, found by its trusted hardware key or by at least two
+/// of its identifier digests (DESIGN.md "Hardware key"). An untrusted key never matches.
+fn same_machine(
+    c: &rusqlite::Connection,
+    hw: &bc_protocol::pb::HardwareIdentity,
+) -> Result<Option<(String, u64)>, crate::store::StoreError> {
+    use rusqlite::OptionalExtension;
+    if hw.trusted && !hw.hardware_key.is_empty() {
+        let found: Option<(String, i64)> = c
+            .query_row(
+                "SELECT id, identity_generation FROM nodes WHERE hardware_key = ?1 AND hardware_key_trusted = 1 ORDER BY created_at LIMIT 1",
+                [&hw.hardware_key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        if let Some((id, g)) = found {
+            return Ok(Some((id, u64::try_from(g).unwrap_or(0))));
+        }
+    }
+    if hw.identifier_digests.len() < 2 {
+        return Ok(None);
+    }
+    let mine: std::collections::HashSet<&str> =
+        hw.identifier_digests.iter().map(String::as_str).collect();
+    let mut stmt = c.prepare("SELECT id, identity_generation, identifier_digests FROM nodes WHERE identifier_digests != '[]' ORDER BY created_at")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (id, g, digests) = row?;
+        let theirs: Vec<String> = serde_json::from_str(&digests).unwrap_or_default();
+        if theirs.iter().filter(|d| mine.contains(d.as_str())).count() >= 2 {
+            return Ok(Some((id, u64::try_from(g).unwrap_or(0))));
+        }
+    }
+    Ok(None)
 }
 
 /// A fresh node id: `node_` and 20 characters of `[a-z0-9]`.
@@ -44,12 +127,18 @@ enum JoinRefusal {
     /// The token's pool or site is gone or unusable.
     #[error("the join token's pool or site cannot take nodes: {0}")]
     Placement(String),
+    /// The machine's record has a live session: a clone must never take it over.
+    #[error(
+        "DUPLICATE_HARDWARE_KEY: node {0} has this machine's hardware key and is connected right now; a cloned machine cannot take over its record"
+    )]
+    Duplicate(String),
 }
 
 fn refusal_status(r: &JoinRefusal) -> Status {
     match r {
         JoinRefusal::Token(_) => Status::unauthenticated(r.to_string()),
         JoinRefusal::Placement(_) => Status::failed_precondition(r.to_string()),
+        JoinRefusal::Duplicate(_) => Status::already_exists(r.to_string()),
     }
 }
 
@@ -57,6 +146,14 @@ fn refusal_status(r: &JoinRefusal) -> Status {
 impl Join for JoinService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let peer = request.remote_addr();
+        if let Some(addr) = peer
+            && !self.limiter.allow(addr.ip())
+        {
+            return Err(Status::resource_exhausted(format!(
+                "too many join attempts from {}; try again in a minute",
+                addr.ip()
+            )));
+        }
         let req = request.into_inner();
         if req.csr_pem.len() > MAX_CSR_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -73,6 +170,7 @@ impl Join for JoinService {
         let hw = req.hardware.clone().unwrap_or_default();
         let hostname = (!req.hostname.is_empty()).then(|| req.hostname.clone());
         let token = req.token.clone();
+        let registry = Arc::clone(&self.registry);
         let outcome = self
             .store
             .run(move |c| {
@@ -81,6 +179,38 @@ impl Join for JoinService {
                     Ok(t) => t,
                     Err(refusal) => return Ok(Err(JoinRefusal::Token(refusal))),
                 };
+                if let Some((id, gen_before)) = same_machine(&tx, &hw)? {
+                    if registry.sender(&id).is_some() {
+                        return Ok(Err(JoinRefusal::Duplicate(id)));
+                    }
+                    // Re-join in place: same node, new identity generation; old certificates die.
+                    let now = now_ms();
+                    tx.execute(
+                        "UPDATE nodes SET identity_generation = identity_generation + 1, version = version + 1, \
+                         hardware_key = COALESCE(?2, hardware_key), hardware_key_trusted = ?3, identifier_digests = ?4, \
+                         updated_at = ?5 WHERE id = ?1",
+                        rusqlite::params![
+                            id,
+                            (!hw.hardware_key.is_empty()).then(|| hw.hardware_key.clone()),
+                            hw.trusted,
+                            serde_json::to_string(&hw.identifier_digests).unwrap_or_else(|_| "[]".into()),
+                            now
+                        ],
+                    )?;
+                    let gen_after = gen_before + 1;
+                    events::record(
+                        &tx,
+                        &id,
+                        now,
+                        "identityGeneration",
+                        Some(&gen_before.to_string()),
+                        Some(&gen_after.to_string()),
+                        "JoinService",
+                        &format!("re-joined in place with token {}", tok.id),
+                    )?;
+                    tx.commit()?;
+                    return Ok(Ok((id, gen_after)));
+                }
                 let p = match crate::model::ownership::placement_for_join(
                     &tx,
                     tok.pool_id.as_deref(),
@@ -122,12 +252,12 @@ impl Join for JoinService {
                     &format!("joined with token {}", tok.id),
                 )?;
                 tx.commit()?;
-                Ok(Ok(id))
+                Ok(Ok((id, 1)))
             })
             .await
             .map_err(|e| Status::internal(e.to_string()))?;
-        let node_id = match outcome {
-            Ok(id) => id,
+        let (node_id, generation) = match outcome {
+            Ok(v) => v,
             Err(refusal) => {
                 tracing::warn!(peer = ?peer, reason = %refusal, "join refused");
                 return Err(refusal_status(&refusal));
@@ -135,7 +265,7 @@ impl Join for JoinService {
         };
         let (certificate_pem, ident) = self
             .ca
-            .sign_node_csr(&req.csr_pem, &node_id, 1, self.node_cert_ttl)
+            .sign_node_csr(&req.csr_pem, &node_id, generation, self.node_cert_ttl)
             .map_err(|e| Status::internal(e.to_string()))?;
         tracing::info!(node_id = %node_id, peer = ?peer, "node joined");
         Ok(Response::new(JoinResponse {

@@ -101,7 +101,10 @@ pub(super) async fn open(
 
 /// The stored spec (camelCase JSON, validated by `nodes.updateSpec`) on the wire. A
 /// tenant-controlled node never receives break-glass keys. Generation 1 is the empty spec.
-pub(crate) fn spec_to_wire(spec: &serde_json::Value, trust: bc_protocol::Trust) -> bc_protocol::pb::NodeSpec {
+pub(crate) fn spec_to_wire(
+    spec: &serde_json::Value,
+    trust: bc_protocol::Trust,
+) -> bc_protocol::pb::NodeSpec {
     let parsed: bc_protocol::spec::NodeSpec = match serde_json::from_value(spec.clone()) {
         Ok(s) => s,
         Err(e) => {
@@ -110,7 +113,11 @@ pub(crate) fn spec_to_wire(spec: &serde_json::Value, trust: bc_protocol::Trust) 
             return bc_protocol::pb::NodeSpec::default();
         }
     };
-    let parsed = if trust == bc_protocol::Trust::TenantControlled { parsed.without_break_glass_keys() } else { parsed };
+    let parsed = if trust == bc_protocol::Trust::TenantControlled {
+        parsed.without_break_glass_keys()
+    } else {
+        parsed
+    };
     bc_protocol::pb::NodeSpec::from(&parsed)
 }
 

@@ -145,7 +145,8 @@ pub fn resolve_config(args: &AgentArgs) -> Result<crate::config::Config, AgentEr
         root: args.root.clone(),
         nvml_lib: args.nvml.nvml_lib.clone(),
         // The flag's default must not hide the file's value.
-        nvidia_smi: (args.nvml.nvidia_smi != std::path::Path::new("nvidia-smi")).then(|| args.nvml.nvidia_smi.clone()),
+        nvidia_smi: (args.nvml.nvidia_smi != std::path::Path::new("nvidia-smi"))
+            .then(|| args.nvml.nvidia_smi.clone()),
         ..Default::default()
     };
     let env = ConfigOverrides::from_process_env()?;
@@ -202,9 +203,19 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     for e in &failed {
         tracing::warn!(command = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
     }
-    let boot_id = root.read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let nvml = crate::nvml::NvmlConfig { lib_path: cfg.nvml_lib.clone(), nvidia_smi: cfg.nvidia_smi.clone() };
-    let executor = Arc::new(commands::Executor::new(journal, root.clone(), boot_id, nvml));
+    let boot_id = root
+        .read_trimmed("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default();
+    let nvml = crate::nvml::NvmlConfig {
+        lib_path: cfg.nvml_lib.clone(),
+        nvidia_smi: cfg.nvidia_smi.clone(),
+    };
+    let executor = Arc::new(commands::Executor::new(
+        journal,
+        root.clone(),
+        boot_id,
+        nvml,
+    ));
 
     // Convergence runs from the start, connected or not: it re-applies the last spec and expires
     // break-glass keys on time.
@@ -212,11 +223,14 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (status_tx, mut statuses) = tokio::sync::mpsc::channel(16);
     let probe: Arc<dyn crate::converge::devices::GpuProcessProbe> =
         Arc::new(crate::converge::devices::ProcfsProbe::new(root.clone()));
-    let _converge = crate::converge::Applier::new(root.clone(), cfg.state_dir.clone(), probe).spawn(desired_rx, status_tx);
+    let _converge = crate::converge::Applier::new(root.clone(), cfg.state_dir.clone(), probe)
+        .spawn(desired_rx, status_tx);
     let mut last_status = None;
 
     let _ = notifier.ready();
     let mut joined_once = false;
+    // A token in use when the identity died is never tried again: only a new one re-joins.
+    let mut stale_token: Option<String> = None;
     let outcome: Result<(), AgentError> = 'outer: loop {
         // 1. An identity: the stored one, or a join with a token.
         let identity = match state.load_identity()? {
@@ -231,35 +245,49 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                         cfg.state_dir.display()
                     )));
                 };
-                let Some(token) = join_token(&args, &cfg) else {
-                    if !joined_once && args.join_token_file.is_none() && cfg.join_token_file.is_none() {
-                        break 'outer Err(AgentError::Usage("no identity and no join token: pass --join-token or --join-token-file".to_owned()));
+                let Some(token) =
+                    join_token(&args, &cfg).filter(|t| stale_token.as_ref() != Some(t))
+                else {
+                    if !joined_once && stale_token.is_none() && cfg.join_token_file.is_none() {
+                        break 'outer Err(AgentError::Usage(
+                            "no identity and no join token: pass --join-token or --join-token-file"
+                                .to_owned(),
+                        ));
                     }
-                    status.update(|s| { s.state = "joining".into(); s.message = "waiting for a join token".into(); });
-                    tracing::error!("no identity and no join token: waiting for one in the join token file");
+                    status.update(|s| {
+                        s.state = "revoked".into();
+                        s.message = "waiting for a new join token".into();
+                    });
+                    tracing::error!(
+                        "no identity and no new join token: waiting for one (join_token_file is re-read every 30 s)"
+                    );
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_secs(30)) => continue 'outer,
                         _ = stop.wait_for(|v| *v) => break 'outer Ok(()),
                     }
                 };
-                let params = join::JoinParams { control_plane: &cp, token: &token, ca_pin: &pin, root: &root };
-                status.update(|s| { s.state = "joining".into(); s.control_plane = Some(cp.clone()); });
+                let params = join::JoinParams {
+                    control_plane: &cp,
+                    token: &token,
+                    ca_pin: &pin,
+                    root: &root,
+                };
+                status.update(|s| {
+                    s.state = "joining".into();
+                    s.control_plane = Some(cp.clone());
+                });
                 match join::join(&state, &params).await {
                     Ok(id) => id,
                     Err(e) if e.is_fatal() && !joined_once => break 'outer Err(e),
                     Err(e) if e.is_fatal() => {
                         // After a revocation: never retry the same token; wait for a new one.
                         tracing::error!(error = %e, "re-join refused; waiting for a new join token (never retrying the same one)");
-                        status.update(|s| { s.state = "revoked".into(); s.message = format!("re-join refused: {e}"); });
-                        loop {
-                            tokio::select! {
-                                _ = tokio::time::sleep(Duration::from_secs(30)) => {}
-                                _ = stop.wait_for(|v| *v) => break 'outer Ok(()),
-                            }
-                            if join_token(&args, &cfg).is_some_and(|t| t != token) {
-                                continue 'outer;
-                            }
-                        }
+                        status.update(|s| {
+                            s.state = "revoked".into();
+                            s.message = format!("re-join refused: {e}");
+                        });
+                        stale_token = Some(token.clone());
+                        continue 'outer;
                     }
                     Err(e) => {
                         let wait = backoff.next_delay();
@@ -284,7 +312,9 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
             s.observed_generation = Some(crate::converge::observed_generation(state.path()));
             s.state = "connecting".into();
         });
-        if crate::state::cert_validity(&identity.cert_pem).is_some_and(|v| v.not_after_ms < chrono::Utc::now().timestamp_millis()) {
+        if crate::state::cert_validity(&identity.cert_pem)
+            .is_some_and(|v| v.not_after_ms < chrono::Utc::now().timestamp_millis())
+        {
             let why = "the node certificate expired while the agent was off: join again with a new token (see the operator guide)";
             tracing::error!("{why}");
             state.retire_identity(why)?;
@@ -312,17 +342,23 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
             };
             let _ = notifier.status(&format!("connecting to {}", current.node.control_plane));
             let mut welcomed = false;
-            let end = session::run_once(&ctx, session::Shared {
-                stop: &mut stop,
-                backoff: &mut backoff,
-                desired: &desired_tx,
-                statuses: &mut statuses,
-                last_status: &mut last_status,
-                status: &status,
-                renew_at: renew_at(&cert),
-                promote: pending.as_ref().map(|(k, c)| (&state, k.as_str(), c.as_str())),
-                welcomed: &mut welcomed,
-            }).await;
+            let end = session::run_once(
+                &ctx,
+                session::Shared {
+                    stop: &mut stop,
+                    backoff: &mut backoff,
+                    desired: &desired_tx,
+                    statuses: &mut statuses,
+                    last_status: &mut last_status,
+                    status: &status,
+                    renew_at: renew_at(&cert),
+                    promote: pending
+                        .as_ref()
+                        .map(|(k, c)| (&state, k.as_str(), c.as_str())),
+                    welcomed: &mut welcomed,
+                },
+            )
+            .await;
             // A renewed certificate that opened a session is now the one; one that did not is
             // dropped and the old one (still valid) is used again.
             if let Some((k, c)) = pending.take() {
@@ -331,16 +367,22 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                     current.cert_pem = c;
                     tracing::info!("renewed certificate in use and stored");
                 } else {
-                    tracing::warn!("the renewed certificate did not open a session; keeping the old one");
+                    tracing::warn!(
+                        "the renewed certificate did not open a session; keeping the old one"
+                    );
                 }
             }
             match end {
                 session::SessionEnd::Shutdown => break 'outer Ok(()),
                 session::SessionEnd::Revoked(why) => {
                     tracing::error!(reason = %why, node_id = %current.node.node_id, "this node's identity was revoked: it is retired and never used again; a new join token is needed");
-                    status.update(|s| { s.state = "revoked".into(); s.message = why.clone(); });
+                    status.update(|s| {
+                        s.state = "revoked".into();
+                        s.message = why.clone();
+                    });
                     let _ = notifier.status("identity revoked: waiting for a new join token");
                     state.retire_identity(&why)?;
+                    stale_token = join_token(&args, &cfg);
                     continue 'outer;
                 }
                 session::SessionEnd::Rotate { key_pem, cert_pem } => {
@@ -348,7 +390,10 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                     pending = Some((key_pem, cert_pem));
                 }
                 session::SessionEnd::Retry(reason) => {
-                    status.update(|s| { s.state = "disconnected".into(); s.message = reason.clone(); });
+                    status.update(|s| {
+                        s.state = "disconnected".into();
+                        s.message = reason.clone();
+                    });
                     let _ = notifier.status(&format!("disconnected: {reason}"));
                     let wait = backoff.next_delay();
                     tracing::warn!(reason = %reason, retry_in = ?wait, "session ended; reconnecting");
@@ -361,6 +406,8 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         }
     };
     let _ = notifier.stopping();
-    status.update(|s| { s.state = "stopped".into(); });
+    status.update(|s| {
+        s.state = "stopped".into();
+    });
     outcome
 }

@@ -113,8 +113,11 @@ fn is_identity_refusal(status: &tonic::Status) -> bool {
         && (status.message().contains("revoked") || status.message().contains("no longer exists"))
 }
 
-async fn renew(client: &mut GatewayClient<tonic::transport::Channel>) -> Result<(String, String), String> {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
+async fn renew(
+    client: &mut GatewayClient<tonic::transport::Channel>,
+) -> Result<(String, String), String> {
+    let key =
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| e.to_string())?;
     let csr = rcgen::CertificateParams::default()
         .serialize_request(&key)
         .and_then(|c| c.pem())
@@ -138,25 +141,53 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
     let (out, out_rx) = mpsc::channel::<AgentMessage>(64);
     let hello = Hello {
         node_id: node.node_id.clone(),
-        boot_id: ctx.root.read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
+        boot_id: ctx
+            .root
+            .read_trimmed("/proc/sys/kernel/random/boot_id")
+            .unwrap_or_default(),
         agent_version: bc_protocol::VERSION.to_owned(),
         mode: bc_protocol::pb::AgentMode::Node.into(),
         observed_generation: crate::converge::observed_generation(&ctx.state_dir),
-        pending_results: ctx.executor.journal.pending_results(chrono::Utc::now().timestamp_millis()),
+        pending_results: ctx
+            .executor
+            .journal
+            .pending_results(chrono::Utc::now().timestamp_millis()),
     };
-    if out.send(msg(0, agent_message::Msg::Hello(hello))).await.is_err() {
+    if out
+        .send(msg(0, agent_message::Msg::Hello(hello)))
+        .await
+        .is_err()
+    {
         return SessionEnd::Retry("outbound stream closed".to_owned());
     }
     let mut inbound = match client.session(ReceiverStream::new(out_rx)).await {
         Ok(r) => r.into_inner(),
-        Err(status) if is_identity_refusal(&status) => return SessionEnd::Revoked(status.message().to_owned()),
-        Err(status) => return SessionEnd::Retry(format!("session refused: {}: {}", status.code(), status.message())),
+        Err(status) if is_identity_refusal(&status) => {
+            return SessionEnd::Revoked(status.message().to_owned());
+        }
+        Err(status) => {
+            return SessionEnd::Retry(format!(
+                "session refused: {}: {}",
+                status.code(),
+                status.message()
+            ));
+        }
     };
     let welcome = match tokio::time::timeout(WELCOME_TIMEOUT, inbound.message()).await {
-        Ok(Ok(Some(bc_protocol::pb::GatewayMessage { msg: Some(gateway_message::Msg::Welcome(w)) }))) => w,
+        Ok(Ok(Some(bc_protocol::pb::GatewayMessage {
+            msg: Some(gateway_message::Msg::Welcome(w)),
+        }))) => w,
         Ok(Ok(other)) => return SessionEnd::Retry(format!("expected Welcome, got {other:?}")),
-        Ok(Err(status)) if is_identity_refusal(&status) => return SessionEnd::Revoked(status.message().to_owned()),
-        Ok(Err(status)) => return SessionEnd::Retry(format!("session refused: {}: {}", status.code(), status.message())),
+        Ok(Err(status)) if is_identity_refusal(&status) => {
+            return SessionEnd::Revoked(status.message().to_owned());
+        }
+        Ok(Err(status)) => {
+            return SessionEnd::Retry(format!(
+                "session refused: {}: {}",
+                status.code(),
+                status.message()
+            ));
+        }
         Err(_) => return SessionEnd::Retry("no Welcome in time".to_owned()),
     };
     let epoch = welcome.epoch;
@@ -172,12 +203,16 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
 
     match inventory_message(&ctx.root, &ctx.executor.nvml).await {
         Ok(inv) => {
-            let _ = out.send(msg(epoch, agent_message::Msg::Inventory(inv))).await;
+            let _ = out
+                .send(msg(epoch, agent_message::Msg::Inventory(inv)))
+                .await;
         }
         Err(e) => tracing::warn!(error = %e, "inventory collection failed"),
     }
     if let Some(s) = sh.last_status.clone() {
-        let _ = out.send(msg(epoch, agent_message::Msg::SpecStatus(s))).await;
+        let _ = out
+            .send(msg(epoch, agent_message::Msg::SpecStatus(s)))
+            .await;
     }
 
     let mut tick = tokio::time::interval(interval);

@@ -53,7 +53,13 @@ impl StatusFile {
     pub fn new(state_dir: &Path) -> Self {
         Self {
             path: state_dir.join("status.json"),
-            inner: Mutex::new((AgentStatus { pid: std::process::id(), ..Default::default() }, None)),
+            inner: Mutex::new((
+                AgentStatus {
+                    pid: std::process::id(),
+                    ..Default::default()
+                },
+                None,
+            )),
         }
     }
 
@@ -64,10 +70,10 @@ impl StatusFile {
     }
 
     fn write(&self, s: &AgentStatus) {
-        if let Ok(data) = serde_json::to_vec_pretty(s) {
-            if let Err(e) = write_atomic(&self.path, &data, 0o644) {
-                tracing::debug!(error = %e, "status.json not written");
-            }
+        if let Ok(data) = serde_json::to_vec_pretty(s)
+            && let Err(e) = write_atomic(&self.path, &data, 0o644)
+        {
+            tracing::debug!(error = %e, "status.json not written");
         }
     }
 

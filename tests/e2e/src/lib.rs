@@ -12,7 +12,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+pub use nix::sys::signal::Signal;
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
@@ -97,6 +98,12 @@ impl ControlPlane {
 
     /// Same, with extra flags.
     pub fn start_with(dir: &Path, extra: &[&str]) -> Self {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Self::start_with_args(dir, &args)
+    }
+
+    fn start_with_args(dir: &Path, extra: &[&str]) -> Self {
         let (bcctl, _) = bins();
         std::fs::create_dir_all(dir).unwrap();
         let _ = std::fs::remove_file(dir.join("endpoints.json"));
@@ -106,13 +113,7 @@ impl ControlPlane {
             .open(dir.join("serve.log"))
             .unwrap();
         let mut child = Command::new(bcctl)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--api-listen",
-                "127.0.0.1:0",
-            ])
+            .arg("serve")
             .args([
                 "--heartbeat-interval",
                 HEARTBEAT,
@@ -221,6 +222,24 @@ impl ControlPlane {
         }
     }
 
+    /// Starts `bcctl serve` again on the same state dir and the same ports (agents keep their
+    /// URL), after [`ControlPlane::kill9`] or [`ControlPlane::stop`].
+    pub fn restart(&mut self, extra: &[&str]) {
+        let port = |url: &str| {
+            url.rsplit(':')
+                .next()
+                .unwrap_or("0")
+                .trim_end_matches('/')
+                .to_owned()
+        };
+        let listen = format!("127.0.0.1:{}", port(&self.gateway_url));
+        let api = format!("127.0.0.1:{}", port(&self.api_url));
+        let mut args: Vec<&str> = vec!["--listen", &listen, "--api-listen", &api];
+        args.extend_from_slice(extra);
+        let fresh = Self::start_with_args(&self.dir, &args);
+        *self = fresh;
+    }
+
     /// SIGTERM and wait.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut c = self.child.take()?;
@@ -257,6 +276,18 @@ impl Agent {
         pin: &str,
         extra: &[&str],
     ) -> Self {
+        Self::start_full(cp, state_dir, token, pin, extra, &[])
+    }
+
+    /// Same, run under a wrapper command (e.g. `faketime -f -180s`).
+    pub fn start_full(
+        cp: &ControlPlane,
+        state_dir: &Path,
+        token: Option<&str>,
+        pin: &str,
+        extra: &[&str],
+        wrapper: &[&str],
+    ) -> Self {
         let (_, bcd) = bins();
         std::fs::create_dir_all(state_dir).unwrap();
         let log_path = state_dir.with_extension("log");
@@ -265,7 +296,14 @@ impl Agent {
             .append(true)
             .open(&log_path)
             .unwrap();
-        let mut cmd = Command::new(bcd);
+        let mut cmd = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(bcd);
+                c
+            }
+            None => Command::new(bcd),
+        };
         cmd.arg("agent")
             .args(["--control-plane", &cp.gateway_url, "--ca-pin", pin])
             .arg("--state-dir")
@@ -311,6 +349,13 @@ impl Agent {
         let status = eventually(timeout, "agent exit", || child.try_wait().ok().flatten());
         self.child = None;
         status
+    }
+
+    /// Sends `sig` to the agent.
+    pub fn signal(&self, sig: Signal) {
+        if let Some(c) = &self.child {
+            signal(c, sig);
+        }
     }
 
     /// SIGTERM, then wait for exit.
