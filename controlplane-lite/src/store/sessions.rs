@@ -265,6 +265,19 @@ pub fn record_inventory(
     }
     let now = now_ms();
     let key = (!hardware_key.is_empty()).then_some(hardware_key);
+    // A trusted key is unique across nodes: one already held by another node is refused, never
+    // silently shared (spec "hardwareKeyTrusted").
+    let holder: Option<String> = match key {
+        Some(k) if trusted => tx
+            .query_row(
+                "SELECT id FROM nodes WHERE hardware_key = ?1 AND hardware_key_trusted = 1 AND id != ?2 LIMIT 1",
+                params![k, node_id],
+                |r| r.get(0),
+            )
+            .optional()?,
+        _ => None,
+    };
+    let trusted_unique = trusted && holder.is_none();
     tx.execute(
         "UPDATE nodes SET inventory = ?2, inventory_at = ?3, hardware_key = ?4, \
          hardware_key_trusted = ?5, identifier_digests = ?6, hostname = COALESCE(?7, hostname), \
@@ -274,11 +287,42 @@ pub fn record_inventory(
             to_json(document),
             now,
             key,
-            trusted,
+            trusted_unique,
             to_json(&digests),
             document.get("hostname").and_then(|h| h.as_str()),
         ],
     )?;
+    let (status, reason, message) = match (&holder, trusted) {
+        (Some(other), _) => (
+            ConditionStatus::False,
+            "DuplicateKey",
+            format!("node {other} already holds this trusted hardware key; uniqueness refused"),
+        ),
+        (None, true) => (ConditionStatus::True, "Trusted", format!("{} independent identifiers", digests.len())),
+        (None, false) => (
+            ConditionStatus::False,
+            "TooFewIdentifiers",
+            format!("{} identifier(s) survived; at least two are needed", digests.len()),
+        ),
+    };
+    if let Some(other) = &holder
+        && node.conditions.iter().all(|c| c.reason != "DuplicateKey")
+    {
+        events::record(&tx, node_id, now, "hardwareKey", None, Some("duplicate"), "Inventory", &message)?;
+        tracing::warn!(node_id, holder = %other, "trusted hardware key already held by another node");
+    }
+    crate::model::conditions::set_condition(
+        &tx,
+        node_id,
+        &crate::model::conditions::ConditionUpdate {
+            type_: "HardwareKeyTrusted".to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message,
+            owner: "Inventory".to_owned(),
+        },
+    )
+    .map_err(op_err)?;
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same transaction.
     crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(op_err)?;
@@ -383,4 +427,57 @@ pub fn record_spec_status(
     )?;
     tx.commit()?;
     Ok(Some(observed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+    use crate::store::nodes::{NewNode, insert};
+
+    fn node(id: &str) -> NewNode {
+        NewNode {
+            id: id.into(),
+            site_id: None,
+            pool_id: None,
+            owner_tenant_id: None,
+            role: bc_protocol::NodeRole::Host,
+            trust: bc_protocol::Trust::Platform,
+            adapter: bc_protocol::Adapter::BcdV1,
+            drivers: Default::default(),
+            hostname: None,
+            hardware_key: None,
+            hardware_key_trusted: false,
+            identifier_digests: vec![],
+        }
+    }
+
+    #[test]
+    fn a_trusted_key_is_never_shared_and_acceptance_adopts() -> Result<(), StoreError> {
+        let store = Store::open_in_memory()?;
+        store.with(|c| {
+            insert(c, &node("node_a"), 0)?;
+            insert(c, &node("node_b"), 0)?;
+            let digests = vec!["d1".to_owned(), "d2".to_owned()];
+            let doc = serde_json::json!({"hostname": "a"});
+            assert_eq!(record_inventory(c, "node_a", 0, "key1", true, &digests, &doc)?, Some(ProvisionState::Adopted));
+            let a = nodes::get(c, "node_a")?.ok_or(StoreError::Task("a".into()))?;
+            assert!(a.hardware_key_trusted);
+            let cond = a.conditions.iter().find(|c| c.type_ == "HardwareKeyTrusted").cloned();
+            assert_eq!(cond.map(|c| c.status), Some(ConditionStatus::True));
+
+            record_inventory(c, "node_b", 0, "key1", true, &digests, &doc)?;
+            let b = nodes::get(c, "node_b")?.ok_or(StoreError::Task("b".into()))?;
+            assert!(!b.hardware_key_trusted, "a second node must not share a trusted key");
+            let cond = b.conditions.iter().find(|c| c.type_ == "HardwareKeyTrusted").cloned();
+            assert_eq!(cond.as_ref().map(|c| c.reason.as_str()), Some("DuplicateKey"));
+            let evs = events::list(c, "node_b")?;
+            assert!(evs.iter().any(|e| e.kind == "hardwareKey" && e.to.as_deref() == Some("duplicate")));
+            // A stale epoch changes nothing.
+            assert_eq!(record_inventory(c, "node_b", 7, "key2", true, &digests, &doc)?, Some(ProvisionState::Adopted));
+            let b2 = nodes::get(c, "node_b")?.ok_or(StoreError::Task("b".into()))?;
+            assert_eq!(b2.hardware_key.as_deref(), Some("key1"));
+            Ok(())
+        })
+    }
 }
