@@ -56,22 +56,80 @@ pub fn verdict(c: &CommandRecord) -> Option<ConditionUpdate> {
     }
 }
 
-/// Applies a finished command's verdict to the node.
-pub async fn on_command_result(store: &Store, c: &CommandRecord) {
-    let Some(update) = verdict(c) else { return };
-    let node_id = c.node_id.clone();
+/// The condition a critical XID sets (NoSchedule) until a reset or a passing diag.
+pub const XID_CRITICAL: &str = "XidCritical";
+
+/// What an XID event reported by the agent means for the node: reset- and reboot-required XIDs
+/// set `XidCritical`; application faults and informational XIDs change nothing.
+pub fn xid_update(event: &Value) -> Option<ConditionUpdate> {
+    let class = event.get("class").and_then(Value::as_str)?;
+    if !matches!(class, "resetRequired" | "rebootRequired") {
+        return None;
+    }
+    let xid = event.get("xid").and_then(Value::as_u64).unwrap_or(0);
+    let gpu = event
+        .get("pciBusId")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown GPU");
+    let action = event
+        .get("action")
+        .and_then(Value::as_str)
+        .unwrap_or("none");
+    Some(ConditionUpdate {
+        type_: XID_CRITICAL.to_owned(),
+        status: ConditionStatus::True,
+        reason: format!("Xid{xid}"),
+        message: format!("Xid {xid} on {gpu}: {class}, action {action}"),
+        owner: "Health".to_owned(),
+    })
+}
+
+/// Applies an XID event from the node's agent.
+pub async fn on_xid(store: &Store, node_id: &str, event: &Value) {
+    let Some(update) = xid_update(event) else {
+        return;
+    };
+    apply(store, node_id, vec![update]).await;
+}
+
+async fn apply(store: &Store, node_id: &str, updates: Vec<ConditionUpdate>) {
+    let id = node_id.to_owned();
     let r = store
-        .run(move |conn| Ok(write_tx(conn, |tx| set_condition(tx, &node_id, &update))))
+        .run(move |conn| {
+            Ok(write_tx(conn, |tx| {
+                let mut last = None;
+                for u in &updates {
+                    last = Some(set_condition(tx, &id, u)?);
+                }
+                Ok(last)
+            }))
+        })
         .await;
     match r {
-        Ok(Ok(n)) => {
-            tracing::info!(node_id = %n.id, reasons = ?n.no_schedule_reasons, "Health: GpuUnhealthy updated")
+        Ok(Ok(Some(n))) => {
+            tracing::info!(node_id = %n.id, reasons = ?n.no_schedule_reasons, "Health: conditions updated")
         }
-        Ok(Err(e)) => {
-            tracing::warn!(node_id = %c.node_id, error = %e, "Health: condition not written")
-        }
-        Err(e) => tracing::error!(node_id = %c.node_id, error = %e, "Health: store failed"),
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => tracing::warn!(node_id, error = %e, "Health: condition not written"),
+        Err(e) => tracing::error!(node_id, error = %e, "Health: store failed"),
     }
+}
+
+/// Applies a finished command's verdict to the node. A passing diag or a verified reset also
+/// clears `XidCritical`: unhealthy is never sticky.
+pub async fn on_command_result(store: &Store, c: &CommandRecord) {
+    let Some(update) = verdict(c) else { return };
+    let mut updates = vec![update.clone()];
+    if update.status == ConditionStatus::False {
+        updates.push(ConditionUpdate {
+            type_: XID_CRITICAL.to_owned(),
+            status: ConditionStatus::False,
+            reason: update.reason.clone(),
+            message: update.message.clone(),
+            owner: "Health".to_owned(),
+        });
+    }
+    apply(store, &c.node_id, updates).await;
 }
 
 #[cfg(test)]

@@ -135,4 +135,37 @@ fn diag_fault_marks_unhealthy_and_a_reset_makes_the_node_schedulable_again() {
     let (ok, _, err) = cp.bcctl(&["nodes", "uncordon", &id]);
     assert!(ok, "{err}");
     assert_eq!(cp.node(&id)["schedulable"], true);
+
+    // A reset-required XID as it happens (NVML event): XidCritical takes the node out.
+    gpus.update(|v| v["gpus"][5]["xidEvents"] = json!([62]));
+    let n = eventually(WAIT, "XidCritical from the XID watch", || {
+        let n = cp.node(&id);
+        condition(&n, "XidCritical")
+            .is_some_and(|c| c["status"] == "true")
+            .then_some(n)
+    });
+    assert!(
+        n["noScheduleReasons"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("XidCritical")),
+        "{n}"
+    );
+    assert_eq!(n["schedulable"], false);
+    // A verified reset of that GPU clears it.
+    let uuid5 = fake_nvml::h100_node()["gpus"][5]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    cp.bcctl(&["nodes", "cordon", &id]);
+    let c = run(&cp, &id, "gpu.reset", json!({"gpus": [uuid5]}));
+    assert_eq!(c["state"], "succeeded", "{c}");
+    let n = cp.node(&id);
+    assert_eq!(
+        condition(&n, "XidCritical").unwrap()["status"],
+        "false",
+        "{n}"
+    );
+    cp.bcctl(&["nodes", "uncordon", &id]);
+    assert_eq!(cp.node(&id)["schedulable"], true);
 }

@@ -298,17 +298,33 @@ pub fn record_inventory(
             "DuplicateKey",
             format!("node {other} already holds this trusted hardware key; uniqueness refused"),
         ),
-        (None, true) => (ConditionStatus::True, "Trusted", format!("{} independent identifiers", digests.len())),
+        (None, true) => (
+            ConditionStatus::True,
+            "Trusted",
+            format!("{} independent identifiers", digests.len()),
+        ),
         (None, false) => (
             ConditionStatus::False,
             "TooFewIdentifiers",
-            format!("{} identifier(s) survived; at least two are needed", digests.len()),
+            format!(
+                "{} identifier(s) survived; at least two are needed",
+                digests.len()
+            ),
         ),
     };
     if let Some(other) = &holder
         && node.conditions.iter().all(|c| c.reason != "DuplicateKey")
     {
-        events::record(&tx, node_id, now, "hardwareKey", None, Some("duplicate"), "Inventory", &message)?;
+        events::record(
+            &tx,
+            node_id,
+            now,
+            "hardwareKey",
+            None,
+            Some("duplicate"),
+            "Inventory",
+            &message,
+        )?;
         tracing::warn!(node_id, holder = %other, "trusted hardware key already held by another node");
     }
     crate::model::conditions::set_condition(
@@ -460,21 +476,44 @@ mod tests {
             insert(c, &node("node_b"), 0)?;
             let digests = vec!["d1".to_owned(), "d2".to_owned()];
             let doc = serde_json::json!({"hostname": "a"});
-            assert_eq!(record_inventory(c, "node_a", 0, "key1", true, &digests, &doc)?, Some(ProvisionState::Adopted));
+            assert_eq!(
+                record_inventory(c, "node_a", 0, "key1", true, &digests, &doc)?,
+                Some(ProvisionState::Adopted)
+            );
             let a = nodes::get(c, "node_a")?.ok_or(StoreError::Task("a".into()))?;
             assert!(a.hardware_key_trusted);
-            let cond = a.conditions.iter().find(|c| c.type_ == "HardwareKeyTrusted").cloned();
+            let cond = a
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "HardwareKeyTrusted")
+                .cloned();
             assert_eq!(cond.map(|c| c.status), Some(ConditionStatus::True));
 
             record_inventory(c, "node_b", 0, "key1", true, &digests, &doc)?;
             let b = nodes::get(c, "node_b")?.ok_or(StoreError::Task("b".into()))?;
-            assert!(!b.hardware_key_trusted, "a second node must not share a trusted key");
-            let cond = b.conditions.iter().find(|c| c.type_ == "HardwareKeyTrusted").cloned();
-            assert_eq!(cond.as_ref().map(|c| c.reason.as_str()), Some("DuplicateKey"));
+            assert!(
+                !b.hardware_key_trusted,
+                "a second node must not share a trusted key"
+            );
+            let cond = b
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "HardwareKeyTrusted")
+                .cloned();
+            assert_eq!(
+                cond.as_ref().map(|c| c.reason.as_str()),
+                Some("DuplicateKey")
+            );
             let evs = events::list(c, "node_b")?;
-            assert!(evs.iter().any(|e| e.kind == "hardwareKey" && e.to.as_deref() == Some("duplicate")));
+            assert!(
+                evs.iter()
+                    .any(|e| e.kind == "hardwareKey" && e.to.as_deref() == Some("duplicate"))
+            );
             // A stale epoch changes nothing.
-            assert_eq!(record_inventory(c, "node_b", 7, "key2", true, &digests, &doc)?, Some(ProvisionState::Adopted));
+            assert_eq!(
+                record_inventory(c, "node_b", 7, "key2", true, &digests, &doc)?,
+                Some(ProvisionState::Adopted)
+            );
             let b2 = nodes::get(c, "node_b")?.ok_or(StoreError::Task("b".into()))?;
             assert_eq!(b2.hardware_key.as_deref(), Some("key1"));
             Ok(())

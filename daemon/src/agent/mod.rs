@@ -227,6 +227,17 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         .spawn(desired_rx, status_tx);
     let mut last_status = None;
 
+    // XIDs as they happen: NVML events, or the kernel log under the root prefix.
+    let (xid_tx, mut xids) = tokio::sync::mpsc::channel(256);
+    let (watch_cfg, watch_root) = (executor.nvml.clone(), root.clone());
+    let _xid_watch = tokio::task::spawn_blocking(move || {
+        crate::nvml::spawn_xid_watch(&watch_cfg, &watch_root, xid_tx)
+    })
+    .await
+    .map_err(|e| AgentError::Task(e.to_string()))?
+    .map_err(|e| tracing::warn!(error = %e, "XID watch not running"))
+    .ok();
+
     let _ = notifier.ready();
     let mut joined_once = false;
     // A token in use when the identity died is never tried again: only a new one re-joins.
@@ -351,6 +362,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                     statuses: &mut statuses,
                     last_status: &mut last_status,
                     status: &status,
+                    xids: &mut xids,
                     renew_at: renew_at(&cert),
                     promote: pending
                         .as_ref()

@@ -99,6 +99,8 @@ pub struct Shared<'a> {
     /// The newest SpecStatus, re-sent after a reconnect.
     pub last_status: &'a mut Option<SpecStatus>,
     pub status: &'a super::status::StatusFile,
+    /// XID events from the watch, forwarded as they happen.
+    pub xids: &'a mut mpsc::Receiver<crate::nvml::XidEvent>,
     /// When to renew the certificate.
     pub renew_at: Option<tokio::time::Instant>,
     /// A just-renewed (key, certificate) this session uses: stored once it opened a session (the
@@ -253,6 +255,16 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
                 if out.send(msg(epoch, agent_message::Msg::Heartbeat(Heartbeat { seq }))).await.is_err() {
                     return SessionEnd::Retry("outbound stream closed".to_owned());
                 }
+            }
+            Some(x) = sh.xids.recv() => {
+                tracing::warn!(xid = x.xid, gpu = ?x.pci_bus_id, class = ?x.class, "XID");
+                let ev = bc_protocol::pb::Event {
+                    r#type: "xid".to_owned(),
+                    message: format!("Xid {} on {}", x.xid, x.pci_bus_id.as_deref().unwrap_or("an unknown GPU")),
+                    data_json: serde_json::to_vec(&x).unwrap_or_default(),
+                    at_ms: x.observed_at.timestamp_millis(),
+                };
+                let _ = out.send(msg(epoch, agent_message::Msg::Event(ev))).await;
             }
             Some(s) = sh.statuses.recv() => {
                 tracing::info!(generation = s.generation, converged = s.converged, reason = %s.reason, "spec status");
