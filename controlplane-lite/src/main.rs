@@ -82,14 +82,42 @@ fn init_logging(filter: &str) {
         .init();
 }
 
+/// Tells systemd (`Type=notify`) how `bcctl serve` is doing; nothing when NOTIFY_SOCKET is unset.
+fn sd_notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::warn!(error = %e, "sd_notify failed");
+    }
+}
+
 async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
     let running = controlplane_lite::server::start(args.config()).await?;
+    let mut usec = 0u64;
+    if sd_notify::watchdog_enabled(false, &mut usec) && usec > 0 {
+        // Ping at half the watchdog period, from the runtime that serves requests.
+        let every = Duration::from_micros(usec / 2);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                sd_notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+        });
+    }
+    let status = format!(
+        "gateway {} api {}",
+        running.endpoints.gateway_url, running.endpoints.api_url
+    );
+    sd_notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
+    sd_notify(&[sd_notify::NotifyState::Stopping]);
     running.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }
