@@ -204,13 +204,14 @@ async fn serve(
                 tracing::warn!(node_id = %node_id, "second Hello on one session ignored");
             }
             Some(agent_message::Msg::CommandUpdate(u)) => gw.commands.update(&node_id, u).await,
+            Some(agent_message::Msg::Event(ev)) if ev.r#type == "xid" => {
+                let data: serde_json::Value =
+                    serde_json::from_slice(&ev.data_json).unwrap_or_default();
+                tracing::warn!(node_id = %node_id, message = %ev.message, "XID reported");
+                crate::health::on_xid(&gw.store, &node_id, &data).await;
+            }
             Some(agent_message::Msg::Event(ev)) => {
-                if ev.r#type == "xid" {
-                    let data: serde_json::Value =
-                        serde_json::from_slice(&ev.data_json).unwrap_or_default();
-                    tracing::warn!(node_id = %node_id, message = %ev.message, "XID reported");
-                    crate::health::on_xid(&gw.store, &node_id, &data).await;
-                }
+                tracing::info!(node_id = %node_id, r#type = %ev.r#type, message = %ev.message, "agent event");
             }
             None => {}
         }
