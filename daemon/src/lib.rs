@@ -1,4 +1,25 @@
-//! bcd
+//! bcd: the Better Compute node daemon.
+//!
+//! # Background
+//! Every machine of a GPU fleet runs bcd: as a systemd service on GPU hosts (`bcd agent`), inside
+//! a PXE-booted ramdisk (`bcd ramdisk`), and on one appliance per site (`bcd site`). It computes the
+//! machine's hardware key, joins the control plane with a token, proves its identity with a
+//! certificate, holds a session, reports inventory and health, runs commands and converges the
+//! node's desired state (spec "Nodes", "The daemon today").
+//!
+//! # Design
+//! - [`agent`]: join, the session loop (heartbeats, inventory, specs, commands), reconnect with
+//!   jittered backoff, revocation and certificate rotation, the command journal, `status.json`.
+//! - [`tls`] and [`state`]: CA-pinned TLS, mutual TLS, the state dir with atomic writes.
+//! - [`hwkey`], [`smbios`], [`inventory`]: hardware identity and inventory, all read through a
+//!   [`hostroot::HostRoot`] so tests point them at fixture trees.
+//! - [`nvml`]: diag.nvml, gpu.reset and the XID watch through nvml-wrapper.
+//! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
+//! - [`config`], [`notify`]: `/etc/bcd/bcd.toml` and systemd's notify protocol.
+//!
+//! # Limitations
+//! The site and ramdisk modes are documented in their crates but not implemented; the agent has
+//! no local control socket (`bcd status` reads `status.json`).
 // `unsafe` is denied everywhere but `inventory::ethtool` (one ioctl, see there).
 #![deny(unsafe_code)]
 pub mod agent;
