@@ -1,8 +1,6 @@
 //! String enums of the node model (spec "State is several axes, not one status", "Identity,
 //! ownership and generations"). Each value renders exactly as the spec spells it.
 
-use std::fmt;
-use std::str::FromStr;
 
 /// A value that is not one of an enum's spellings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -16,6 +14,10 @@ pub struct ParseEnumError {
     pub expected: String,
 }
 
+/// Declares a string enum spelled exactly as given: `ALL`, `as_str`, `Display`, `FromStr` (with a
+/// [`ParseEnumError`] naming `kind` and the accepted spellings) and serde as that string. Used for
+/// every spec enum here and by controlplane-lite for pool and site kinds.
+#[macro_export]
 macro_rules! string_enum {
     ($(#[$meta:meta])* $name:ident, $kind:literal { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
@@ -36,18 +38,18 @@ macro_rules! string_enum {
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.as_str())
             }
         }
 
-        impl FromStr for $name {
-            type Err = ParseEnumError;
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::ParseEnumError;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 match s {
                     $($text => Ok($name::$variant),)+
-                    _ => Err(ParseEnumError {
+                    _ => Err($crate::ParseEnumError {
                         kind: $kind,
                         value: s.to_owned(),
                         expected: [$($text),+].join(", "),
@@ -56,16 +58,16 @@ macro_rules! string_enum {
             }
         }
 
-        impl serde::Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(self.as_str())
             }
         }
 
-        impl<'de> serde::Deserialize<'de> for $name {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                s.parse().map_err(serde::de::Error::custom)
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <String as ::serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err(<D::Error as ::serde::de::Error>::custom)
             }
         }
     };
