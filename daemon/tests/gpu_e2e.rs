@@ -168,4 +168,54 @@ fn diag_fault_marks_unhealthy_and_a_reset_makes_the_node_schedulable_again() {
     );
     cp.bcctl(&["nodes", "uncordon", &id]);
     assert_eq!(cp.node(&id)["schedulable"], true);
+
+    // Capacity and placement on the real node: 8 GPUs available, 3 booked, drain waits for them.
+    let pool_id = pool["id"].as_str().unwrap();
+    let cap = cp.ok("pools.capacity", json!({"poolId": pool_id}));
+    assert_eq!(
+        (cap["total"].as_u64(), cap["free"].as_u64()),
+        (Some(8), Some(8)),
+        "{cap}"
+    );
+    let (ok, out, err) = cp.bcctl(&[
+        "allocations",
+        "create",
+        "--pool",
+        pool_id,
+        "--gpus",
+        "3",
+        "-o",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let alloc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(alloc["nodeId"], id.as_str(), "{alloc}");
+    let cap = cp.ok("pools.capacity", json!({"poolId": pool_id}));
+    assert_eq!(
+        (cap["allocated"].as_u64(), cap["free"].as_u64()),
+        (Some(3), Some(5)),
+        "{cap}"
+    );
+    let (ok, _, err) = cp.bcctl(&["nodes", "drain", &id]);
+    assert!(ok, "{err}");
+    let n = cp.node(&id);
+    assert!(
+        n["noScheduleReasons"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("draining")),
+        "{n}"
+    );
+    let (status, _) = cp.call("allocations.create", json!({"poolId": pool_id, "gpus": 1}));
+    assert_ne!(status, 200, "a draining node takes no new allocation");
+    let (ok, _, err) = cp.bcctl(&["allocations", "release", alloc["id"].as_str().unwrap()]);
+    assert!(ok, "{err}");
+    let n = cp.node(&id);
+    assert!(
+        !n["noScheduleReasons"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("draining")),
+        "{n}"
+    );
 }

@@ -1,7 +1,6 @@
 //! String enums of the node model (spec "State is several axes, not one status", "Identity,
 //! ownership and generations"). Each value renders exactly as the spec spells it.
 
-
 /// A value that is not one of an enum's spellings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {kind} {value:?}: expected one of {expected}")]

@@ -162,6 +162,18 @@ pub enum PoolsCommand {
     Capacity {
         pool_id: String,
     },
+    /// Rename a pool or change its hardware profile.
+    Update {
+        pool_id: String,
+        #[arg(long)]
+        version: u64,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        expected_gpus: Option<u32>,
+        #[arg(long)]
+        expected_gpu_model: Option<String>,
+    },
     Delete {
         pool_id: String,
         #[arg(long)]
@@ -184,6 +196,14 @@ pub enum SitesCommand {
     List,
     Get {
         site_id: String,
+    },
+    /// Rename a site.
+    Update {
+        site_id: String,
+        #[arg(long)]
+        version: u64,
+        #[arg(long)]
+        name: String,
     },
     Delete {
         site_id: String,
@@ -546,6 +566,14 @@ pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
         }
         PoolsCommand::Get { pool_id } => c.call("pools.get", &json!({"poolId": pool_id})).await?,
         PoolsCommand::Capacity { pool_id } => c.call("pools.capacity", &json!({"poolId": pool_id})).await?,
+        PoolsCommand::Update { pool_id, version, name, expected_gpus, expected_gpu_model } => {
+            c.call(
+                "pools.update",
+                &json!({"poolId": pool_id, "version": version, "name": name,
+                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}}),
+            )
+            .await?
+        }
         PoolsCommand::Delete { pool_id, version } => c.call("pools.delete", &json!({"poolId": pool_id, "version": version})).await?,
     };
     print(args, &v, render::object)
@@ -582,6 +610,17 @@ pub async fn sites(args: &ClientArgs, cmd: SitesCommand) -> anyhow::Result<()> {
             });
         }
         SitesCommand::Get { site_id } => c.call("sites.get", &json!({"siteId": site_id})).await?,
+        SitesCommand::Update {
+            site_id,
+            version,
+            name,
+        } => {
+            c.call(
+                "sites.update",
+                &json!({"siteId": site_id, "version": version, "name": name}),
+            )
+            .await?
+        }
         SitesCommand::Delete { site_id, version } => {
             c.call(
                 "sites.delete",

@@ -180,3 +180,82 @@ fn cordon_spec_generations_and_tenant_controlled_trust() {
     );
     assert_eq!(status, 200);
 }
+
+/// A public key (not a secret) for the break-glass tests.
+const KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA8sbL4rFDmnZfcn2jJLWdVsH4Gq+DHu2p/7JO1IqLsN";
+
+#[test]
+fn break_glass_keys_converge_through_the_agent_and_never_reach_a_tenant_controlled_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A host root with one user, so the agent writes under the test's tree, not /root.
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::create_dir_all(root.join("home/ops")).unwrap();
+    std::fs::write(
+        root.join("etc/passwd"),
+        "ops:x:4242:4242::/home/ops:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.join("home/ops/.ssh")).unwrap();
+    std::fs::write(
+        root.join("home/ops/.ssh/authorized_keys"),
+        "ssh-ed25519 AAAAuserkey me@laptop\n",
+    )
+    .unwrap();
+
+    let cp = ControlPlane::start(&tmp.path().join("cp"));
+    let token = cp.create_token(&[]);
+    let agent = Agent::start(
+        &cp,
+        &tmp.path().join("agent"),
+        Some(&token),
+        &["--root", root.to_str().unwrap()],
+    );
+    let id = agent.node_id();
+    eventually(WAIT, "converged", || {
+        (cp.node(&id)["observedGeneration"] == 1).then_some(())
+    });
+
+    // A bad key is INVALID_ARGUMENT and changes nothing.
+    let n = cp.node(&id);
+    let (status, body) = cp.call(
+        "nodes.updateSpec",
+        json!({"nodeId": id, "version": n["version"], "spec": {"breakGlassSsh": {"user": "ops", "keys": [{"publicKey": "ssh-ed25519 nonsense"}]}}}),
+    );
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("INVALID_ARGUMENT")),
+        "{body}"
+    );
+
+    let spec = json!({"breakGlassSsh": {"user": "ops", "keys": [{"publicKey": KEY, "comment": "oncall"}]}});
+    let (ok, _, err) = cp.bcctl(&["nodes", "update-spec", &id, &spec.to_string()]);
+    assert!(ok, "{err}");
+    eventually(WAIT, "generation 2 converged", || {
+        (cp.node(&id)["observedGeneration"] == 2).then_some(())
+    });
+    let keys = std::fs::read_to_string(root.join("home/ops/.ssh/authorized_keys")).unwrap();
+    assert!(
+        keys.starts_with("ssh-ed25519 AAAAuserkey me@laptop\n"),
+        "user lines kept: {keys}"
+    );
+    assert!(keys.contains(KEY), "{keys}");
+
+    // Tenant-controlled: a spec with keys is refused.
+    let n = cp.node(&id);
+    cp.ok(
+        "nodes.startDedicatedRoot",
+        json!({"nodeId": id, "version": n["version"], "tenantId": "t1"}),
+    );
+    let n = cp.node(&id);
+    let (status, body) = cp.call(
+        "nodes.updateSpec",
+        json!({"nodeId": id, "version": n["version"], "spec": spec}),
+    );
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("INVALID_ARGUMENT")),
+        "{body}"
+    );
+}
