@@ -122,7 +122,9 @@ async fn after_commit(st: &ApiState, method: &str, out: &Value) {
             st.registry
                 .close(&node_id, GoodbyeReason::Deleted, "node deleted");
         }
-        "nodes.updateSpec" => crate::gateway::push_spec(&st.store, &st.registry, &node_id).await,
+        "nodes.updateSpec" | "nodes.startDedicatedRoot" => {
+            crate::gateway::push_spec(&st.store, &st.registry, &node_id).await
+        }
         _ => {}
     }
 }

@@ -377,6 +377,20 @@ pub fn start_dedicated_root(
         Some(Trust::TenantControlled.to_string()),
         format!("dedicated-root lease {} for tenant {tenant_id}", lease.id),
     );
+    // A tenant-controlled node holds no platform break-glass keys: a new generation without them
+    // makes the agent remove the ones it installed.
+    if let Some(spec) = edit.node.spec.as_object_mut()
+        && spec.remove("breakGlassSsh").is_some()
+    {
+        let before = edit.node.generation;
+        edit.node.generation = before.saturating_add(1);
+        edit.event(
+            "generation",
+            Some(before.to_string()),
+            Some(edit.node.generation.to_string()),
+            "break-glass keys removed for the dedicated-root lease".to_owned(),
+        );
+    }
     Ok((edit.save()?, lease))
 }
 
