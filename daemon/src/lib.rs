@@ -6,6 +6,8 @@ pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
 pub mod nvml;
+pub mod ops;
+pub mod reboot;
 pub mod smbios;
 pub mod state;
 pub mod tls;

@@ -25,6 +25,8 @@ pub struct Executor {
     pub boot_id: String,
     /// Where NVML and `nvidia-smi` are (diag.nvml, gpu.reset, GPU inventory).
     pub nvml: crate::nvml::NvmlConfig,
+    /// node.reboot and logs.collect settings.
+    pub ops: crate::ops::OpsConfig,
     running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
 }
 
@@ -53,8 +55,15 @@ impl Executor {
             root,
             boot_id,
             nvml,
+            ops: crate::ops::OpsConfig::default(),
             running: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// With node.reboot and logs.collect settings.
+    pub fn with_ops(mut self, ops: crate::ops::OpsConfig) -> Self {
+        self.ops = ops;
+        self
     }
 
     /// Handles a Command from the gateway: re-reports a journaled one, else journals and runs it.
@@ -114,7 +123,7 @@ impl Executor {
         let this = Arc::clone(self);
         let id = cmd.id.clone();
         let task = tokio::spawn(async move {
-            let run = execute(&cmd.name, &args, &this.root, &this.nvml, &out, epoch);
+            let run = execute(&cmd.name, &args, &this, &out, epoch);
             let outcome = match tokio::time::timeout(Duration::from_millis(remaining), run).await {
                 Ok(r) => r,
                 Err(_) => Err((
@@ -167,11 +176,11 @@ impl Executor {
 async fn execute(
     name: &str,
     args: &Value,
-    root: &HostRoot,
-    nvml: &crate::nvml::NvmlConfig,
+    ex: &Executor,
     out: &mpsc::Sender<AgentMessage>,
     epoch: u64,
 ) -> Result<Value, CommandFailure> {
+    let (root, nvml) = (&ex.root, &ex.nvml);
     let parsed: CommandName = name
         .parse()
         .map_err(|e: bc_protocol::ParseEnumError| ("UNSUPPORTED".to_owned(), e.to_string()))?;
@@ -242,6 +251,25 @@ async fn execute(
                     Err((e.code().to_owned(), format!("{e}{details}")))
                 }
             }
+        }
+        CommandName::NodeReboot => {
+            let a = crate::reboot::parse_args(args)
+                .map_err(|e| (e.code().to_owned(), e.to_string()))?;
+            crate::reboot::start(&ex.ops.reboot, &a)
+                .await
+                .map_err(|e| (e.code().to_owned(), e.to_string()))?;
+            // The machine is going down: say so, and leave the result to the next boot
+            // (`reboot::complete_after_boot`), or to the deadline if it never comes back.
+            let _ = out
+                .send(AgentMessage {
+                    epoch,
+                    msg: Some(agent_message::Msg::Goodbye(bc_protocol::pb::Goodbye {
+                        reason: bc_protocol::pb::GoodbyeReason::Rebooting.into(),
+                        message: format!("node.reboot from boot {}", ex.boot_id),
+                    })),
+                })
+                .await;
+            std::future::pending::<Result<Value, CommandFailure>>().await
         }
         other => Err((
             "UNSUPPORTED".to_owned(),

@@ -46,6 +46,8 @@ pub struct AgentArgs {
     pub reconnect_max: Duration,
     #[command(flatten)]
     pub nvml: crate::nvml::cli::NvmlArgs,
+    #[command(flatten)]
+    pub ops: crate::ops::OpsArgs,
 }
 
 /// What stops the agent.
@@ -166,20 +168,22 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
 
     let cfg = crate::tls::session_config(&identity.ca_pem, &identity.cert_pem, &identity.key_pem)?;
     let journal = journal::Journal::open(state.path())?;
-    let failed = journal.recover(chrono::Utc::now().timestamp_millis(), |_| false);
-    for e in &failed {
-        tracing::warn!(command = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
-    }
     let boot_id = root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
+    let now = chrono::Utc::now().timestamp_millis();
+    for e in crate::reboot::complete_after_boot(&journal, &boot_id, now) {
+        tracing::info!(command = %e.id, "node.reboot done: the machine came back with a new boot id");
+    }
+    let failed = journal.recover(now, |e| crate::reboot::keep_pending(e, &boot_id));
+    for e in &failed {
+        tracing::warn!(command = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
+    }
     let ctx = session::SessionContext {
-        executor: Arc::new(commands::Executor::new(
-            journal,
-            root.clone(),
-            boot_id,
-            args.nvml.config(),
-        )),
+        executor: Arc::new(
+            commands::Executor::new(journal, root.clone(), boot_id, args.nvml.config())
+                .with_ops(args.ops.config()),
+        ),
         identity,
         root,
         tls: cfg,

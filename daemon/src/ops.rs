@@ -1,0 +1,62 @@
+//! Flags and settings of the operational commands the agent runs on its own machine
+//! (`node.reboot`, `logs.collect`), flattened into `bcd agent` (see [`crate::agent::AgentArgs`]).
+
+use std::path::PathBuf;
+
+/// `bcd agent` flags for node.reboot and logs.collect.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OpsArgs {
+    /// What node.reboot runs, split on whitespace (`--force` is added for mode force when it is
+    /// systemctl; any command sees `BCD_REBOOT_MODE`).
+    #[arg(long, env = "BCD_REBOOT_COMMAND", default_value = "systemctl reboot")]
+    pub reboot_command: String,
+    /// The `journalctl` binary logs.collect runs.
+    #[arg(long, env = "BCD_JOURNALCTL", default_value = "journalctl")]
+    pub journalctl: PathBuf,
+    /// `nvidia-bug-report.sh`, run by logs.collect only when asked (`sources` has `nvidiaBugReport`).
+    #[arg(
+        long,
+        env = "BCD_NVIDIA_BUG_REPORT",
+        default_value = "nvidia-bug-report.sh"
+    )]
+    pub nvidia_bug_report: PathBuf,
+    /// The agent's own log file, collected by logs.collect (when unset the manifest says so).
+    #[arg(long, env = "BCD_LOG_FILE")]
+    pub log_file: Option<PathBuf>,
+}
+
+impl OpsArgs {
+    /// As an [`OpsConfig`].
+    pub fn config(&self) -> OpsConfig {
+        OpsConfig {
+            reboot: crate::reboot::RebootConfig::from_command_line(&self.reboot_command),
+            journalctl: self.journalctl.clone(),
+            nvidia_bug_report: self.nvidia_bug_report.clone(),
+            log_file: self.log_file.clone(),
+        }
+    }
+}
+
+/// Settings of node.reboot and logs.collect.
+#[derive(Debug, Clone)]
+pub struct OpsConfig {
+    /// How node.reboot reboots.
+    pub reboot: crate::reboot::RebootConfig,
+    /// `journalctl` to run (logs.collect source `journal`).
+    pub journalctl: PathBuf,
+    /// `nvidia-bug-report.sh` to run (opt-in source `nvidiaBugReport`).
+    pub nvidia_bug_report: PathBuf,
+    /// The agent's own log file (source `agent`).
+    pub log_file: Option<PathBuf>,
+}
+
+impl Default for OpsConfig {
+    fn default() -> Self {
+        Self {
+            reboot: crate::reboot::RebootConfig::default(),
+            journalctl: PathBuf::from("journalctl"),
+            nvidia_bug_report: PathBuf::from("nvidia-bug-report.sh"),
+            log_file: None,
+        }
+    }
+}
