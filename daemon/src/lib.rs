@@ -5,6 +5,7 @@ pub mod agent;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
+pub mod logs;
 pub mod nvml;
 pub mod ops;
 pub mod reboot;

@@ -33,6 +33,7 @@ impl OpsArgs {
             journalctl: self.journalctl.clone(),
             nvidia_bug_report: self.nvidia_bug_report.clone(),
             log_file: self.log_file.clone(),
+            upload: None,
         }
     }
 }
@@ -48,6 +49,20 @@ pub struct OpsConfig {
     pub nvidia_bug_report: PathBuf,
     /// The agent's own log file (source `agent`).
     pub log_file: Option<PathBuf>,
+    /// Where logs.collect uploads its bundle; `None` fails the command with `UPLOAD_FAILED`.
+    pub upload: Option<crate::logs::upload::Uploader>,
+}
+
+impl OpsConfig {
+    /// With bundles going to `control_plane` over the session's mutual-TLS config.
+    pub fn with_upload(
+        mut self,
+        control_plane: String,
+        tls: std::sync::Arc<rustls::ClientConfig>,
+    ) -> Self {
+        self.upload = Some(crate::logs::upload::Uploader { control_plane, tls });
+        self
+    }
 }
 
 impl Default for OpsConfig {
@@ -57,6 +72,7 @@ impl Default for OpsConfig {
             journalctl: PathBuf::from("journalctl"),
             nvidia_bug_report: PathBuf::from("nvidia-bug-report.sh"),
             log_file: None,
+            upload: None,
         }
     }
 }

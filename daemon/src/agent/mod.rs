@@ -181,8 +181,11 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     }
     let ctx = session::SessionContext {
         executor: Arc::new(
-            commands::Executor::new(journal, root.clone(), boot_id, args.nvml.config())
-                .with_ops(args.ops.config()),
+            commands::Executor::new(journal, root.clone(), boot_id, args.nvml.config()).with_ops(
+                args.ops
+                    .config()
+                    .with_upload(identity.node.control_plane.clone(), Arc::clone(&cfg)),
+            ),
         ),
         identity,
         root,
