@@ -201,3 +201,206 @@ fn a_failing_reboot_command_fails_the_command() {
         "{c}"
     );
 }
+
+/// The fake `journalctl`: its args, then lines holding a join token, a PEM private key, a bearer
+/// token and an API token, then `extra` filler lines.
+fn fake_journalctl(dir: &Path, extra: u32) -> String {
+    script(
+        &dir.join("journalctl"),
+        &format!(
+            r#"echo "journalctl args: $*"
+echo "kubelet: joining with token abc123.0123456789abcdef"
+echo "-----BEGIN RSA PRIVATE KEY-----"
+echo "MIIEowIBAAKCAQEAsecretkeymaterial"
+echo "-----END RSA PRIVATE KEY-----"
+echo "curl -H 'Authorization: Bearer topsecretbearer'"
+echo "bcctl --token bcapi_deadbeef00"
+echo "sshd: the journal is fine"
+i=0; while [ $i -lt {extra} ]; do echo "filler line $i of the journal"; i=$((i+1)); done"#
+        ),
+    )
+}
+
+/// Downloads the bundle with `bcctl nodes logs` and unpacks it; returns the unpack dir.
+fn download(cp: &ControlPlane, node: &str, cmd: Option<&str>, dir: &Path) -> PathBuf {
+    let file = dir.join("bundle.tar.gz");
+    let f = file.to_str().unwrap();
+    let mut args = vec!["nodes", "logs", node, "-f", f];
+    if let Some(c) = cmd {
+        args.extend(["--command", c]);
+    }
+    let (ok, _, err) = cp.bcctl(&args);
+    assert!(ok, "bcctl nodes logs: {err}");
+    let out = dir.join("unpacked");
+    std::fs::create_dir_all(&out).unwrap();
+    let st = std::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(&file)
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success(), "the bundle is a valid tar.gz");
+    out
+}
+
+fn run_collect(cp: &ControlPlane, node: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["nodes", "run", node, "logs.collect", "--wait", "-o", "json"];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = cp.bcctl(&args);
+    assert!(ok, "logs.collect: {err}\n{out}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn logs_collect_bundles_redacted_logs_with_a_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&tmp.path().join("cp"));
+    let root = fixture_root(tmp.path(), "55555555-5555-5555-5555-555555555555");
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::write(
+        root.join("dev/kmsg"),
+        "6,1,100,-;Linux version 6.8.0\n4,2,200,-;NVRM: Xid (PCI:0000:1a:00): 79, pid=0\n",
+    )
+    .unwrap();
+    let journalctl = fake_journalctl(tmp.path(), 0);
+    let dir = tmp.path().join("agent");
+    let agent_log = dir.with_extension("log");
+    let (root_s, log_s) = (
+        root.to_str().unwrap().to_owned(),
+        agent_log.to_str().unwrap().to_owned(),
+    );
+    let (agent, id) = join(
+        &cp,
+        &dir,
+        &[
+            "--root",
+            &root_s,
+            "--journalctl",
+            &journalctl,
+            "--log-file",
+            &log_s,
+        ],
+    );
+
+    let v = run_collect(&cp, &id, &["--arg", "since=1h"]);
+    assert_eq!(v["state"], "succeeded", "{v}");
+    let r = &v["result"];
+    assert_eq!(r["truncated"], false, "{r}");
+    assert_eq!(r["sha256"].as_str().unwrap().len(), 64);
+    let bundle = cp
+        .dir
+        .join("bundles")
+        .join(format!("{}.tar.gz", v["id"].as_str().unwrap()));
+    assert_eq!(
+        std::fs::metadata(&bundle).unwrap().len(),
+        r["bundleBytes"].as_u64().unwrap(),
+        "the control plane stored what the agent sent"
+    );
+
+    let out = download(&cp, &id, None, tmp.path());
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest, r["manifest"]);
+    assert!(manifest["since"].is_string(), "{manifest}");
+    let status: Vec<(String, String)> = manifest["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["source"].as_str().unwrap().to_owned(),
+                s["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        status,
+        vec![
+            ("journal".to_owned(), "collected".to_owned()),
+            ("kernel".to_owned(), "collected".to_owned()),
+            ("agent".to_owned(), "collected".to_owned()),
+        ]
+    );
+    assert_eq!(manifest["sources"][0]["redactions"], 4, "{manifest}");
+
+    let journal = std::fs::read_to_string(out.join("journal.log")).unwrap();
+    assert!(journal.contains("sshd: the journal is fine"), "{journal}");
+    assert!(
+        journal.contains("--since=@"),
+        "since reaches journalctl: {journal}"
+    );
+    for secret in [
+        "0123456789abcdef",
+        "secretkeymaterial",
+        "topsecretbearer",
+        "deadbeef00",
+    ] {
+        assert!(!journal.contains(secret), "{secret} leaked: {journal}");
+    }
+    assert!(journal.contains("[REDACTED PRIVATE KEY]"));
+    let kernel = std::fs::read_to_string(out.join("kernel.log")).unwrap();
+    assert!(kernel.contains("NVRM: Xid"), "{kernel}");
+    let own = std::fs::read_to_string(out.join("agent.log")).unwrap();
+    assert!(own.contains("command received"), "{own}");
+    drop(agent);
+}
+
+#[test]
+fn logs_collect_notes_missing_sources_and_cuts_at_max_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&tmp.path().join("cp"));
+    let root = fixture_root(tmp.path(), "66666666-6666-6666-6666-666666666666");
+    let journalctl = fake_journalctl(tmp.path(), 20_000);
+    let dir = tmp.path().join("agent");
+    let root_s = root.to_str().unwrap().to_owned();
+    let (_agent, id) = join(&cp, &dir, &["--root", &root_s, "--journalctl", &journalctl]);
+
+    let v = run_collect(&cp, &id, &["--arg", "maxBytes=4096"]);
+    let r = &v["result"];
+    assert_eq!(r["truncated"], true, "{r}");
+    let m = &r["manifest"];
+    assert_eq!(m["sources"][0]["status"], "truncated", "{m}");
+    assert_eq!(m["sources"][1]["status"], "missing", "no dev/kmsg: {m}");
+    assert_eq!(m["sources"][2]["status"], "missing", "no --log-file: {m}");
+    assert!(
+        m["sources"][2]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--log-file")
+    );
+    let out = download(&cp, &id, v["id"].as_str(), tmp.path());
+    let journal = std::fs::metadata(out.join("journal.log")).unwrap().len();
+    assert!(journal <= 4096 && journal > 3000, "{journal} bytes");
+    assert!(!out.join("kernel.log").exists());
+
+    // Without journalctl the command still succeeds and says why the journal is missing.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let cp2 = ControlPlane::start(&tmp2.path().join("cp"));
+    let (_agent2, id2) = join(
+        &cp2,
+        &tmp2.path().join("agent"),
+        &["--root", &root_s, "--journalctl", "/nonexistent/journalctl"],
+    );
+    let v = run_collect(&cp2, &id2, &["--arg", r#"sources=["journal"]"#]);
+    let j = &v["result"]["manifest"]["sources"][0];
+    assert_eq!(j["status"], "missing", "{v}");
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/journalctl"),
+        "{j}"
+    );
+    // A node with no bundle yet, or a wrong command id, is a clear error.
+    let (ok, _, err) = cp2.bcctl(&[
+        "nodes",
+        "logs",
+        &id2,
+        "--command",
+        "cmd_nope",
+        "-f",
+        "/dev/null",
+    ]);
+    assert!(!ok && err.contains("not found"), "{err}");
+}
