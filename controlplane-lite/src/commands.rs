@@ -147,6 +147,18 @@ impl Commands {
                     return Ok(Err(CommandError::NodeNotFound(id)));
                 };
                 let mut to_insert = to_insert;
+                // A tenant-controlled node refuses before anything else is asked of it.
+                if node.trust == Trust::TenantControlled && !READ_ONLY_COMMANDS.contains(&parsed) {
+                    return Ok(Err(CommandError::NotAllowed {
+                        node_id: id,
+                        name: parsed.as_str().to_owned(),
+                        allowed: READ_ONLY_COMMANDS
+                            .iter()
+                            .map(|c| c.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    }));
+                }
                 if DISRUPTIVE_COMMANDS.contains(&parsed)
                     && !force
                     && !node.cordoned
@@ -166,17 +178,6 @@ impl Commands {
                         "expectedGpus".to_owned(),
                         serde_json::json!({"count": count, "name": p.hardware_profile.expected_gpu_model}),
                     );
-                }
-                if node.trust == Trust::TenantControlled && !READ_ONLY_COMMANDS.contains(&parsed) {
-                    return Ok(Err(CommandError::NotAllowed {
-                        node_id: id,
-                        name: parsed.as_str().to_owned(),
-                        allowed: READ_ONLY_COMMANDS
-                            .iter()
-                            .map(|c| c.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    }));
                 }
                 commands::insert(c, &to_insert)?;
                 Ok(Ok(()))
