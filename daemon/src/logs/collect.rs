@@ -299,7 +299,8 @@ pub fn collect(
         .sources
         .clone()
         .unwrap_or_else(|| DEFAULT_SOURCES.to_vec());
-    sources.dedup();
+    let mut seen = std::collections::HashSet::new();
+    sources.retain(|s| seen.insert(*s));
     let mut staged = Vec::new();
     for s in sources {
         let st = match s {
