@@ -19,10 +19,14 @@ pub const NAME: &str = "node.reboot";
 /// Longest `delaySeconds` accepted, s.
 pub const MAX_DELAY_SECONDS: u64 = 3600;
 
+/// `--reboot-command` value that calls reboot(2) directly (the ramdisk has no service manager).
+pub const SYSCALL: &str = "reboot(2)";
+
 /// How the agent reboots the machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RebootConfig {
-    /// Program and arguments (`--reboot-command`, split on whitespace). Default `systemctl reboot`.
+    /// Program and arguments (`--reboot-command`, split on whitespace). Default `systemctl reboot`;
+    /// [`SYSCALL`] alone means sync(2) then reboot(2) with `RB_AUTOBOOT`.
     pub command: Vec<String>,
 }
 
@@ -38,6 +42,11 @@ impl RebootConfig {
         Self {
             command: line.split_whitespace().map(str::to_owned).collect(),
         }
+    }
+
+    /// Whether this is the reboot(2) call rather than a program.
+    pub fn is_syscall(&self) -> bool {
+        self.command.len() == 1 && self.command[0] == SYSCALL
     }
 
     fn is_systemctl(&self) -> bool {
@@ -88,6 +97,8 @@ pub enum RebootError {
         program: String,
         source: std::io::Error,
     },
+    #[error("reboot(2): {0}")]
+    Syscall(nix::errno::Errno),
     #[error("the reboot command {program} exited with {status}: {stderr}")]
     Failed {
         program: String,
@@ -102,7 +113,9 @@ impl RebootError {
         match self {
             RebootError::BadArgs(_) => "INVALID_ARGUMENT",
             RebootError::NoCommand => "UNSUPPORTED",
-            RebootError::Spawn { .. } | RebootError::Failed { .. } => "REBOOT_FAILED",
+            RebootError::Spawn { .. } | RebootError::Failed { .. } | RebootError::Syscall(_) => {
+                "REBOOT_FAILED"
+            }
         }
     }
 }
@@ -128,6 +141,18 @@ pub async fn start(cfg: &RebootConfig, args: &RebootArgs) -> Result<(), RebootEr
         return Err(RebootError::NoCommand);
     };
     tokio::time::sleep(Duration::from_secs(args.delay_seconds)).await;
+    if cfg.is_syscall() {
+        tracing::warn!(
+            mode = args.mode.as_str(),
+            "rebooting the machine through reboot(2)"
+        );
+        // Both modes are immediate here: there are no services to stop in the ramdisk.
+        nix::unistd::sync();
+        return match nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT) {
+            Ok(never) => match never {},
+            Err(e) => Err(RebootError::Syscall(e)),
+        };
+    }
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(rest)
         .env("BCD_REBOOT_MODE", args.mode.as_str())
@@ -149,6 +174,19 @@ pub async fn start(cfg: &RebootConfig, args: &RebootArgs) -> Result<(), RebootEr
         });
     }
     Ok(())
+}
+
+/// `Goodbye{GOODBYE_REASON_REBOOTING}` for the session of `epoch`.
+pub fn goodbye(epoch: u64, boot_id: &str) -> bc_protocol::pb::AgentMessage {
+    bc_protocol::pb::AgentMessage {
+        epoch,
+        msg: Some(bc_protocol::pb::agent_message::Msg::Goodbye(
+            bc_protocol::pb::Goodbye {
+                reason: bc_protocol::pb::GoodbyeReason::Rebooting.into(),
+                message: format!("node.reboot from boot {boot_id}"),
+            },
+        )),
+    }
 }
 
 /// For [`Journal::recover`]'s `keep`: a node.reboot accepted in this same boot is still pending
@@ -232,6 +270,8 @@ mod tests {
     fn args_are_checked() {
         assert!(parse_args(&serde_json::json!({"mode": "force", "delaySeconds": 2})).is_ok());
         assert!(parse_args(&serde_json::json!({"mode": "sideways"})).is_err());
+        assert!(RebootConfig::from_command_line(" reboot(2) ").is_syscall());
+        assert!(!RebootConfig::default().is_syscall());
         assert!(parse_args(&serde_json::json!({"delaySeconds": 99999})).is_err());
         assert!(parse_args(&serde_json::json!({"delay": 1})).is_err());
         assert_eq!(

@@ -259,20 +259,18 @@ async fn execute(
         CommandName::NodeReboot => {
             let a = crate::reboot::parse_args(args)
                 .map_err(|e| (e.code().to_owned(), e.to_string()))?;
+            let bye = crate::reboot::goodbye(epoch, &ex.boot_id);
+            // reboot(2) does not return: say Goodbye first. A program (systemctl) returns once
+            // the reboot is under way, so a failure can still be reported on this session.
+            if ex.ops.reboot.is_syscall() {
+                let _ = out.send(bye.clone()).await;
+            }
             crate::reboot::start(&ex.ops.reboot, &a)
                 .await
                 .map_err(|e| (e.code().to_owned(), e.to_string()))?;
-            // The machine is going down: say so, and leave the result to the next boot
-            // (`reboot::complete_after_boot`), or to the deadline if it never comes back.
-            let _ = out
-                .send(AgentMessage {
-                    epoch,
-                    msg: Some(agent_message::Msg::Goodbye(bc_protocol::pb::Goodbye {
-                        reason: bc_protocol::pb::GoodbyeReason::Rebooting.into(),
-                        message: format!("node.reboot from boot {}", ex.boot_id),
-                    })),
-                })
-                .await;
+            let _ = out.send(bye).await;
+            // The result comes with the next boot (`reboot::complete_after_boot`), or the
+            // control plane expires the command if the machine never comes back.
             std::future::pending::<Result<Value, CommandFailure>>().await
         }
         // Every name is served today; a new one fails clearly until it has an arm.
