@@ -31,7 +31,7 @@ fn main() {
     let mut text = String::new();
     let mut i = 0u64;
     while text.len() < 1024 * 1024 {
-        if i % 50 == 0 {
+        if i.is_multiple_of(50) {
             text.push_str("kubelet: Authorization: Bearer abcdefabcdef.0123456789\n");
         } else {
             text.push_str(&format!(
