@@ -26,13 +26,15 @@ pub struct OpsArgs {
 }
 
 impl OpsArgs {
-    /// As an [`OpsConfig`].
-    pub fn config(&self) -> OpsConfig {
+    /// As an [`OpsConfig`]; log bundles are built under `<state_dir>/tmp` (not `/tmp`, often a
+    /// small tmpfs).
+    pub fn config(&self, state_dir: &std::path::Path) -> OpsConfig {
         OpsConfig {
             reboot: crate::reboot::RebootConfig::from_command_line(&self.reboot_command),
             journalctl: self.journalctl.clone(),
             nvidia_bug_report: self.nvidia_bug_report.clone(),
             log_file: self.log_file.clone(),
+            work_dir: Some(state_dir.join("tmp")),
             upload: None,
         }
     }
@@ -49,6 +51,9 @@ pub struct OpsConfig {
     pub nvidia_bug_report: PathBuf,
     /// The agent's own log file (source `agent`).
     pub log_file: Option<PathBuf>,
+    /// Where logs.collect stages and builds its bundle (a temp dir inside, removed after the
+    /// upload); `None`: the system temp dir.
+    pub work_dir: Option<PathBuf>,
     /// Where logs.collect uploads its bundle; `None` fails the command with `UPLOAD_FAILED`.
     pub upload: Option<crate::logs::upload::Uploader>,
 }
@@ -72,6 +77,7 @@ impl Default for OpsConfig {
             journalctl: PathBuf::from("journalctl"),
             nvidia_bug_report: PathBuf::from("nvidia-bug-report.sh"),
             log_file: None,
+            work_dir: None,
             upload: None,
         }
     }

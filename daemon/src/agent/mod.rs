@@ -183,7 +183,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         executor: Arc::new(
             commands::Executor::new(journal, root.clone(), boot_id, args.nvml.config()).with_ops(
                 args.ops
-                    .config()
+                    .config(&args.state_dir)
                     .with_upload(identity.node.control_plane.clone(), Arc::clone(&cfg)),
             ),
         ),

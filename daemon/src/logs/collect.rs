@@ -168,6 +168,16 @@ fn stage_process(
             path: None,
         });
     };
+    // Drained on its own thread: a child that fills the stderr pipe while we read stdout would
+    // otherwise block forever. The first 1 KiB is kept for the manifest.
+    let stderr = child.stderr.take().map(|mut e| {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let _ = (&mut e).take(1024).read_to_end(&mut kept);
+            let _ = std::io::copy(&mut e, &mut std::io::sink());
+            String::from_utf8_lossy(&kept).into_owned()
+        })
+    });
     let mut staged = stage_reader(source, stdout, stage, budget)?;
     if staged.report.status == SourceStatus::Truncated {
         // We have what fits; the rest is not wanted.
@@ -175,10 +185,7 @@ fn stage_process(
         let _ = child.wait();
         return Ok(staged);
     }
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = (&mut e).take(4096).read_to_string(&mut stderr);
-    }
+    let stderr = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
     match child.wait() {
         Ok(st) if st.success() => {}
         Ok(st) => {
@@ -287,10 +294,12 @@ pub fn collect(
     args: &CollectArgs,
     since: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<Bundle, LogsError> {
+    let parent = cfg.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&parent).map_err(io("creating", &parent))?;
     let dir = tempfile::Builder::new()
         .prefix("bcd-logs-")
-        .tempdir()
-        .map_err(io("creating a temp dir in", &std::env::temp_dir()))?;
+        .tempdir_in(&parent)
+        .map_err(io("creating a temp dir in", &parent))?;
     let stage = dir.path().join("stage");
     std::fs::create_dir(&stage).map_err(io("creating", &stage))?;
     let max_bytes = args.max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
@@ -496,6 +505,24 @@ mod tests {
             j.reason
                 .as_deref()
                 .is_some_and(|r| r.contains("no-journalctl")),
+            "{j:?}"
+        );
+
+        // A failing journalctl that floods stderr neither hangs nor loses what it printed.
+        let cfg = OpsConfig {
+            journalctl: script(
+                tmp.path(),
+                "journalctl-bad",
+                "echo kept line\nhead -c 300000 /dev/zero | tr '\\0' e >&2\nexit 2",
+            ),
+            ..OpsConfig::default()
+        };
+        let b = collect(&cfg, &root, &CollectArgs::default(), None)?;
+        let j = &b.manifest.sources[0];
+        assert_eq!(j.status, SourceStatus::Failed, "{j:?}");
+        assert_eq!(j.bytes, "kept line\n".len() as u64);
+        assert!(
+            j.reason.as_deref().is_some_and(|r| r.contains("exited")),
             "{j:?}"
         );
         Ok(())
