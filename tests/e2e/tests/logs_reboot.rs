@@ -343,6 +343,8 @@ fn logs_collect_bundles_redacted_logs_with_a_manifest() {
     assert!(kernel.contains("NVRM: Xid"), "{kernel}");
     let own = std::fs::read_to_string(out.join("agent.log")).unwrap();
     assert!(own.contains("command received"), "{own}");
+    // The agent's staging area is cleaned up after the upload.
+    assert_eq!(std::fs::read_dir(dir.join("tmp")).unwrap().count(), 0);
     drop(agent);
 }
 
