@@ -134,4 +134,33 @@ impl Client {
             }),
         }
     }
+
+    /// `GET <base><path>` with the bearer token; the response when it is a success, else the
+    /// API's error (e.g. `GET /v1/bundles/{commandId}`, streamed by the caller).
+    pub async fn get_stream(&self, path: &str) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let resp = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let bytes = resp.bytes().await.unwrap_or_default();
+        match serde_json::from_slice::<ApiError>(&bytes) {
+            Ok(err) => Err(ClientError::Api(err)),
+            Err(_) => Err(ClientError::Protocol {
+                url,
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            }),
+        }
+    }
 }

@@ -147,6 +147,7 @@ impl Commands {
                     return Ok(Err(CommandError::NodeNotFound(id)));
                 };
                 let mut to_insert = to_insert;
+                // A tenant-controlled node refuses before anything else is asked of it.
                 if node.trust == Trust::TenantControlled && !READ_ONLY_COMMANDS.contains(&parsed) {
                     return Ok(Err(CommandError::NotAllowed {
                         node_id: id,

@@ -233,6 +233,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             heartbeat_interval: cfg.heartbeat_interval,
             node_cert_ttl: cfg.node_cert_ttl,
             hello_timeout: Duration::from_secs(10),
+            bundles_dir: cfg.state_dir.join("bundles"),
         },
         registry: Arc::clone(&registry),
         heartbeats: Arc::clone(&heartbeats),
@@ -282,6 +283,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         gateway_url,
         commands: commands.clone(),
         registry: Arc::clone(&registry),
+        bundles_dir: cfg.state_dir.join("bundles"),
     });
     let app = api::router(api_state);
     let mut rx = shutdown_rx.clone();

@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the node agent: join, hold a session, report inventory, run commands, converge.
-    Agent(bcd::agent::AgentArgs),
+    Agent(Box<bcd::agent::AgentArgs>),
     /// Run the site agent (BMC power/boot control, PXE boot services).
     Site,
     /// Run the ramdisk agent (inspection, burn-in, erase, image write).
@@ -55,7 +55,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Agent(args) => {
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(bcd::agent::run(args))?;
+            rt.block_on(bcd::agent::run(*args))?;
             tracing::info!("agent stopped");
         }
         Command::Site => anyhow::bail!(bcd_site::NOT_YET),

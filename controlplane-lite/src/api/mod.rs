@@ -1,6 +1,7 @@
 //! The operator API: HTTP + JSON, method names as in the spec (`POST /v1/nodes.get`, ...), a bearer
 //! token, and errors `{code, message}` with the spec's codes.
 
+pub mod bundles;
 pub mod commands;
 pub mod handlers;
 
@@ -11,7 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use bc_protocol::ErrorCode;
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +75,8 @@ pub struct ApiState {
     pub commands: crate::commands::Commands,
     /// Live sessions, to close a revoked or deleted node's stream and push new specs.
     pub registry: Arc<crate::gateway::registry::Registry>,
+    /// Where logs.collect bundles are stored (`<state dir>/bundles`).
+    pub bundles_dir: std::path::PathBuf,
 }
 
 async fn require_bearer(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
@@ -106,6 +109,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/commands.get", post(commands::get))
         .route("/v1/commands.list", post(commands::list))
         .route("/v1/commands.cancel", post(commands::cancel))
+        .route("/v1/bundles/{command_id}", get(bundles::download))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             require_bearer,

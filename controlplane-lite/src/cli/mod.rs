@@ -2,6 +2,7 @@
 //! the API's JSON with `-o json`).
 
 pub mod dev;
+pub mod logs;
 pub mod ops;
 pub mod render;
 pub mod table;

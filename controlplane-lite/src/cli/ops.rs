@@ -130,6 +130,16 @@ pub enum NodesCommand {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
         timeout: Duration,
     },
+    /// Download a logs.collect bundle (default: the node's newest succeeded one).
+    Logs {
+        node_id: String,
+        /// The logs.collect command id.
+        #[arg(long)]
+        command: Option<String>,
+        /// Where to write the `.tar.gz` (`-o` is the output format).
+        #[arg(short = 'f', long = "file")]
+        file: std::path::PathBuf,
+    },
 }
 
 /// `bcctl pools|sites|tokens|allocations|commands ...`
@@ -493,6 +503,11 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             )
             .await
         }
+        NodesCommand::Logs {
+            node_id,
+            command,
+            file,
+        } => super::logs::download(args, &node_id, command, &file).await,
         NodesCommand::Run {
             node_id,
             command,

@@ -6,6 +6,7 @@
 pub mod join;
 pub mod registry;
 mod session;
+pub mod upload;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -13,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_protocol::pb::gateway_server::Gateway;
-use bc_protocol::pb::{AgentMessage, GatewayMessage, RenewRequest, RenewResponse};
+use bc_protocol::pb::{
+    AgentMessage, GatewayMessage, RenewRequest, RenewResponse, UploadChunk, UploadResult,
+};
 use parking_lot::Mutex;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
@@ -30,6 +33,8 @@ pub struct GatewayConfig {
     pub node_cert_ttl: Duration,
     /// How long an agent has to send Hello after opening the stream.
     pub hello_timeout: Duration,
+    /// Where logs.collect bundles are stored (`<state dir>/bundles`).
+    pub bundles_dir: std::path::PathBuf,
 }
 
 /// Heartbeats waiting to be written: node id -> (epoch, last seen ms).
@@ -159,6 +164,16 @@ impl Gateway for GatewayService {
             certificate_pem,
             not_after_ms: signed.not_after_ms,
         }))
+    }
+
+    async fn upload(
+        &self,
+        request: Request<Streaming<UploadChunk>>,
+    ) -> Result<Response<UploadResult>, Status> {
+        let ident = self.authenticate(&request).await?;
+        upload::receive(self, &ident.node_id, request.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 

@@ -25,7 +25,12 @@ pub struct Executor {
     pub boot_id: String,
     /// Where NVML and `nvidia-smi` are (diag.nvml, gpu.reset, GPU inventory).
     pub nvml: crate::nvml::NvmlConfig,
+    /// node.reboot and logs.collect settings.
+    pub ops: crate::ops::OpsConfig,
     running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// Where logs.collect uploads: the current session's control plane and mutual-TLS config
+    /// (replaced on every session: certificates rotate).
+    uploader: Mutex<Option<crate::logs::upload::Uploader>>,
 }
 
 fn now_ms() -> i64 {
@@ -53,8 +58,21 @@ impl Executor {
             root,
             boot_id,
             nvml,
+            ops: crate::ops::OpsConfig::default(),
             running: Mutex::new(HashMap::new()),
+            uploader: Mutex::new(None),
         }
+    }
+
+    /// Sets where logs.collect uploads (called before each session).
+    pub fn set_upload(&self, control_plane: String, tls: Arc<rustls::ClientConfig>) {
+        *self.uploader.lock() = Some(crate::logs::upload::Uploader { control_plane, tls });
+    }
+
+    /// With node.reboot and logs.collect settings.
+    pub fn with_ops(mut self, ops: crate::ops::OpsConfig) -> Self {
+        self.ops = ops;
+        self
     }
 
     /// Handles a Command from the gateway: re-reports a journaled one, else journals and runs it.
@@ -114,7 +132,7 @@ impl Executor {
         let this = Arc::clone(self);
         let id = cmd.id.clone();
         let task = tokio::spawn(async move {
-            let run = execute(&cmd.name, &args, &this.root, &this.nvml, &out, epoch);
+            let run = execute(&cmd.id, &cmd.name, &args, &this, &out, epoch);
             let outcome = match tokio::time::timeout(Duration::from_millis(remaining), run).await {
                 Ok(r) => r,
                 Err(_) => Err((
@@ -165,13 +183,14 @@ impl Executor {
 
 /// Runs one command. Unknown or not-yet-supported commands fail with `UNSUPPORTED`.
 async fn execute(
+    id: &str,
     name: &str,
     args: &Value,
-    root: &HostRoot,
-    nvml: &crate::nvml::NvmlConfig,
+    ex: &Executor,
     out: &mpsc::Sender<AgentMessage>,
     epoch: u64,
 ) -> Result<Value, CommandFailure> {
+    let (root, nvml) = (&ex.root, &ex.nvml);
     let parsed: CommandName = name
         .parse()
         .map_err(|e: bc_protocol::ParseEnumError| ("UNSUPPORTED".to_owned(), e.to_string()))?;
@@ -243,6 +262,34 @@ async fn execute(
                 }
             }
         }
+        CommandName::LogsCollect => {
+            let mut ops = ex.ops.clone();
+            if ops.upload.is_none() {
+                ops.upload = ex.uploader.lock().clone();
+            }
+            crate::logs::run_command(&ops, root, id, args, out, epoch)
+                .await
+                .map_err(|e| (e.code().to_owned(), e.to_string()))
+        }
+        CommandName::NodeReboot => {
+            let a = crate::reboot::parse_args(args)
+                .map_err(|e| (e.code().to_owned(), e.to_string()))?;
+            let bye = crate::reboot::goodbye(epoch, &ex.boot_id);
+            // reboot(2) does not return: say Goodbye first. A program (systemctl) returns once
+            // the reboot is under way, so a failure can still be reported on this session.
+            if ex.ops.reboot.is_syscall() {
+                let _ = out.send(bye.clone()).await;
+            }
+            crate::reboot::start(&ex.ops.reboot, &a)
+                .await
+                .map_err(|e| (e.code().to_owned(), e.to_string()))?;
+            let _ = out.send(bye).await;
+            // The result comes with the next boot (`reboot::complete_after_boot`), or the
+            // control plane expires the command if the machine never comes back.
+            std::future::pending::<Result<Value, CommandFailure>>().await
+        }
+        // Every name is served today; a new one fails clearly until it has an arm.
+        #[allow(unreachable_patterns)]
         other => Err((
             "UNSUPPORTED".to_owned(),
             format!("{} is not supported by this agent build", other.as_str()),

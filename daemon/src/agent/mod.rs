@@ -54,6 +54,8 @@ pub struct AgentArgs {
     pub reconnect_max: Duration,
     #[command(flatten)]
     pub nvml: crate::nvml::cli::NvmlArgs,
+    #[command(flatten)]
+    pub ops: crate::ops::OpsArgs,
 }
 
 /// What stops the agent.
@@ -147,6 +149,15 @@ pub fn resolve_config(args: &AgentArgs) -> Result<crate::config::Config, AgentEr
         // The flag's default must not hide the file's value.
         nvidia_smi: (args.nvml.nvidia_smi != std::path::Path::new("nvidia-smi"))
             .then(|| args.nvml.nvidia_smi.clone()),
+        reboot_command: (args.ops.reboot_command != "systemctl reboot").then(|| {
+            args.ops
+                .reboot_command
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect()
+        }),
+        journalctl: (args.ops.journalctl != std::path::Path::new("journalctl"))
+            .then(|| args.ops.journalctl.clone()),
         ..Default::default()
     };
     let env = ConfigOverrides::from_process_env()?;
@@ -199,10 +210,6 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let mut backoff = Backoff::new(args.reconnect_base, args.reconnect_max);
 
     let journal = journal::Journal::open(state.path())?;
-    let failed = journal.recover(chrono::Utc::now().timestamp_millis(), |_| false);
-    for e in &failed {
-        tracing::warn!(command = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
-    }
     let boot_id = root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
@@ -210,12 +217,20 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         lib_path: cfg.nvml_lib.clone(),
         nvidia_smi: cfg.nvidia_smi.clone(),
     };
-    let executor = Arc::new(commands::Executor::new(
-        journal,
-        root.clone(),
-        boot_id,
-        nvml,
-    ));
+    let now = chrono::Utc::now().timestamp_millis();
+    for e in crate::reboot::complete_after_boot(&journal, &boot_id, now) {
+        tracing::info!(command = %e.id, "node.reboot done: the machine came back with a new boot id");
+    }
+    let failed = journal.recover(now, |e| crate::reboot::keep_pending(e, &boot_id));
+    for e in &failed {
+        tracing::warn!(command = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
+    }
+    // node.reboot and logs.collect: the file's reboot_command and journalctl, the flags' others.
+    let mut ops = args.ops.config(&cfg.state_dir);
+    ops.reboot = crate::reboot::RebootConfig::from_command_line(&cfg.reboot_command.join(" "));
+    ops.journalctl = cfg.journalctl.clone();
+    let executor =
+        Arc::new(commands::Executor::new(journal, root.clone(), boot_id, nvml).with_ops(ops));
 
     // Convergence runs from the start, connected or not: it re-applies the last spec and expires
     // break-glass keys on time.
@@ -344,6 +359,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                 Ok(t) => t,
                 Err(e) => break 'outer Err(e.into()),
             };
+            executor.set_upload(current.node.control_plane.clone(), Arc::clone(&tls));
             let ctx = session::SessionContext {
                 executor: Arc::clone(&executor),
                 state_dir: cfg.state_dir.clone(),

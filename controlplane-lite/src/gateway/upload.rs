@@ -1,0 +1,288 @@
+//! `Gateway.Upload`: a logs.collect bundle from the node that owns the command, in order, each
+//! chunk at most [`MAX_CHUNK_BYTES`]; the total size and SHA-256 on the last chunk must match what
+//! arrived. The bundle is written to `<bundles dir>/<command id>.tar.gz.part` and renamed into
+//! place only when it checks out, so a reader never sees half a bundle.
+
+use std::path::{Path, PathBuf};
+
+use bc_protocol::pb::{UploadChunk, UploadResult};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use tonic::{Status, Streaming};
+
+use crate::store::commands;
+
+/// Largest `data` in one chunk, bytes (1 MiB).
+pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
+/// Largest bundle accepted, bytes (1 GiB).
+pub const MAX_BUNDLE_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// Where the bundle of `command_id` lives; `None` unless the id is a plain token.
+pub fn bundle_path(dir: &Path, command_id: &str) -> Option<PathBuf> {
+    let plain = !command_id.is_empty()
+        && command_id.len() <= 64
+        && command_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    plain.then(|| dir.join(format!("{command_id}.tar.gz")))
+}
+
+fn internal(what: &str, path: &Path, e: std::io::Error) -> Status {
+    tracing::error!(path = %path.display(), error = %e, "{what} failed");
+    Status::internal(format!("{what} {}: {e}", path.display()))
+}
+
+/// Receives one upload from `node_id`.
+pub async fn receive(
+    gw: &super::GatewayService,
+    node_id: &str,
+    mut inbound: Streaming<UploadChunk>,
+) -> Result<UploadResult, Status> {
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("empty upload: no chunks"))?;
+    let cid = first.command_id.clone();
+    let dir = gw.cfg.bundles_dir.clone();
+    let path = bundle_path(&dir, &cid).ok_or_else(|| {
+        Status::invalid_argument(format!("command id {cid:?} is not a plain token"))
+    })?;
+    let lookup = cid.clone();
+    let cmd = gw
+        .store
+        .run(move |c| commands::get(c, &lookup))
+        .await
+        .map_err(|e| Status::unavailable(e.to_string()))?
+        .ok_or_else(|| Status::not_found(format!("command {cid} not found")))?;
+    check_command(&cmd, node_id)?;
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| internal("creating", &dir, e))?;
+    let part = path.with_extension("gz.part");
+    let mut file = tokio::fs::File::create(&part)
+        .await
+        .map_err(|e| internal("creating", &part, e))?;
+    let outcome = write_chunks(&mut file, &part, &cid, first, &mut inbound).await;
+    drop(file);
+    match outcome {
+        Ok(r) => {
+            tokio::fs::rename(&part, &path)
+                .await
+                .map_err(|e| internal("renaming", &part, e))?;
+            tracing::info!(command = %cid, node_id, bytes = r.bytes, sha256 = %r.sha256, "bundle stored");
+            Ok(r)
+        }
+        Err(s) => {
+            let _ = tokio::fs::remove_file(&part).await;
+            Err(s)
+        }
+    }
+}
+
+/// Whether `node_id` may upload a bundle for `cmd`.
+fn check_command(cmd: &commands::CommandRecord, node_id: &str) -> Result<(), Status> {
+    let cid = &cmd.id;
+    if cmd.node_id != node_id {
+        return Err(Status::permission_denied(format!(
+            "command {cid} belongs to another node"
+        )));
+    }
+    if cmd.name != bc_protocol::CommandName::LogsCollect.as_str() {
+        return Err(Status::invalid_argument(format!(
+            "command {cid} is {}, not logs.collect",
+            cmd.name
+        )));
+    }
+    if cmd.state.is_final() {
+        return Err(Status::failed_precondition(format!(
+            "command {cid} is already {}",
+            cmd.state.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// The checks on a chunk stream, without I/O: order, chunk size, total size and SHA-256.
+#[derive(Debug)]
+struct Assembler {
+    command_id: String,
+    hash: Sha256,
+    offset: u64,
+}
+
+impl Assembler {
+    fn new(command_id: &str) -> Self {
+        Self {
+            command_id: command_id.to_owned(),
+            hash: Sha256::new(),
+            offset: 0,
+        }
+    }
+
+    /// Checks `chunk` and takes its data into the hash; on the last chunk, the verified result.
+    fn accept(&mut self, chunk: &UploadChunk) -> Result<Option<UploadResult>, Status> {
+        if chunk.command_id != self.command_id {
+            return Err(Status::invalid_argument(
+                "command_id changed within one upload",
+            ));
+        }
+        if chunk.data.len() > MAX_CHUNK_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "chunk of {} bytes is over {MAX_CHUNK_BYTES}",
+                chunk.data.len()
+            )));
+        }
+        if chunk.offset != self.offset {
+            return Err(Status::invalid_argument(format!(
+                "chunk at offset {} where {} was expected",
+                chunk.offset, self.offset
+            )));
+        }
+        self.offset += chunk.data.len() as u64;
+        if self.offset > MAX_BUNDLE_BYTES {
+            return Err(Status::resource_exhausted(format!(
+                "bundle is over {MAX_BUNDLE_BYTES} bytes"
+            )));
+        }
+        self.hash.update(&chunk.data);
+        if !chunk.last {
+            return Ok(None);
+        }
+        let sha = hex::encode(self.hash.clone().finalize());
+        if chunk.total_bytes != self.offset || !chunk.sha256.eq_ignore_ascii_case(&sha) {
+            return Err(Status::data_loss(format!(
+                "bundle check failed: got {} bytes with SHA-256 {sha}, the agent says {} bytes with {}",
+                self.offset, chunk.total_bytes, chunk.sha256
+            )));
+        }
+        Ok(Some(UploadResult {
+            bytes: self.offset,
+            sha256: sha,
+        }))
+    }
+}
+
+async fn write_chunks(
+    file: &mut tokio::fs::File,
+    part: &Path,
+    cid: &str,
+    first: UploadChunk,
+    inbound: &mut Streaming<UploadChunk>,
+) -> Result<UploadResult, Status> {
+    let mut asm = Assembler::new(cid);
+    let mut next = Some(first);
+    while let Some(chunk) = next.take() {
+        let done = asm.accept(&chunk)?;
+        file.write_all(&chunk.data)
+            .await
+            .map_err(|e| internal("writing", part, e))?;
+        if let Some(r) = done {
+            file.sync_all()
+                .await
+                .map_err(|e| internal("syncing", part, e))?;
+            return Ok(r);
+        }
+        next = inbound.message().await?;
+    }
+    Err(Status::invalid_argument(
+        "upload ended without a last chunk (size and SHA-256)",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::commands::{CommandRecord, CommandState};
+
+    fn chunk(offset: u64, data: &[u8], last: Option<(u64, String)>) -> UploadChunk {
+        UploadChunk {
+            command_id: "cmd_a".into(),
+            offset,
+            data: data.to_vec(),
+            last: last.is_some(),
+            total_bytes: last.as_ref().map(|l| l.0).unwrap_or(0),
+            sha256: last.map(|l| l.1).unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn chunks_are_checked_for_order_size_and_digest() {
+        let sha = hex::encode(Sha256::digest(b"hello world"));
+        let mut a = Assembler::new("cmd_a");
+        assert!(matches!(a.accept(&chunk(0, b"hello ", None)), Ok(None)));
+        let r = a.accept(&chunk(6, b"world", Some((11, sha.clone()))));
+        assert_eq!(
+            r.ok().flatten().map(|r| (r.bytes, r.sha256)),
+            Some((11, sha.clone()))
+        );
+
+        let mut a = Assembler::new("cmd_a");
+        let gap = a.accept(&chunk(1, b"x", None));
+        assert_eq!(
+            gap.err().map(|s| s.code()),
+            Some(tonic::Code::InvalidArgument)
+        );
+
+        let mut a = Assembler::new("cmd_a");
+        let bad = a.accept(&chunk(0, b"hello world", Some((11, "00".repeat(32)))));
+        assert_eq!(bad.err().map(|s| s.code()), Some(tonic::Code::DataLoss));
+        let mut a = Assembler::new("cmd_a");
+        let short = a.accept(&chunk(0, b"hello", Some((11, sha))));
+        assert_eq!(short.err().map(|s| s.code()), Some(tonic::Code::DataLoss));
+
+        let mut a = Assembler::new("cmd_a");
+        let big = a.accept(&chunk(0, &vec![0u8; MAX_CHUNK_BYTES + 1], None));
+        assert_eq!(
+            big.err().map(|s| s.code()),
+            Some(tonic::Code::InvalidArgument)
+        );
+        let mut a = Assembler::new("cmd_b");
+        assert!(a.accept(&chunk(0, b"x", None)).is_err());
+    }
+
+    fn record(node: &str, name: &str, state: CommandState) -> CommandRecord {
+        CommandRecord {
+            id: "cmd_a".into(),
+            node_id: node.into(),
+            name: name.into(),
+            args: serde_json::json!({}),
+            state,
+            progress: 0,
+            result: None,
+            error_code: None,
+            error_message: None,
+            actor: "t".into(),
+            created_at: 0,
+            sent_at: None,
+            started_at: None,
+            finished_at: None,
+            deadline_at: 0,
+        }
+    }
+
+    #[test]
+    fn only_the_owning_node_uploads_for_an_open_logs_collect() {
+        let ok = record("node_a", "logs.collect", CommandState::Running);
+        assert!(check_command(&ok, "node_a").is_ok());
+        let code = |r: Result<(), Status>| r.err().map(|s| s.code());
+        assert_eq!(
+            code(check_command(&ok, "node_b")),
+            Some(tonic::Code::PermissionDenied)
+        );
+        let other = record("node_a", "gpu.reset", CommandState::Running);
+        assert_eq!(
+            code(check_command(&other, "node_a")),
+            Some(tonic::Code::InvalidArgument)
+        );
+        let over = record("node_a", "logs.collect", CommandState::Expired);
+        assert_eq!(
+            code(check_command(&over, "node_a")),
+            Some(tonic::Code::FailedPrecondition)
+        );
+        assert!(bundle_path(Path::new("/b"), "../x").is_none());
+        assert_eq!(
+            bundle_path(Path::new("/b"), "cmd_a"),
+            Some(PathBuf::from("/b/cmd_a.tar.gz"))
+        );
+    }
+}
