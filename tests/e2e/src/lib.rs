@@ -2,7 +2,7 @@
 //! picked at run time (port 0; the server writes the bound addresses to `endpoints.json`), with
 //! short timings, and kills them when dropped.
 //!
-//! The binaries are built once per test process with `cargo build --bins` into the same target
+//! The binaries are built once per test process (`cargo build --workspace --bins --tests`) into the same target
 //! dir as the test, so `cargo test --workspace` always runs the current code.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -39,17 +39,11 @@ pub fn bins() -> &'static (PathBuf, PathBuf) {
         let target = dir.parent().expect("target dir").to_owned();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "--bins",
-            "-p",
-            "bcd",
-            "-p",
-            "controlplane-lite",
-            "--target-dir",
-        ])
-        .arg(&target)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        // The same targets and feature resolution as `cargo test --workspace`, so after that
+        // command this build has nothing to do; run alone, it brings the binaries up to date.
+        cmd.args(["build", "--workspace", "--bins", "--tests", "--target-dir"])
+            .arg(&target)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
         if dir.file_name().and_then(|n| n.to_str()) == Some("release") {
             cmd.arg("--release");
         }
