@@ -246,14 +246,24 @@ impl Commands {
         let (id, node) = (u.id.clone(), node_id.to_owned());
         match self
             .store
-            .run(move |c| commands::apply_update(c, &id, &node, state, u.progress, result, error))
+            .run(move |c| {
+                let was_final = commands::get(c, &id)?.is_some_and(|r| r.state.is_final());
+                let rec = commands::apply_update(c, &id, &node, state, u.progress, result, error)?;
+                // The Health controller's conditions are written while the store is still held, so
+                // nobody reads a finished command before its effect on the node.
+                // A result re-sent after a reconnect changes nothing, conditions included.
+                if let Some(r) = rec.as_ref().filter(|r| r.state.is_final() && !was_final) {
+                    let updates = crate::health::updates_for(r);
+                    if let Err(e) = crate::health::apply_now(c, &r.node_id, &updates) {
+                        tracing::warn!(node_id = %r.node_id, error = %e, "Health: condition not written");
+                    }
+                }
+                Ok(rec)
+            })
             .await
         {
             Ok(Some(c)) => {
                 tracing::info!(command = %c.id, name = %c.name, state = c.state.as_str(), "command update");
-                if c.state.is_final() {
-                    crate::health::on_command_result(&self.store, &c).await;
-                }
             }
             Ok(None) => {
                 tracing::warn!(node_id, command = %u.id, "update for an unknown command ignored")

@@ -92,20 +92,30 @@ pub async fn on_xid(store: &Store, node_id: &str, event: &Value) {
     apply(store, node_id, vec![update]).await;
 }
 
+/// Writes `updates` to the node in one transaction, on the caller's connection.
+pub fn apply_now(
+    conn: &mut rusqlite::Connection,
+    node_id: &str,
+    updates: &[ConditionUpdate],
+) -> Result<Option<crate::store::nodes::NodeRecord>, crate::model::error::OpError> {
+    if updates.is_empty() {
+        return Ok(None);
+    }
+    write_tx(conn, |tx| {
+        let mut last = None;
+        for u in updates {
+            last = Some(set_condition(tx, node_id, u)?);
+        }
+        Ok(last)
+    })
+}
+
 async fn apply(store: &Store, node_id: &str, updates: Vec<ConditionUpdate>) {
     let id = node_id.to_owned();
-    let r = store
-        .run(move |conn| {
-            Ok(write_tx(conn, |tx| {
-                let mut last = None;
-                for u in &updates {
-                    last = Some(set_condition(tx, &id, u)?);
-                }
-                Ok(last)
-            }))
-        })
-        .await;
-    match r {
+    match store
+        .run(move |conn| Ok(apply_now(conn, &id, &updates)))
+        .await
+    {
         Ok(Ok(Some(n))) => {
             tracing::info!(node_id = %n.id, reasons = ?n.no_schedule_reasons, "Health: conditions updated")
         }
@@ -115,10 +125,12 @@ async fn apply(store: &Store, node_id: &str, updates: Vec<ConditionUpdate>) {
     }
 }
 
-/// Applies a finished command's verdict to the node. A passing diag or a verified reset also
-/// clears `XidCritical`: unhealthy is never sticky.
-pub async fn on_command_result(store: &Store, c: &CommandRecord) {
-    let Some(update) = verdict(c) else { return };
+/// The conditions a finished command sets. A passing diag or a verified reset also clears
+/// `XidCritical`: unhealthy is never sticky.
+pub fn updates_for(c: &CommandRecord) -> Vec<ConditionUpdate> {
+    let Some(update) = verdict(c) else {
+        return Vec::new();
+    };
     let mut updates = vec![update.clone()];
     if update.status == ConditionStatus::False {
         updates.push(ConditionUpdate {
@@ -129,7 +141,7 @@ pub async fn on_command_result(store: &Store, c: &CommandRecord) {
             owner: "Health".to_owned(),
         });
     }
-    apply(store, &c.node_id, updates).await;
+    updates
 }
 
 #[cfg(test)]
