@@ -31,6 +31,9 @@ pub struct Executor {
     /// Where logs.collect uploads: the current session's control plane and mutual-TLS config
     /// (replaced on every session: certificates rotate).
     uploader: Mutex<Option<crate::logs::upload::Uploader>>,
+    /// The live session (outbound sender, epoch): a command outliving the session it came on
+    /// reports on the current one.
+    session: Mutex<Option<(mpsc::Sender<AgentMessage>, u64)>>,
 }
 
 fn now_ms() -> i64 {
@@ -61,7 +64,13 @@ impl Executor {
             ops: crate::ops::OpsConfig::default(),
             running: Mutex::new(HashMap::new()),
             uploader: Mutex::new(None),
+            session: Mutex::new(None),
         }
+    }
+
+    /// The session that opened now carries command results.
+    pub fn attach(&self, out: mpsc::Sender<AgentMessage>, epoch: u64) {
+        *self.session.lock() = Some((out, epoch));
     }
 
     /// Sets where logs.collect uploads (called before each session).
@@ -156,7 +165,10 @@ impl Executor {
                 tracing::error!(command = %entry.id, error = %e, "cannot journal the result");
             }
             tracing::info!(command = %entry.id, name = %entry.name, state = %entry.state, "command finished");
-            send(&out, epoch, entry.update());
+            // Report on the session live now; a closed one leaves the result in the journal for
+            // the next Hello.
+            let (o, e) = this.session.lock().clone().unwrap_or((out, epoch));
+            send(&o, e, entry.update());
             this.running.lock().remove(&entry.id);
         });
         self.running.lock().insert(id, task.abort_handle());

@@ -197,6 +197,7 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
     tracing::info!(node_id = %node.node_id, epoch, gateway = %welcome.gateway_id, heartbeat = ?interval, "session open");
     sh.status.connected(epoch, &welcome.gateway_id);
     *sh.welcomed = true;
+    ctx.executor.attach(out.clone(), epoch);
     if let Some((state, key, cert)) = sh.promote
         && let Err(e) = state.replace_certificate(key, cert)
     {

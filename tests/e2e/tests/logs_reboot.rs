@@ -406,3 +406,87 @@ fn logs_collect_notes_missing_sources_and_cuts_at_max_bytes() {
     ]);
     assert!(!ok && err.contains("not found"), "{err}");
 }
+
+/// A `journalctl` that counts its runs in `counter` and takes `secs` seconds.
+fn counting_journalctl(dir: &Path, counter: &Path, secs: u32) -> String {
+    script(
+        &dir.join("slow-journalctl"),
+        &format!(
+            "echo run >> {}\nsleep {secs}\necho 'sshd: slow journal'",
+            counter.display()
+        ),
+    )
+}
+
+fn runs(counter: &Path) -> usize {
+    std::fs::read_to_string(counter)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+#[test]
+fn kill9_of_the_control_plane_mid_command_loses_nothing_and_runs_it_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let counter = tmp.path().join("runs");
+    let journalctl = counting_journalctl(tmp.path(), &counter, 3);
+    let mut cp = ControlPlane::start(&tmp.path().join("cp"));
+    let dir = tmp.path().join("agent");
+    let (agent, id) = join(&cp, &dir, &["--journalctl", &journalctl]);
+    let c = cp.ok(
+        "commands.create",
+        json!({"nodeId": id, "name": "logs.collect", "args": {"sources": ["journal"]}, "timeoutSeconds": 120}),
+    );
+    eventually(WAIT, "command running", || {
+        (runs(&counter) == 1).then_some(())
+    });
+    // The control plane dies while the agent works; the result finds it after the restart.
+    cp.kill9();
+    cp.restart(&[]);
+    let deadline = std::time::Instant::now() + WAIT;
+    let done = loop {
+        let c = command(&cp, &c["id"]);
+        if matches!(c["state"].as_str(), Some("succeeded" | "failed")) {
+            break c;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not finished: {c}\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The upload needs the control plane: either it made it, or it failed cleanly; never twice.
+    assert!(
+        done["state"] == "succeeded" || done["error"]["code"].is_string(),
+        "{done}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(runs(&counter), 1, "the command ran exactly once");
+}
+
+#[test]
+fn kill9_of_the_agent_mid_command_reports_it_failed_and_never_reruns_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let counter = tmp.path().join("runs");
+    let journalctl = counting_journalctl(tmp.path(), &counter, 3);
+    let cp = ControlPlane::start(&tmp.path().join("cp"));
+    let dir = tmp.path().join("agent");
+    let (mut agent, id) = join(&cp, &dir, &["--journalctl", &journalctl]);
+    let c = cp.ok(
+        "commands.create",
+        json!({"nodeId": id, "name": "logs.collect", "args": {"sources": ["journal"]}, "timeoutSeconds": 120}),
+    );
+    eventually(WAIT, "command running", || {
+        (runs(&counter) == 1).then_some(())
+    });
+    agent.kill9();
+    let _agent = Agent::start(&cp, &dir, None, &["--journalctl", &journalctl]);
+    let done = eventually(WAIT, "command reported after the agent restart", || {
+        let c = command(&cp, &c["id"]);
+        (c["state"] == "failed").then_some(c)
+    });
+    assert_eq!(done["error"]["code"], "AGENT_RESTARTED", "{done}");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(runs(&counter), 1, "an interrupted command is never re-run");
+}
