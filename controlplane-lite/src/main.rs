@@ -33,7 +33,7 @@ enum Command {
         #[command(flatten)]
         client: cli::ClientArgs,
         #[command(subcommand)]
-        cmd: cli::ops::NodesCommand,
+        cmd: cli::nodes::NodesCommand,
     },
     /// Pools: create, list, get, capacity, delete.
     Pools {
@@ -126,7 +126,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Dev(args) => cli::dev::run(args).await,
-        Command::Nodes { client, cmd } => cli::ops::nodes(&client, cmd).await,
+        Command::Nodes { client, cmd } => cli::nodes::nodes(&client, cmd).await,
         Command::Pools { client, cmd } => cli::ops::pools(&client, cmd).await,
         Command::Sites { client, cmd } => cli::ops::sites(&client, cmd).await,
         Command::Tokens { client, cmd } => cli::ops::tokens(&client, cmd).await,

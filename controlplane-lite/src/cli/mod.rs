@@ -3,6 +3,7 @@
 
 pub mod dev;
 pub mod logs;
+pub mod nodes;
 pub mod ops;
 pub mod render;
 pub mod table;

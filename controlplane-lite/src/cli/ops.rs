@@ -10,138 +10,6 @@ use serde_json::{Value, json};
 use super::{ClientArgs, Output, render};
 use controlplane_lite::client::Client;
 
-/// `bcctl nodes ...`
-#[derive(Debug, Clone, Subcommand)]
-pub enum NodesCommand {
-    /// List nodes.
-    List {
-        #[arg(long)]
-        pool: Option<String>,
-        #[arg(long)]
-        provision_state: Option<bc_protocol::ProvisionState>,
-        #[arg(long)]
-        connectivity: Option<bc_protocol::Connectivity>,
-        #[arg(long)]
-        schedulable: Option<bool>,
-    },
-    /// Show one node (NodeDetail).
-    Get { node_id: String },
-    /// Show a node's event log.
-    Events { node_id: String },
-    /// Cordon: no new work.
-    Cordon {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Uncordon.
-    Uncordon {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Cordon plus `draining` until the node's allocations are released.
-    Drain {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Add an operator taint (`taint:<key>` in noScheduleReasons).
-    Taint {
-        node_id: String,
-        key: String,
-        #[arg(long, default_value = "")]
-        value: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Remove a taint.
-    Untaint {
-        node_id: String,
-        key: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Accept a node by hand (`adopting → adopted`).
-    Adopt {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Recover a failed node back to where it failed from.
-    Recover {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Turn maintenance on or off.
-    SetMaintenance {
-        node_id: String,
-        maintenance: bool,
-        #[arg(long)]
-        reason: Option<String>,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Revoke the node's identity (identityGeneration + 1; its certificates stop working).
-    RevokeIdentity {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Delete the node.
-    Delete {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Replace the node's desired spec (generation + 1). JSON inline or `@file`.
-    UpdateSpec {
-        node_id: String,
-        spec: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Start a dedicated-root lease (trust becomes tenant-controlled).
-    StartDedicatedRoot {
-        node_id: String,
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// End the dedicated-root lease.
-    EndDedicatedRoot {
-        node_id: String,
-        #[arg(long)]
-        version: Option<u64>,
-    },
-    /// Run a command on the node (inventory.refresh, diag.nvml, logs.collect, gpu.reset, node.reboot).
-    Run {
-        node_id: String,
-        command: String,
-        /// Argument `key=value` (value parsed as JSON when it is JSON, else a string); repeatable.
-        #[arg(long = "arg")]
-        args: Vec<String>,
-        /// Wait for the result, showing progress.
-        #[arg(long)]
-        wait: bool,
-        /// Deadline of the command.
-        #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
-        timeout: Duration,
-    },
-    /// Download a logs.collect bundle (default: the node's newest succeeded one).
-    Logs {
-        node_id: String,
-        /// The logs.collect command id.
-        #[arg(long)]
-        command: Option<String>,
-        /// Where to write the `.tar.gz` (`-o` is the output format).
-        #[arg(short = 'f', long = "file")]
-        file: std::path::PathBuf,
-    },
-}
-
 /// `bcctl pools|sites|tokens|allocations|commands ...`
 #[derive(Debug, Clone, Subcommand)]
 pub enum PoolsCommand {
@@ -289,7 +157,11 @@ pub enum CommandsCommand {
     },
 }
 
-fn print(args: &ClientArgs, v: &Value, table: impl FnOnce(&Value) -> String) -> anyhow::Result<()> {
+pub(super) fn print(
+    args: &ClientArgs,
+    v: &Value,
+    table: impl FnOnce(&Value) -> String,
+) -> anyhow::Result<()> {
     if args.output == Output::Json {
         println!("{}", serde_json::to_string_pretty(v)?);
     } else {
@@ -298,14 +170,18 @@ fn print(args: &ClientArgs, v: &Value, table: impl FnOnce(&Value) -> String) -> 
     Ok(())
 }
 
-fn items(v: &Value, key: &str) -> Vec<Value> {
+pub(super) fn items(v: &Value, key: &str) -> Vec<Value> {
     v.get(key)
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default()
 }
 
-async fn version_of(client: &Client, node_id: &str, given: Option<u64>) -> anyhow::Result<u64> {
+pub(super) async fn version_of(
+    client: &Client,
+    node_id: &str,
+    given: Option<u64>,
+) -> anyhow::Result<u64> {
     if let Some(v) = given {
         return Ok(v);
     }
@@ -317,7 +193,7 @@ async fn version_of(client: &Client, node_id: &str, given: Option<u64>) -> anyho
         .context("nodes.get returned no version")
 }
 
-async fn mutate(
+pub(super) async fn mutate(
     args: &ClientArgs,
     client: &Client,
     method: &str,
@@ -336,229 +212,12 @@ async fn mutate(
     print(args, &v, render::object)
 }
 
-fn parse_arg(kv: &str) -> anyhow::Result<(String, Value)> {
+pub(super) fn parse_arg(kv: &str) -> anyhow::Result<(String, Value)> {
     let Some((k, v)) = kv.split_once('=') else {
         bail!("--arg {kv:?}: expected key=value");
     };
     let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
     Ok((k.to_owned(), value))
-}
-
-/// Runs `bcctl nodes ...`.
-pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
-    let c = args.client()?;
-    match cmd {
-        NodesCommand::List {
-            pool,
-            provision_state,
-            connectivity,
-            schedulable,
-        } => {
-            let v: Value = c
-                .call("nodes.list", &json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable}))
-                .await?;
-            print(args, &v, |v| render::nodes(&items(v, "nodes")))
-        }
-        NodesCommand::Get { node_id } => {
-            let v: Value = c.call("nodes.get", &json!({"nodeId": node_id})).await?;
-            print(args, &v, render::object)
-        }
-        NodesCommand::Events { node_id } => {
-            let v: Value = c.call("nodes.events", &json!({"nodeId": node_id})).await?;
-            print(args, &v, |v| {
-                render::list(
-                    &items(v, "events"),
-                    &[
-                        ("AT", "/at"),
-                        ("WHAT", "/kind"),
-                        ("FROM", "/from"),
-                        ("TO", "/to"),
-                        ("WHO", "/actor"),
-                        ("MESSAGE", "/message"),
-                    ],
-                )
-            })
-        }
-        NodesCommand::Cordon { node_id, version } => {
-            mutate(args, &c, "nodes.cordon", &node_id, version, json!({})).await
-        }
-        NodesCommand::Uncordon { node_id, version } => {
-            mutate(args, &c, "nodes.uncordon", &node_id, version, json!({})).await
-        }
-        NodesCommand::Drain { node_id, version } => {
-            mutate(args, &c, "nodes.drain", &node_id, version, json!({})).await
-        }
-        NodesCommand::Adopt { node_id, version } => {
-            mutate(args, &c, "nodes.adopt", &node_id, version, json!({})).await
-        }
-        NodesCommand::Recover { node_id, version } => {
-            mutate(args, &c, "nodes.recover", &node_id, version, json!({})).await
-        }
-        NodesCommand::RevokeIdentity { node_id, version } => {
-            mutate(
-                args,
-                &c,
-                "nodes.revokeIdentity",
-                &node_id,
-                version,
-                json!({}),
-            )
-            .await
-        }
-        NodesCommand::Delete { node_id, version } => {
-            mutate(args, &c, "nodes.delete", &node_id, version, json!({})).await
-        }
-        NodesCommand::EndDedicatedRoot { node_id, version } => {
-            mutate(
-                args,
-                &c,
-                "nodes.endDedicatedRoot",
-                &node_id,
-                version,
-                json!({}),
-            )
-            .await
-        }
-        NodesCommand::Taint {
-            node_id,
-            key,
-            value,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                "nodes.taint",
-                &node_id,
-                version,
-                json!({"key": key, "value": value}),
-            )
-            .await
-        }
-        NodesCommand::Untaint {
-            node_id,
-            key,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                "nodes.untaint",
-                &node_id,
-                version,
-                json!({"key": key}),
-            )
-            .await
-        }
-        NodesCommand::SetMaintenance {
-            node_id,
-            maintenance,
-            reason,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                "nodes.setMaintenance",
-                &node_id,
-                version,
-                json!({"maintenance": maintenance, "reason": reason}),
-            )
-            .await
-        }
-        NodesCommand::UpdateSpec {
-            node_id,
-            spec,
-            version,
-        } => {
-            let text = match spec.strip_prefix('@') {
-                Some(path) => {
-                    std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
-                }
-                None => spec,
-            };
-            let spec: Value = serde_json::from_str(&text).context("the spec is not valid JSON")?;
-            mutate(
-                args,
-                &c,
-                "nodes.updateSpec",
-                &node_id,
-                version,
-                json!({"spec": spec}),
-            )
-            .await
-        }
-        NodesCommand::StartDedicatedRoot {
-            node_id,
-            tenant,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                "nodes.startDedicatedRoot",
-                &node_id,
-                version,
-                json!({"tenantId": tenant}),
-            )
-            .await
-        }
-        NodesCommand::Logs {
-            node_id,
-            command,
-            file,
-        } => super::logs::download(args, &node_id, command, &file).await,
-        NodesCommand::Run {
-            node_id,
-            command,
-            args: kvs,
-            wait,
-            timeout,
-        } => {
-            let mut a = serde_json::Map::new();
-            for kv in &kvs {
-                let (k, v) = parse_arg(kv)?;
-                a.insert(k, v);
-            }
-            let created: Value = c
-                .call("commands.create", &json!({"nodeId": node_id, "name": command, "args": a, "timeoutSeconds": timeout.as_secs().max(1)}))
-                .await?;
-            if !wait {
-                return print(args, &created, render::object);
-            }
-            let id = created
-                .get("id")
-                .and_then(Value::as_str)
-                .context("commands.create returned no id")?
-                .to_owned();
-            let mut last = String::new();
-            loop {
-                let v: Value = c.call("commands.get", &json!({"commandId": id})).await?;
-                let state = v
-                    .get("state")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_owned();
-                let progress = v.get("progress").and_then(Value::as_u64).unwrap_or(0);
-                let line = format!("{id} {state} {progress}%");
-                if line != last && args.output == Output::Table {
-                    eprintln!("{line}");
-                    last = line;
-                }
-                if matches!(
-                    state.as_str(),
-                    "succeeded" | "failed" | "cancelled" | "expired"
-                ) {
-                    print(args, &v, render::object)?;
-                    if state != "succeeded" {
-                        bail!("command {id} {state}");
-                    }
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
 }
 
 /// Runs `bcctl pools ...`.
