@@ -9,6 +9,7 @@ pub mod hwkey;
 pub mod inventory;
 pub mod notify;
 pub mod nvml;
+pub mod sim;
 pub mod smbios;
 pub mod state;
 pub mod tls;
