@@ -420,7 +420,13 @@ async fn join_storm(
         )
         .await?;
     let after = h.serve_pid().and_then(proc_usage);
-    let stats = h.sim_stats();
+    // The sim writes its stats every second: wait for a file that has seen every join.
+    let mut stats = h.sim_stats();
+    let t1 = Instant::now();
+    while stats["joined"].as_u64().unwrap_or(0) < n && t1.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stats = h.sim_stats();
+    }
     let errors =
         stats["joinErrors"].as_u64().unwrap_or(0) + stats["sessionErrors"].as_u64().unwrap_or(0);
     out.insert("joinAllAdoptedS".into(), json!(round2(adopted)));
@@ -683,7 +689,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut h = Harness::start(&args).await?;
     let rss_base = h.serve_pid().and_then(proc_usage).map_or(0, |(_, r)| r);
     let mut out = serde_json::Map::new();
-    out.insert("scenario".into(), json!(format!("{:?}", args.scenario)));
+    let scenario = clap::ValueEnum::to_possible_value(&args.scenario)
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default();
+    out.insert("scenario".into(), json!(scenario));
     out.insert("nodes".into(), json!(args.nodes));
     out.insert(
         "heartbeatIntervalS".into(),
