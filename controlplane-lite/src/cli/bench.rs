@@ -86,6 +86,9 @@ struct Counts {
 /// A running `bcctl serve` plus `bcd sim`.
 struct Harness {
     dir: PathBuf,
+    /// This `bcctl`, resolved once: a rebuild during a run replaces the file and
+    /// `/proc/self/exe` then names a deleted one.
+    exe: PathBuf,
     _temp: Option<tempfile::TempDir>,
     bcd: PathBuf,
     nodes: usize,
@@ -169,6 +172,7 @@ impl Harness {
         )?;
         db.busy_timeout(Duration::from_secs(10))?;
         let mut h = Self {
+            exe: std::env::current_exe().context("locating bcctl")?,
             dir,
             _temp: temp,
             bcd,
@@ -194,8 +198,7 @@ impl Harness {
             .create(true)
             .append(true)
             .open(self.dir.join("serve.log"))?;
-        let exe = std::env::current_exe().context("locating bcctl")?;
-        let mut child = Command::new(exe)
+        let mut child = Command::new(&self.exe)
             .arg("serve")
             .arg("--state-dir")
             .arg(&self.dir)
