@@ -157,7 +157,9 @@ impl Harness {
                     &tokens::NewToken {
                         pool_id: Some(super::dev::DEV_POOL.to_owned()),
                         ttl_ms: 24 * 3_600_000,
-                        max_uses: Some(args.nodes as u64),
+                        // Headroom: a join whose reply was lost retries and re-joins in
+                        // place, which spends a use too.
+                        max_uses: Some(2 * args.nodes as u64),
                         description: Some("bcctl bench".to_owned()),
                         ..Default::default()
                     },
