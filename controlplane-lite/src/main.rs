@@ -28,6 +28,9 @@ enum Command {
     Serve(cli::ServeArgs),
     /// Control plane embedded plus a real local agent; waits until the node is adopted.
     Dev(cli::dev::DevArgs),
+    /// Measure the control plane with N simulated agents (`bcd sim`): join-storm, steady, fanout,
+    /// rollout, restart.
+    Bench(cli::bench::BenchArgs),
     /// Nodes: list, get, events, cordon, drain, taint, run, ...
     Nodes {
         #[command(flatten)]
@@ -90,6 +93,7 @@ fn sd_notify(state: &[sd_notify::NotifyState]) {
 }
 
 async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
+    cli::bench::raise_nofile_limit();
     let running = controlplane_lite::server::start(args.config()).await?;
     let mut usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut usec) && usec > 0 {
@@ -126,6 +130,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Dev(args) => cli::dev::run(args).await,
+        Command::Bench(args) => cli::bench::run(args).await,
         Command::Nodes { client, cmd } => cli::nodes::nodes(&client, cmd).await,
         Command::Pools { client, cmd } => cli::ops::pools(&client, cmd).await,
         Command::Sites { client, cmd } => cli::ops::sites(&client, cmd).await,

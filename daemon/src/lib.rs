@@ -16,6 +16,8 @@
 //! - [`nvml`]: diag.nvml, gpu.reset and the XID watch through nvml-wrapper.
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
 //! - [`config`], [`notify`]: `/etc/bcd/bcd.toml` and systemd's notify protocol.
+//! - [`logs`], [`reboot`], [`ops`]: logs.collect bundles and node.reboot.
+//! - [`sim`]: simulated node agents for `bcctl bench` and `bcctl dev --sim`.
 //!
 //! # Limitations
 //! The site and ramdisk modes are documented in their crates but not implemented; the agent has
@@ -33,6 +35,7 @@ pub mod notify;
 pub mod nvml;
 pub mod ops;
 pub mod reboot;
+pub mod sim;
 pub mod smbios;
 pub mod state;
 pub mod tls;

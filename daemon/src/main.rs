@@ -39,6 +39,8 @@ enum Command {
     Gpu(bcd::nvml::cli::GpuArgs),
     /// Print this machine's inventory.
     Inventory(bcd::inventory::InventoryArgs),
+    /// Simulate N node agents (synthetic hardware, real join and session protocol) for benchmarks.
+    Sim(bcd::sim::SimArgs),
 }
 
 fn init_logging(filter: &str) {
@@ -57,6 +59,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(bcd::agent::run(*args))?;
             tracing::info!("agent stopped");
+        }
+        Command::Sim(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(bcd::sim::run(args))?;
         }
         Command::Site => anyhow::bail!(bcd_site::NOT_YET),
         Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),

@@ -40,9 +40,12 @@ pub struct DevArgs {
     /// Exit once the node is adopted instead of running until Ctrl-C.
     #[arg(long)]
     pub once: bool,
+    /// Instead of one real agent: a `bcctl serve` process and N simulated agents (`bcd sim`).
+    #[arg(long)]
+    pub sim: Option<usize>,
 }
 
-fn find_bcd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn find_bcd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p);
     }
@@ -66,7 +69,7 @@ fn find_bcd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     )
 }
 
-fn ensure_dev_pool(store: &Store) -> anyhow::Result<()> {
+pub(crate) fn ensure_dev_pool(store: &Store) -> anyhow::Result<()> {
     store.with(|c| {
         let now = now_ms();
         c.execute(
@@ -103,6 +106,9 @@ async fn stop_agent(child: &mut Child) {
 
 /// Runs `bcctl dev`.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    if let Some(n) = args.sim {
+        return super::bench::dev_sim(&args, n).await;
+    }
     let bcd = find_bcd(args.bcd.clone())?;
     let temp;
     let base = match &args.state_dir {

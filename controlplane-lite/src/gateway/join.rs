@@ -91,8 +91,24 @@ fn same_machine(
     }
     let mine: std::collections::HashSet<&str> =
         hw.identifier_digests.iter().map(String::as_str).collect();
-    let mut stmt = c.prepare("SELECT id, identity_generation, identifier_digests FROM nodes WHERE identifier_digests != '[]' ORDER BY created_at")?;
-    let rows = stmt.query_map([], |r| {
+    // A node shares two identifiers with this machine only if its JSON list holds at least one
+    // of them: SQLite's instr() drops the others before any JSON is parsed here, so a join storm
+    // is not N JSON parses per join (bcctl bench join-storm, docs/benchmarks.md).
+    let quoted: Vec<String> = if mine.len() <= 256 {
+        mine.iter().map(|d| format!("\"{d}\"")).collect()
+    } else {
+        Vec::new()
+    };
+    let filter = if quoted.is_empty() {
+        String::new()
+    } else {
+        let any: Vec<String> = (1..=quoted.len())
+            .map(|i| format!("instr(identifier_digests, ?{i}) > 0"))
+            .collect();
+        format!(" AND ({})", any.join(" OR "))
+    };
+    let mut stmt = c.prepare(&format!("SELECT id, identity_generation, identifier_digests FROM nodes WHERE identifier_digests != '[]'{filter} ORDER BY created_at"))?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(quoted.iter()), |r| {
         Ok((
             r.get::<_, String>(0)?,
             r.get::<_, i64>(1)?,

@@ -1,0 +1,123 @@
+//! `bcd sim`: N simulated node agents in one process, for sizing a control plane. Each one is a
+//! real client of the control plane: its own ECDSA P-256 key, CSR and certificate from the Join
+//! RPC (verified through the CA pin, [`crate::tls::join_config`]), its own mutual-TLS session
+//! ([`crate::tls::session_config`], [`crate::tls::channel`]) and the session protocol of
+//! [`crate::agent::session`]: Hello, Welcome, Inventory, heartbeats at the Welcome interval, Spec
+//! answered with a converged SpecStatus, commands answered with a CommandUpdate. The hardware is
+//! synthetic: a distinct hardware key per node and fake GPUs.
+//!
+//! Figures the control plane cannot see (join errors, heartbeat ack latency) are written as JSON
+//! to `--stats` every second ([`stats::Snapshot`]); SIGUSR1 clears the latency samples so a
+//! benchmark can measure one window.
+
+mod node;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+/// `bcd sim` flags.
+#[derive(Debug, Clone, Args)]
+pub struct SimArgs {
+    /// Gateway URL, e.g. `https://127.0.0.1:7443`.
+    #[arg(long)]
+    pub control_plane: String,
+    /// `sha256:<hex>` of the control plane CA's SubjectPublicKeyInfo.
+    #[arg(long)]
+    pub ca_pin: String,
+    /// Join token (must allow `--nodes` uses).
+    #[arg(long)]
+    pub join_token: String,
+    /// How many simulated nodes.
+    #[arg(long, default_value_t = 10)]
+    pub nodes: usize,
+    /// GPUs per simulated node.
+    #[arg(long, default_value_t = 8)]
+    pub gpus: usize,
+    /// Where to write the stats JSON (every second, and at exit).
+    #[arg(long)]
+    pub stats: Option<PathBuf>,
+    /// Base of the reconnect backoff (full jitter, doubling to `--backoff-cap`).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    pub backoff_base: Duration,
+    /// Ceiling of the reconnect backoff.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub backoff_cap: Duration,
+}
+
+/// Why the simulator could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("bad CA pin {pin}: {source}")]
+    Pin {
+        pin: String,
+        source: crate::tls::TlsError,
+    },
+    #[error("writing stats to {path}: {source}")]
+    Stats {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("installing the signal handler: {0}")]
+    Signal(std::io::Error),
+}
+
+/// Raises the open-file soft limit to the hard limit (every session is a socket).
+pub fn raise_nofile_limit() -> Option<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
+    Some(hard)
+}
+
+/// Runs the simulator until SIGTERM or Ctrl-C.
+pub async fn run(args: SimArgs) -> Result<(), SimError> {
+    crate::tls::parse_pin(&args.ca_pin).map_err(|source| SimError::Pin {
+        pin: args.ca_pin.clone(),
+        source,
+    })?;
+    let limit = raise_nofile_limit();
+    tracing::info!(nodes = args.nodes, nofile = ?limit, "simulating nodes");
+    let stats = Arc::new(stats::Stats::default());
+    let run_id = format!("{:08x}", rand::random::<u32>());
+    let args = Arc::new(args);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..args.nodes {
+        let node = node::SimNode::new(&run_id, i, args.gpus);
+        tasks.spawn(node::run(node, Arc::clone(&args), Arc::clone(&stats)));
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(SimError::Signal)?;
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .map_err(SimError::Signal)?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = usr1.recv() => stats.clear_latencies(),
+            _ = tick.tick() => write_stats(&args, &stats)?,
+        }
+    }
+    tasks.abort_all();
+    write_stats(&args, &stats)?;
+    Ok(())
+}
+
+fn write_stats(args: &SimArgs, stats: &stats::Stats) -> Result<(), SimError> {
+    let Some(path) = &args.stats else {
+        return Ok(());
+    };
+    let snap = stats.snapshot(args.nodes);
+    let text = serde_json::to_vec(&snap).unwrap_or_default();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|source| SimError::Stats {
+            path: path.clone(),
+            source,
+        })
+}
