@@ -125,14 +125,7 @@ impl Client {
                 body: format!("{e}: {}", String::from_utf8_lossy(&bytes)),
             });
         }
-        match serde_json::from_slice::<ApiError>(&bytes) {
-            Ok(err) => Err(ClientError::Api(err)),
-            Err(_) => Err(ClientError::Protocol {
-                url,
-                status: status.as_u16(),
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-            }),
-        }
+        Err(error_answer(url, status.as_u16(), &bytes))
     }
 
     /// `GET <base><path>` with the bearer token; the response when it is a success, else the
@@ -154,13 +147,18 @@ impl Client {
             return Ok(resp);
         }
         let bytes = resp.bytes().await.unwrap_or_default();
-        match serde_json::from_slice::<ApiError>(&bytes) {
-            Ok(err) => Err(ClientError::Api(err)),
-            Err(_) => Err(ClientError::Protocol {
-                url,
-                status: status.as_u16(),
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-            }),
-        }
+        Err(error_answer(url, status.as_u16(), &bytes))
+    }
+}
+
+/// The error an unsuccessful answer carries: the API's `{code, message}`, else the raw body.
+fn error_answer(url: String, status: u16, bytes: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ApiError>(bytes) {
+        Ok(err) => ClientError::Api(err),
+        Err(_) => ClientError::Protocol {
+            url,
+            status,
+            body: String::from_utf8_lossy(bytes).into_owned(),
+        },
     }
 }

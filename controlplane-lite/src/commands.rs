@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use bc_protocol::pb::{Cancel, Command, GatewayMessage, gateway_message::Msg};
 use bc_protocol::{CommandName, ErrorCode, Trust};
-use rand::Rng;
 
 use crate::api::ApiError;
 use crate::gateway::registry::Registry;
@@ -74,12 +73,7 @@ pub const DISRUPTIVE_COMMANDS: &[CommandName] = &[CommandName::GpuReset, Command
 
 /// A fresh command id: `cmd_` and 20 characters of `[a-z0-9]`.
 pub fn new_command_id() -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    let tail: String = (0..20)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect();
-    format!("cmd_{tail}")
+    format!("cmd_{}", crate::store::random_lowercase(20))
 }
 
 /// The controller. Cheap to clone.

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_protocol::pb::{JoinRequest, JoinResponse, join_server::Join};
-use rand::Rng;
 use rusqlite::TransactionBehavior;
 use tonic::{Request, Response, Status};
 
@@ -127,12 +126,7 @@ fn same_machine(
 
 /// A fresh node id: `node_` and 20 characters of `[a-z0-9]`.
 pub fn new_node_id() -> String {
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    let tail: String = (0..20)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect();
-    format!("node_{tail}")
+    format!("node_{}", crate::store::random_lowercase(20))
 }
 
 /// Why a join was refused.

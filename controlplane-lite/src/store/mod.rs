@@ -116,6 +116,17 @@ impl Store {
     }
 }
 
+/// `n` random characters of `[a-z0-9]`: ids and secrets (token ids and secrets, `node_…`,
+/// `cmd_…`).
+pub fn random_lowercase(n: usize) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()

@@ -1,14 +1,11 @@
 //! Join tokens, `<id>.<secret>` (kubeadm's bootstrap-token form: 6 and 16 characters of
 //! `[a-z0-9]`). Only the SHA-256 of the secret is stored.
 
-use rand::Rng;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::StoreError;
-
-const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 
 /// A stored token, without its secret.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -57,13 +54,6 @@ pub struct NewToken {
     pub description: Option<String>,
 }
 
-fn random_string(n: usize) -> String {
-    let mut rng = rand::rng();
-    (0..n)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect()
-}
-
 fn hash_secret(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
@@ -75,8 +65,8 @@ pub fn create(
     new: &NewToken,
     now: i64,
 ) -> Result<(JoinToken, String), StoreError> {
-    let id = random_string(6);
-    let secret = random_string(16);
+    let id = super::random_lowercase(6);
+    let secret = super::random_lowercase(16);
     let expires_at = now.saturating_add(new.ttl_ms);
     conn.execute(
         "INSERT INTO join_tokens (id, secret_hash, pool_id, site_id, expires_at, max_uses, description, created_at) \
