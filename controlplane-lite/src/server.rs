@@ -157,6 +157,24 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
     names
 }
 
+/// Accept queue of the gateway listener. A restart storm opens thousands of connections within
+/// a second; with the usual 1,024 the kernel drops SYNs and clients wait for TCP's 1 s, 3 s, 7 s
+/// retransmits. The kernel caps it at `net.core.somaxconn` (4,096 on current kernels).
+const GATEWAY_BACKLOG: u32 = 8192;
+
+/// Binds the gateway's listener (SO_REUSEADDR, as `TcpListener::bind` does, so a restart can
+/// take the same port back at once) with [`GATEWAY_BACKLOG`].
+fn bind_gateway(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(GATEWAY_BACKLOG)
+}
+
 /// Starts the control plane: binds both listeners, writes `endpoints.json`, spawns the servers
 /// and controllers. Returns once everything listens.
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
@@ -175,12 +193,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     names.dedup();
     let (chain_pem, key_pem) = ca.server_cert(&names)?;
 
-    let gw_listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.listen,
-            source,
-        })?;
+    let gw_listener = bind_gateway(cfg.listen).map_err(|source| ServeError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
     let api_listener =
         TcpListener::bind(cfg.api_listen)
             .await

@@ -76,7 +76,7 @@ async fn validate_spec(st: &ApiState, req: &Value) -> Result<(), ApiError> {
         .run(move |c| crate::store::nodes::get(c, &node_id))
         .await?;
     let Some(node) = node else { return Ok(()) };
-    let known: Option<Vec<bc_protocol::spec::KnownGpu>> = node.inventory.as_ref().map(|inv| {
+    let known: Option<Vec<bc_protocol::spec::KnownGpu>> = node.inventory()?.as_ref().map(|inv| {
         inv.get("gpus")
             .and_then(Value::as_array)
             .map(|gs| {

@@ -201,15 +201,37 @@ pub(super) async fn mutate(
     version: Option<u64>,
     extra: Value,
 ) -> anyhow::Result<()> {
-    let version = version_of(client, node_id, version).await?;
-    let mut body = json!({"nodeId": node_id, "version": version});
-    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
-        for (k, v) in e {
-            b.insert(k.clone(), v.clone());
+    use controlplane_lite::client::ClientError;
+    // Without --version the operator means "the node as it is now": a CONFLICT then only says an
+    // agent report (Inventory, SpecStatus) moved the version between our read and our write, so
+    // read it again. With --version a CONFLICT is the answer the operator asked for.
+    const CONFLICT_RETRIES: u32 = 5;
+    let mut attempt = 0;
+    loop {
+        let current = version_of(client, node_id, version).await?;
+        let mut body = json!({"nodeId": node_id, "version": current});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                b.insert(k.clone(), v.clone());
+            }
+        }
+        match client.call::<_, Value>(method, &body).await {
+            Ok(v) => return print(args, &v, render::object),
+            Err(ClientError::Api(e))
+                if version.is_none()
+                    && e.code == bc_protocol::ErrorCode::Conflict
+                    && attempt < CONFLICT_RETRIES =>
+            {
+                attempt += 1;
+                tracing::debug!(
+                    node_id,
+                    attempt,
+                    "version moved under {method}; reading it again"
+                );
+            }
+            Err(e) => return Err(e.into()),
         }
     }
-    let v: Value = client.call(method, &body).await?;
-    print(args, &v, render::object)
 }
 
 pub(super) fn parse_arg(kv: &str) -> anyhow::Result<(String, Value)> {

@@ -88,40 +88,11 @@ fn same_machine(
     if hw.identifier_digests.len() < 2 {
         return Ok(None);
     }
-    let mine: std::collections::HashSet<&str> =
-        hw.identifier_digests.iter().map(String::as_str).collect();
-    // A node shares two identifiers with this machine only if its JSON list holds at least one
-    // of them: SQLite's instr() drops the others before any JSON is parsed here, so a join storm
-    // is not N JSON parses per join (bcctl bench join-storm, docs/benchmarks.md).
-    let quoted: Vec<String> = if mine.len() <= 256 {
-        mine.iter().map(|d| format!("\"{d}\"")).collect()
-    } else {
-        Vec::new()
-    };
-    let filter = if quoted.is_empty() {
-        String::new()
-    } else {
-        let any: Vec<String> = (1..=quoted.len())
-            .map(|i| format!("instr(identifier_digests, ?{i}) > 0"))
-            .collect();
-        format!(" AND ({})", any.join(" OR "))
-    };
-    let mut stmt = c.prepare(&format!("SELECT id, identity_generation, identifier_digests FROM nodes WHERE identifier_digests != '[]'{filter} ORDER BY created_at"))?;
-    let rows = stmt.query_map(rusqlite::params_from_iter(quoted.iter()), |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, String>(2)?,
-        ))
-    })?;
-    for row in rows {
-        let (id, g, digests) = row?;
-        let theirs: Vec<String> = serde_json::from_str(&digests).unwrap_or_default();
-        if theirs.iter().filter(|d| mine.contains(d.as_str())).count() >= 2 {
-            return Ok(Some((id, u64::try_from(g).unwrap_or(0))));
-        }
-    }
-    Ok(None)
+    // An index probe on node_identifier_digests (migration 4), not a scan of every node: a join
+    // storm of 10,000 machines would otherwise cost N²/2 row reads (docs/benchmarks.md).
+    Ok(nodes::sharing_identifiers(c, &hw.identifier_digests, 2)?
+        .into_iter()
+        .next())
 }
 
 /// A fresh node id: `node_` and 20 characters of `[a-z0-9]`.
@@ -207,6 +178,7 @@ impl Join for JoinService {
                             now
                         ],
                     )?;
+                    nodes::index_identifier_digests(&tx, &id, &hw.identifier_digests)?;
                     let gen_after = gen_before + 1;
                     events::record(
                         &tx,

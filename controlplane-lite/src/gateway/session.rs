@@ -121,6 +121,23 @@ pub(crate) fn spec_to_wire(
     bc_protocol::pb::NodeSpec::from(&parsed)
 }
 
+/// A message the session hands to its writer: everything that needs the store, in arrival order.
+#[derive(Debug)]
+enum Write {
+    Inventory(bc_protocol::pb::Inventory),
+    SpecStatus(bc_protocol::pb::SpecStatus),
+    Command(bc_protocol::pb::CommandUpdate),
+    Xid(serde_json::Value),
+    Goodbye(String),
+}
+
+/// Store writes one session may have queued before its reader waits for the writer.
+const WRITE_QUEUE: usize = 32;
+
+/// Reads the stream. Heartbeats are answered here at once; everything that needs the store goes
+/// to the session's writer task in order, so a slow store (a join or restart storm queues every
+/// session's writes on one SQLite connection) never delays reading heartbeats: a node is not
+/// marked unreachable because its own Inventory write was waiting (docs/benchmarks.md).
 async fn serve(
     gw: GatewayService,
     node_id: String,
@@ -129,6 +146,8 @@ async fn serve(
     tx: mpsc::Sender<Result<GatewayMessage, Status>>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let (wtx, wrx) = mpsc::channel(WRITE_QUEUE);
+    let writer = tokio::spawn(write_loop(gw.clone(), node_id.clone(), epoch, wrx));
     let mut clean = false;
     loop {
         let next = tokio::select! {
@@ -147,7 +166,7 @@ async fn serve(
             tracing::debug!(node_id = %node_id, got = m.epoch, epoch, "message of a stale epoch dropped");
             continue;
         }
-        match m.msg {
+        let write = match m.msg {
             Some(agent_message::Msg::Heartbeat(hb)) => {
                 gw.heartbeats.note(&node_id, epoch, now_ms());
                 if tx
@@ -157,11 +176,62 @@ async fn serve(
                 {
                     break;
                 }
+                continue;
             }
-            Some(agent_message::Msg::Inventory(inv)) => {
-                handle_inventory(&gw, &node_id, epoch, inv).await
+            Some(agent_message::Msg::Inventory(inv)) => Write::Inventory(inv),
+            Some(agent_message::Msg::SpecStatus(s)) => Write::SpecStatus(s),
+            Some(agent_message::Msg::CommandUpdate(u)) => Write::Command(u),
+            Some(agent_message::Msg::Goodbye(g)) => {
+                let reason = bc_protocol::pb::GoodbyeReason::try_from(g.reason)
+                    .map(|r| {
+                        r.as_str_name()
+                            .trim_start_matches("GOODBYE_REASON_")
+                            .to_ascii_lowercase()
+                    })
+                    .unwrap_or_else(|_| "unknown".to_owned());
+                clean = true;
+                let _ = wtx.send(Write::Goodbye(reason)).await;
+                break;
             }
-            Some(agent_message::Msg::SpecStatus(s)) => {
+            Some(agent_message::Msg::Event(ev)) if ev.r#type == "xid" => {
+                tracing::warn!(node_id = %node_id, message = %ev.message, "XID reported");
+                Write::Xid(serde_json::from_slice(&ev.data_json).unwrap_or_default())
+            }
+            Some(agent_message::Msg::Event(ev)) => {
+                tracing::info!(node_id = %node_id, r#type = %ev.r#type, message = %ev.message, "agent event");
+                continue;
+            }
+            Some(agent_message::Msg::Hello(_)) => {
+                tracing::warn!(node_id = %node_id, "second Hello on one session ignored");
+                continue;
+            }
+            None => continue,
+        };
+        if wtx.send(write).await.is_err() {
+            break;
+        }
+    }
+    drop(wtx);
+    gw.registry.remove_if(&node_id, epoch);
+    tracing::info!(node_id = %node_id, epoch, clean, "session closed");
+    // The writer finishes what the session queued (a CommandUpdate sent just before the stream
+    // ended still counts) and then ends.
+    if let Err(e) = writer.await {
+        tracing::error!(node_id = %node_id, error = %e, "session writer failed");
+    }
+}
+
+/// Applies one session's store writes in the order they arrived.
+async fn write_loop(
+    gw: GatewayService,
+    node_id: String,
+    epoch: u64,
+    mut rx: mpsc::Receiver<Write>,
+) {
+    while let Some(w) = rx.recv().await {
+        match w {
+            Write::Inventory(inv) => handle_inventory(&gw, &node_id, epoch, inv).await,
+            Write::SpecStatus(s) => {
                 let id = node_id.clone();
                 let r = gw
                     .store
@@ -181,14 +251,9 @@ async fn serve(
                     tracing::error!(node_id = %node_id, error = %e, "recording SpecStatus failed");
                 }
             }
-            Some(agent_message::Msg::Goodbye(g)) => {
-                let reason = bc_protocol::pb::GoodbyeReason::try_from(g.reason)
-                    .map(|r| {
-                        r.as_str_name()
-                            .trim_start_matches("GOODBYE_REASON_")
-                            .to_ascii_lowercase()
-                    })
-                    .unwrap_or_else(|_| "unknown".to_owned());
+            Write::Command(u) => gw.commands.update(&node_id, u).await,
+            Write::Xid(data) => crate::health::on_xid(&gw.store, &node_id, &data).await,
+            Write::Goodbye(reason) => {
                 let id = node_id.clone();
                 if let Err(e) = gw
                     .store
@@ -197,27 +262,9 @@ async fn serve(
                 {
                     tracing::error!(node_id = %node_id, error = %e, "recording Goodbye failed");
                 }
-                clean = true;
-                break;
             }
-            Some(agent_message::Msg::Hello(_)) => {
-                tracing::warn!(node_id = %node_id, "second Hello on one session ignored");
-            }
-            Some(agent_message::Msg::CommandUpdate(u)) => gw.commands.update(&node_id, u).await,
-            Some(agent_message::Msg::Event(ev)) if ev.r#type == "xid" => {
-                let data: serde_json::Value =
-                    serde_json::from_slice(&ev.data_json).unwrap_or_default();
-                tracing::warn!(node_id = %node_id, message = %ev.message, "XID reported");
-                crate::health::on_xid(&gw.store, &node_id, &data).await;
-            }
-            Some(agent_message::Msg::Event(ev)) => {
-                tracing::info!(node_id = %node_id, r#type = %ev.r#type, message = %ev.message, "agent event");
-            }
-            None => {}
         }
     }
-    gw.registry.remove_if(&node_id, epoch);
-    tracing::info!(node_id = %node_id, epoch, clean, "session closed");
 }
 
 async fn handle_inventory(
@@ -226,6 +273,7 @@ async fn handle_inventory(
     epoch: u64,
     inv: bc_protocol::pb::Inventory,
 ) {
+    use sha2::Digest;
     if inv.document_json.len() > MAX_INVENTORY_BYTES {
         tracing::warn!(
             node_id,
@@ -234,15 +282,10 @@ async fn handle_inventory(
         );
         return;
     }
-    let doc: serde_json::Value = match serde_json::from_slice(&inv.document_json) {
-        Ok(v) => v,
-        Err(e) => {
-            tracing::warn!(node_id, error = %e, "inventory is not valid JSON; dropped");
-            return;
-        }
-    };
+    let sha256 = hex::encode(sha2::Sha256::digest(&inv.document_json));
     let hw = inv.hardware.unwrap_or_default();
     let id = node_id.to_owned();
+    let doc = inv.document_json;
     let r = gw
         .store
         .run(move |c| {
@@ -254,12 +297,16 @@ async fn handle_inventory(
                 hw.trusted,
                 &hw.identifier_digests,
                 &doc,
+                &sha256,
             )
         })
         .await;
     match r {
-        Ok(Some(state)) => tracing::info!(node_id, provision_state = %state, "inventory recorded"),
+        Ok(Some(state)) => tracing::debug!(node_id, provision_state = %state, "inventory recorded"),
         Ok(None) => {}
+        Err(crate::store::StoreError::Json { source, .. }) => {
+            tracing::warn!(node_id, error = %source, "inventory is not valid JSON; dropped")
+        }
         Err(e) => tracing::error!(node_id, error = %e, "recording inventory failed"),
     }
 }

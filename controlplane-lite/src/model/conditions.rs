@@ -177,7 +177,12 @@ pub fn refresh_profile_conditions(tx: &Connection, node_id: &str) -> Result<Node
             .unwrap_or_default(),
         None => HardwareProfile::default(),
     };
-    for update in profile_conditions(&profile, edit.node.inventory.as_ref()) {
+    if profile.expected_gpu_count.is_none() && profile.expected_gpu_model.is_none() {
+        // Nothing to compare: the document is not even parsed (every session open lands here).
+        return Ok(edit.node);
+    }
+    let inventory = edit.node.inventory()?;
+    for update in profile_conditions(&profile, inventory.as_ref()) {
         apply(&mut edit, &update);
     }
     edit.save()

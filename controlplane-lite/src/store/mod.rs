@@ -65,6 +65,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M001_NODE_MODEL),
         M::up(migrations::M002_PLACEMENT),
         M::up(migrations::M003_COMMANDS),
+        M::up(migrations::M004_SCALE),
     ])
 }
 

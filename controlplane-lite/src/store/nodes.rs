@@ -46,7 +46,15 @@ pub struct NodeRecord {
     pub connected_at: Option<i64>,
     pub disconnected_at: Option<i64>,
     pub last_seen: Option<i64>,
-    pub inventory: Option<serde_json::Value>,
+    /// The latest inventory document as stored (camelCase JSON text). Kept unparsed: the gateway
+    /// loads a node several times per session and per report, and only NodeDetail, the profile
+    /// checks and `nodes.updateSpec` read it ([`NodeRecord::inventory`]).
+    #[serde(skip)]
+    pub inventory_json: Option<String>,
+    /// SHA-256 (hex) of the inventory bytes the agent last sent; an identical report is not
+    /// stored again.
+    #[serde(skip)]
+    pub inventory_sha256: Option<String>,
     pub inventory_at: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
@@ -58,7 +66,7 @@ pub const NODE_COLUMNS: &str = "id, site_id, pool_id, owner_tenant_id, role, tru
     conditions, no_schedule_reasons, hardware_key, hardware_key_trusted, identifier_digests, \
     generation, observed_generation, identity_generation, version, labels, spec, hostname, \
     agent_version, boot_id, session_epoch, gateway_id, connected_at, disconnected_at, last_seen, \
-    inventory, inventory_at, created_at, updated_at";
+    inventory, inventory_at, created_at, updated_at, inventory_sha256";
 
 fn u64_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
     let v: i64 = row.get(idx)?;
@@ -70,7 +78,6 @@ impl NodeRecord {
     pub fn from_row(row: &Row<'_>) -> Result<Self, StoreError> {
         let text = |i: usize| -> rusqlite::Result<String> { row.get(i) };
         let failed_from: Option<String> = row.get(9)?;
-        let inventory: Option<String> = row.get(34)?;
         Ok(Self {
             id: row.get(0)?,
             site_id: row.get(1)?,
@@ -108,11 +115,21 @@ impl NodeRecord {
             connected_at: row.get(31)?,
             disconnected_at: row.get(32)?,
             last_seen: row.get(33)?,
-            inventory: inventory.map(|s| from_json("inventory", &s)).transpose()?,
+            inventory_json: row.get(34)?,
             inventory_at: row.get(35)?,
             created_at: row.get(36)?,
             updated_at: row.get(37)?,
+            inventory_sha256: row.get(38)?,
         })
+    }
+
+    /// The latest inventory document (`bc_protocol::inventory::Inventory` as camelCase JSON), or
+    /// `None` before the first report. Errors: the column does not hold JSON.
+    pub fn inventory(&self) -> Result<Option<serde_json::Value>, StoreError> {
+        self.inventory_json
+            .as_deref()
+            .map(|s| from_json("inventory", s))
+            .transpose()
     }
 }
 
@@ -156,7 +173,60 @@ pub fn insert(tx: &Connection, n: &NewNode, now: i64) -> Result<(), StoreError> 
             now,
         ],
     )?;
+    index_identifier_digests(tx, &n.id, &n.identifier_digests)?;
     Ok(())
+}
+
+/// Replaces the node's rows in `node_identifier_digests` (the index JoinService looks machines
+/// up by). Call with the same list written to `nodes.identifier_digests`.
+pub fn index_identifier_digests(
+    tx: &Connection,
+    node_id: &str,
+    digests: &[String],
+) -> Result<(), StoreError> {
+    tx.execute(
+        "DELETE FROM node_identifier_digests WHERE node_id = ?1",
+        params![node_id],
+    )?;
+    let mut ins = tx.prepare_cached(
+        "INSERT OR IGNORE INTO node_identifier_digests (digest, node_id) VALUES (?1, ?2)",
+    )?;
+    for d in digests {
+        ins.execute(params![d, node_id])?;
+    }
+    Ok(())
+}
+
+/// Nodes sharing at least `min_shared` of `digests`, oldest first: `(id, identity_generation)`.
+/// At most the first 256 digests are looked up (a machine has a handful).
+pub fn sharing_identifiers(
+    conn: &Connection,
+    digests: &[String],
+    min_shared: usize,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    let mut unique: Vec<&str> = digests.iter().map(String::as_str).collect();
+    unique.sort_unstable();
+    unique.dedup();
+    unique.truncate(256);
+    if unique.is_empty() {
+        return Ok(Vec::new());
+    }
+    let marks: Vec<String> = (2..unique.len() + 2).map(|i| format!("?{i}")).collect();
+    let sql = format!(
+        "SELECT n.id, n.identity_generation FROM node_identifier_digests d \
+         JOIN nodes n ON n.id = d.node_id WHERE d.digest IN ({}) \
+         GROUP BY n.id, n.identity_generation, n.created_at HAVING COUNT(*) >= ?1 \
+         ORDER BY n.created_at",
+        marks.join(", ")
+    );
+    let mut stmt = conn.prepare(&sql)?;
+    let min = i64::try_from(min_shared).unwrap_or(i64::MAX);
+    let params = std::iter::once(&min as &dyn rusqlite::ToSql)
+        .chain(unique.iter().map(|d| d as &dyn rusqlite::ToSql));
+    let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
+        Ok((r.get::<_, String>(0)?, u64_col(r, 1)?))
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// One node by id.

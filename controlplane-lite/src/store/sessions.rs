@@ -246,7 +246,15 @@ pub fn sweep(
 }
 
 /// Stores an inventory report and runs NodeLifecycle acceptance: a node in `adopting` whose
-/// inventory arrived becomes `adopted`. Returns the provision state after.
+/// inventory arrived becomes `adopted`. `document` is the agent's JSON bytes
+/// (`bc_protocol::inventory::Inventory`, camelCase) and `sha256` their hex digest.
+///
+/// A report identical to the stored one (same digest, hardware key, trust and identifiers: what
+/// every session open repeats) only moves `inventoryAt` and re-checks the pool's profile: a
+/// restart storm of 10,000 nodes must not rewrite 10,000 documents (docs/benchmarks.md).
+/// Returns the provision state after, `None` when the node is gone. Errors: SQLite, or the
+/// document is not JSON (nothing is stored then).
+#[allow(clippy::too_many_arguments)]
 pub fn record_inventory(
     conn: &mut Connection,
     node_id: &str,
@@ -254,7 +262,8 @@ pub fn record_inventory(
     hardware_key: &str,
     trusted: bool,
     digests: &[String],
-    document: &serde_json::Value,
+    document: &[u8],
+    sha256: &str,
 ) -> Result<Option<ProvisionState>, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let Some(node) = nodes::get(&tx, node_id)? else {
@@ -263,6 +272,26 @@ pub fn record_inventory(
     if node.session_epoch != epoch {
         return Ok(Some(node.provision_state));
     }
+    let key = (!hardware_key.is_empty()).then_some(hardware_key);
+    let unchanged = node.inventory_sha256.as_deref() == Some(sha256)
+        && node.hardware_key.as_deref() == key
+        && node.identifier_digests == digests
+        && (node.hardware_key_trusted || !trusted)
+        && node.provision_state != ProvisionState::Adopting;
+    if unchanged {
+        tx.execute(
+            "UPDATE nodes SET inventory_at = ?2 WHERE id = ?1",
+            params![node_id, now_ms()],
+        )?;
+        crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(op_err)?;
+        tx.commit()?;
+        return Ok(Some(node.provision_state));
+    }
+    let text = std::str::from_utf8(document).map_err(|e| StoreError::Json {
+        column: "inventory",
+        source: serde::de::Error::custom(e),
+    })?;
+    let document: serde_json::Value = super::from_json("inventory", text)?;
     let now = now_ms();
     let key = (!hardware_key.is_empty()).then_some(hardware_key);
     // A trusted key is unique across nodes: one already held by another node is refused, never
@@ -281,17 +310,19 @@ pub fn record_inventory(
     tx.execute(
         "UPDATE nodes SET inventory = ?2, inventory_at = ?3, hardware_key = ?4, \
          hardware_key_trusted = ?5, identifier_digests = ?6, hostname = COALESCE(?7, hostname), \
-         updated_at = ?3, version = version + 1 WHERE id = ?1",
+         inventory_sha256 = ?8, updated_at = ?3, version = version + 1 WHERE id = ?1",
         params![
             node_id,
-            to_json(document),
+            text,
             now,
             key,
             trusted_unique,
             to_json(&digests),
             document.get("hostname").and_then(|h| h.as_str()),
+            sha256,
         ],
     )?;
+    nodes::index_identifier_digests(&tx, node_id, digests)?;
     let (status, reason, message) = match (&holder, trusted) {
         (Some(other), _) => (
             ConditionStatus::False,
@@ -413,6 +444,14 @@ pub fn record_spec_status(
     } else {
         reason
     };
+    let existing = conditions.iter().find(|c| c.type_ == "SpecConverged");
+    if observed == node.observed_generation
+        && existing
+            .is_some_and(|c| c.status == status && c.reason == reason && c.message == message)
+    {
+        // The same report again (every session open repeats it): nothing to write.
+        return Ok(Some(observed));
+    }
     match conditions.iter_mut().find(|c| c.type_ == "SpecConverged") {
         Some(c) => {
             if c.status != status {
@@ -475,9 +514,10 @@ mod tests {
             insert(c, &node("node_a"), 0)?;
             insert(c, &node("node_b"), 0)?;
             let digests = vec!["d1".to_owned(), "d2".to_owned()];
-            let doc = serde_json::json!({"hostname": "a"});
+            let doc = serde_json::to_vec(&serde_json::json!({"hostname": "a"}))
+                .map_err(|e| StoreError::Task(e.to_string()))?;
             assert_eq!(
-                record_inventory(c, "node_a", 0, "key1", true, &digests, &doc)?,
+                record_inventory(c, "node_a", 0, "key1", true, &digests, &doc, "s1")?,
                 Some(ProvisionState::Adopted)
             );
             let a = nodes::get(c, "node_a")?.ok_or(StoreError::Task("a".into()))?;
@@ -489,7 +529,7 @@ mod tests {
                 .cloned();
             assert_eq!(cond.map(|c| c.status), Some(ConditionStatus::True));
 
-            record_inventory(c, "node_b", 0, "key1", true, &digests, &doc)?;
+            record_inventory(c, "node_b", 0, "key1", true, &digests, &doc, "s1")?;
             let b = nodes::get(c, "node_b")?.ok_or(StoreError::Task("b".into()))?;
             assert!(
                 !b.hardware_key_trusted,
@@ -511,11 +551,99 @@ mod tests {
             );
             // A stale epoch changes nothing.
             assert_eq!(
-                record_inventory(c, "node_b", 7, "key2", true, &digests, &doc)?,
+                record_inventory(c, "node_b", 7, "key2", true, &digests, &doc, "s2")?,
                 Some(ProvisionState::Adopted)
             );
             let b2 = nodes::get(c, "node_b")?.ok_or(StoreError::Task("b".into()))?;
             assert_eq!(b2.hardware_key.as_deref(), Some("key1"));
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn an_identical_report_is_not_stored_again_but_a_changed_one_is() -> Result<(), StoreError> {
+        let store = Store::open_in_memory()?;
+        store.with(|c| {
+            insert(c, &node("node_a"), 0)?;
+            let digests = vec!["d1".to_owned(), "d2".to_owned()];
+            let doc = br#"{"hostname":"a","gpus":[]}"#;
+            record_inventory(c, "node_a", 0, "k", true, &digests, doc, "sha-1")?;
+            let first = nodes::get(c, "node_a")?.ok_or(StoreError::Task("a".into()))?;
+            assert_eq!(first.inventory_sha256.as_deref(), Some("sha-1"));
+            assert_eq!(
+                first.inventory_json.as_deref(),
+                Some(r#"{"hostname":"a","gpus":[]}"#)
+            );
+
+            // Same digest: the document and the version stay; inventoryAt moves.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            record_inventory(c, "node_a", 0, "k", true, &digests, b"ignored", "sha-1")?;
+            let same = nodes::get(c, "node_a")?.ok_or(StoreError::Task("a".into()))?;
+            assert_eq!(same.version, first.version);
+            assert_eq!(same.inventory_json, first.inventory_json);
+            assert!(same.inventory_at > first.inventory_at);
+
+            // A new digest is parsed and stored; junk is refused and changes nothing.
+            let doc2 = br#"{"hostname":"b"}"#;
+            record_inventory(c, "node_a", 0, "k", true, &digests, doc2, "sha-2")?;
+            let changed = nodes::get(c, "node_a")?.ok_or(StoreError::Task("a".into()))?;
+            assert_eq!(changed.hostname.as_deref(), Some("b"));
+            assert!(changed.version > same.version);
+            let junk = record_inventory(c, "node_a", 0, "k", true, &digests, b"{not json", "sha-3");
+            assert!(matches!(
+                junk,
+                Err(StoreError::Json {
+                    column: "inventory",
+                    ..
+                })
+            ));
+            let after = nodes::get(c, "node_a")?.ok_or(StoreError::Task("a".into()))?;
+            assert_eq!(after.inventory_sha256.as_deref(), Some("sha-2"));
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn machines_are_found_by_two_shared_identifiers_through_the_index() -> Result<(), StoreError> {
+        let store = Store::open_in_memory()?;
+        store.with(|c| {
+            let mut a = node("node_a");
+            a.identifier_digests = vec!["x".into(), "y".into(), "z".into()];
+            insert(c, &a, 0)?;
+            let mut b = node("node_b");
+            b.identifier_digests = vec!["y".into(), "q".into()];
+            insert(c, &b, 1)?;
+            let find = |c: &Connection, d: &[&str]| -> Result<Vec<String>, StoreError> {
+                let d: Vec<String> = d.iter().map(|s| (*s).to_owned()).collect();
+                Ok(nodes::sharing_identifiers(c, &d, 2)?
+                    .into_iter()
+                    .map(|(id, _)| id)
+                    .collect())
+            };
+            assert_eq!(find(c, &["x", "z", "w"])?, vec!["node_a"]);
+            assert!(
+                find(c, &["y", "w"])?.is_empty(),
+                "one shared identifier is not enough"
+            );
+            assert!(find(c, &["y", "y"])?.is_empty(), "a digest counts once");
+            assert_eq!(find(c, &["y", "q", "x"])?, vec!["node_a", "node_b"]);
+            // A new report replaces the node's identifiers in the index.
+            let doc = br#"{}"#;
+            record_inventory(
+                c,
+                "node_a",
+                0,
+                "",
+                false,
+                &["m".into(), "n".into()],
+                doc,
+                "s",
+            )?;
+            assert!(find(c, &["x", "z"])?.is_empty());
+            assert_eq!(find(c, &["m", "n"])?, vec!["node_a"]);
+            // Deleting the node drops its rows (ON DELETE CASCADE).
+            c.execute("DELETE FROM nodes WHERE id = 'node_a'", [])?;
+            assert!(find(c, &["m", "n"])?.is_empty());
             Ok(())
         })
     }

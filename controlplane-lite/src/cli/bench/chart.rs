@@ -1,0 +1,218 @@
+//! The restart-storm chart: connected (reconnected) and unreachable nodes against seconds since
+//! the control plane was killed, drawn with plotters into a PNG.
+//!
+//! plotters draws text with ab_glyph from a TrueType file we register at run time, so the binary
+//! needs no fontconfig or freetype: the font comes from `--font` or the usual DejaVu paths.
+
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use plotters::style::{FontStyle, register_font};
+use serde_json::Value;
+
+/// Where a DejaVu Sans (or any TrueType sans) usually is.
+const FONT_CANDIDATES: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu-sans-fonts/DejaVuSans.ttf",
+];
+
+/// What went wrong drawing the chart.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    /// No font file was given and none of [`FONT_CANDIDATES`] exists.
+    #[error(
+        "no TrueType font found (tried {tried}); pass --font FILE.ttf (Debian: fonts-dejavu-core)"
+    )]
+    NoFont { tried: String },
+    /// The font file could not be read.
+    #[error("reading font {path}: {source}")]
+    FontRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The font file is not a font ab_glyph can parse.
+    #[error("{path} is not a TrueType/OpenType font")]
+    FontInvalid { path: PathBuf },
+    /// A result file holds no `reconnectSeries` (it is not a `bcctl bench restart -o json`).
+    #[error("{what}: no reconnectSeries (run `bcctl bench restart -o json`)")]
+    NoSeries { what: String },
+    /// plotters failed (drawing or PNG encoding, e.g. the output dir is missing).
+    #[error("drawing {path}: {message}")]
+    Draw { path: PathBuf, message: String },
+}
+
+/// One run's curves: label, then `(seconds since SIGKILL, reconnected, unreachable)` samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestartSeries {
+    pub label: String,
+    pub points: Vec<(f64, u64, u64)>,
+}
+
+impl RestartSeries {
+    /// Reads the series of a `bcctl bench restart -o json` result. Samples are `[t, reconnected]`
+    /// or `[t, reconnected, unreachable]` (the latter since the chart was added).
+    pub fn from_result(label: String, result: &Value) -> Result<Self, ChartError> {
+        let Some(raw) = result.get("reconnectSeries").and_then(Value::as_array) else {
+            return Err(ChartError::NoSeries { what: label });
+        };
+        let points = raw
+            .iter()
+            .filter_map(|p| {
+                let p = p.as_array()?;
+                let t = p.first()?.as_f64()?;
+                let up = p.get(1)?.as_u64()?;
+                let down = p.get(2).and_then(Value::as_u64).unwrap_or(0);
+                Some((t, up, down))
+            })
+            .collect();
+        Ok(Self { label, points })
+    }
+}
+
+fn load_font(font: Option<&Path>) -> Result<(), ChartError> {
+    let path = match font {
+        Some(p) => p.to_path_buf(),
+        None => FONT_CANDIDATES
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .ok_or_else(|| ChartError::NoFont {
+                tried: FONT_CANDIDATES.join(", "),
+            })?,
+    };
+    let bytes = std::fs::read(&path).map_err(|source| ChartError::FontRead {
+        path: path.clone(),
+        source,
+    })?;
+    // plotters keeps registered fonts for the life of the process; a CLI draws once, so leaking
+    // one font file is the intended use of its 'static API.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| ChartError::FontInvalid { path })
+}
+
+/// Draws `runs` (one pair of curves each) into a `width`×`height` PNG at `out`, titled `title`.
+pub fn draw(
+    runs: &[RestartSeries],
+    title: &str,
+    out: &Path,
+    font: Option<&Path>,
+) -> Result<(), ChartError> {
+    load_font(font)?;
+    let err = |e: &dyn std::fmt::Display| ChartError::Draw {
+        path: out.to_path_buf(),
+        message: e.to_string(),
+    };
+    let x_max = runs
+        .iter()
+        .flat_map(|r| r.points.iter().map(|p| p.0))
+        .fold(1.0_f64, f64::max)
+        * 1.05;
+    let y_max = runs
+        .iter()
+        .flat_map(|r| r.points.iter().map(|p| p.1.max(p.2)))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        * 1.08;
+    let root = BitMapBackend::new(out, (1000, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since SIGKILL of bcctl serve")
+        .y_desc("nodes")
+        .label_style(("sans-serif", 14))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let palette = [BLUE, GREEN, MAGENTA, CYAN];
+    for (i, run) in runs.iter().enumerate() {
+        let color = palette[i % palette.len()];
+        chart
+            .draw_series(LineSeries::new(
+                run.points.iter().map(|p| (p.0, p.1 as f64)),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| err(&e))?
+            .label(format!("{}: reconnected", run.label))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        if run.points.iter().any(|p| p.2 > 0) {
+            chart
+                .draw_series(LineSeries::new(
+                    run.points.iter().map(|p| (p.0, p.2 as f64)),
+                    RED.stroke_width(2),
+                ))
+                .map_err(|e| err(&e))?
+                .label(format!("{}: marked unreachable", run.label))
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED.stroke_width(2)));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font(("sans-serif", 14))
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_read_from_old_and_new_results() -> Result<(), ChartError> {
+        let v = serde_json::json!({"reconnectSeries": [[0.5, 10], [1.0, 20, 3], ["junk"]]});
+        let s = RestartSeries::from_result("run".into(), &v)?;
+        assert_eq!(s.points, vec![(0.5, 10, 0), (1.0, 20, 3)]);
+        assert!(matches!(
+            RestartSeries::from_result("x".into(), &serde_json::json!({})),
+            Err(ChartError::NoSeries { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn a_png_is_drawn_when_a_font_exists() -> Result<(), Box<dyn std::error::Error>> {
+        let Some(font) = FONT_CANDIDATES.iter().map(Path::new).find(|p| p.is_file()) else {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true and no DejaVu font: .ci/run installs fonts-dejavu-core"
+            );
+            eprintln!("SKIPPED LOUDLY: no DejaVu font on this machine; the chart test did not run");
+            return Ok(());
+        };
+        let dir = tempfile::tempdir()?;
+        let out = dir.path().join("restart.png");
+        let run = RestartSeries {
+            label: "1,000 nodes".into(),
+            points: vec![(0.0, 0, 0), (1.0, 400, 0), (2.0, 1000, 5), (3.0, 1000, 0)],
+        };
+        draw(&[run], "restart storm", &out, Some(font))?;
+        let png = std::fs::read(&out)?;
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(
+            png.len() > 5_000,
+            "a 1000x560 chart with text: {} bytes",
+            png.len()
+        );
+        let missing = draw(&[], "t", &out, Some(Path::new("/nonexistent/font.ttf")));
+        assert!(matches!(missing, Err(ChartError::FontRead { .. })));
+        Ok(())
+    }
+}

@@ -1,0 +1,260 @@
+//! `bcctl bench <scenario> --nodes N`: a real `bcctl serve` process and one `bcd sim` process of
+//! N simulated agents (real join, certificates, TLS sessions, protocol; synthetic hardware), and
+//! the figures an operator sizes a control plane by. Figures come from the store (`state.db`,
+//! read-only), the sim's stats file (`bcd sim --stats`: join errors, heartbeat ack latency) and
+//! `/proc/<serve pid>/{stat,status}` (CPU ticks in USER_HZ = 100, VmRSS).
+
+mod chart;
+mod harness;
+mod scenarios;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Args;
+use serde_json::{Value, json};
+
+use super::Output;
+use harness::{Harness, proc_usage};
+use scenarios::{fanout, join_storm, restart, rollout, steady};
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// N agents join at once: time until all are adopted and connected; errors.
+    JoinStorm,
+    /// N sessions heartbeating: ack latency p50/p99, control-plane CPU and RSS (per session).
+    Steady,
+    /// `inventory.refresh` to every node: time until all results, p99 per command.
+    Fanout,
+    /// `nodes.updateSpec` on every node: time until every observedGeneration matches.
+    Rollout,
+    /// `kill -9` of the control plane and a restart: time until all reconnected; nodes wrongly
+    /// marked unreachable.
+    Restart,
+    /// Runs nothing: draws `--chart` from earlier `restart -o json` results given with `--input`.
+    Chart,
+}
+
+/// `bcctl bench` flags.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 100)]
+    pub nodes: usize,
+    /// The `bcd` binary (default: next to `bcctl`, then PATH).
+    #[arg(long, env = "BCD_BIN")]
+    pub bcd: Option<PathBuf>,
+    /// Keep the control plane's state here (default: a temporary dir, removed on exit).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Heartbeat interval told to agents.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub heartbeat_interval: Duration,
+    /// Measuring window of the steady-state scenario.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub window: Duration,
+    /// Give up on a phase after this long.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "300s")]
+    pub timeout: Duration,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+    /// Draw the restart storm (connected and unreachable nodes over time) into this PNG
+    /// (`restart` and `chart` only).
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+    /// A TrueType font for the chart's text (default: DejaVu Sans from the usual paths).
+    #[arg(long)]
+    pub font: Option<PathBuf>,
+    /// `chart` only: results of `bcctl bench restart -o json` to draw, one pair of curves each.
+    #[arg(long)]
+    pub input: Vec<PathBuf>,
+}
+
+/// `bcctl bench chart --input A.json [--input B.json] --chart out.png`.
+fn chart_from_files(args: &BenchArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let Some(png) = &args.chart else {
+        bail!("`bcctl bench chart` needs --chart FILE.png");
+    };
+    if args.input.is_empty() {
+        bail!(
+            "`bcctl bench chart` needs at least one --input FILE.json (from `bcctl bench restart -o json`)"
+        );
+    }
+    let mut runs = Vec::new();
+    for path in &args.input {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        runs.push(chart::RestartSeries::from_result(run_label(&v), &v)?);
+    }
+    chart::draw(&runs, CHART_TITLE, png, args.font.as_deref())?;
+    println!("wrote {}", png.display());
+    Ok(())
+}
+
+const CHART_TITLE: &str = "Restart storm: nodes reconnected after kill -9 of bcctl serve";
+
+fn run_label(v: &Value) -> String {
+    let n = v.get("nodes").and_then(Value::as_u64).unwrap_or(0);
+    format!("{n} nodes")
+}
+
+/// Raises the open-file soft limit to the hard limit (one socket per agent session).
+pub fn raise_nofile_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    json!({"cpus": cpus, "cpuModel": model, "memTotal": mem, "kernel": kernel})
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Runs `bcctl bench`.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.scenario == Scenario::Chart {
+        return chart_from_files(&args);
+    }
+    if args.chart.is_some() && args.scenario != Scenario::Restart {
+        bail!("--chart draws the restart storm: use it with `bcctl bench restart` (or `chart`)");
+    }
+    raise_nofile_limit();
+    let mut h = Harness::start(&args).await?;
+    let rss_base = h.serve_pid().and_then(proc_usage).map_or(0, |(_, r)| r);
+    let mut out = serde_json::Map::new();
+    let scenario = clap::ValueEnum::to_possible_value(&args.scenario)
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default();
+    out.insert("scenario".into(), json!(scenario));
+    out.insert("nodes".into(), json!(args.nodes));
+    out.insert(
+        "heartbeatIntervalS".into(),
+        json!(args.heartbeat_interval.as_secs_f64()),
+    );
+    out.insert("machine".into(), machine());
+    let result = async {
+        join_storm(&mut h, &args, &mut out).await?;
+        match args.scenario {
+            Scenario::JoinStorm => {}
+            Scenario::Steady => steady(&mut h, &args, &mut out, rss_base).await?,
+            Scenario::Fanout => fanout(&mut h, &args, &mut out).await?,
+            Scenario::Rollout => rollout(&mut h, &args, &mut out).await?,
+            Scenario::Restart => restart(&mut h, &args, &mut out).await?,
+            Scenario::Chart => {}
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let stats = h.sim_stats();
+    h.stop().await;
+    if let Err(e) = result {
+        bail!(
+            "{e:#}\n(state dir {}; see serve.log and sim.log there)",
+            h.dir.display()
+        );
+    }
+    out.insert("sim".into(), stats);
+    let out = Value::Object(out);
+    if let Some(png) = &args.chart {
+        let run = chart::RestartSeries::from_result(run_label(&out), &out)?;
+        chart::draw(&[run], CHART_TITLE, png, args.font.as_deref())?;
+        eprintln!("chart: {}", png.display());
+    }
+    if args.output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_table(&out);
+    }
+    Ok(())
+}
+
+fn print_table(v: &Value) {
+    let Some(o) = v.as_object() else { return };
+    for (k, val) in o {
+        match (k.as_str(), val) {
+            ("reconnectSeries" | "sim", _) => {}
+            ("machine", Value::Object(m)) => {
+                for (mk, mv) in m {
+                    println!("{:<28} {}", format!("machine.{mk}"), mv);
+                }
+            }
+            _ => println!("{k:<28} {val}"),
+        }
+    }
+}
+
+/// `bcctl dev --sim N`: a `bcctl serve` process and N simulated agents; waits until all are
+/// adopted, connected and converged, prints the join figures, then runs until Ctrl-C (or exits
+/// with `--once`).
+pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<()> {
+    raise_nofile_limit();
+    let args = BenchArgs {
+        scenario: Scenario::JoinStorm,
+        nodes,
+        bcd: dev.bcd.clone(),
+        state_dir: dev.state_dir.clone(),
+        heartbeat_interval: dev.heartbeat_interval,
+        window: Duration::from_secs(0),
+        timeout: dev.timeout,
+        output: Output::Table,
+        chart: None,
+        font: None,
+        input: Vec::new(),
+    };
+    let mut h = Harness::start(&args).await?;
+    println!(
+        "control plane: gateway {}  api {}",
+        h.gateway_url, h.api_url
+    );
+    println!("state:         {}", h.dir.display());
+    println!(
+        "operator API:  bcctl --state-dir {} nodes list",
+        h.dir.display()
+    );
+    let mut out = serde_json::Map::new();
+    if let Err(e) = join_storm(&mut h, &args, &mut out).await {
+        h.stop().await;
+        bail!("{e:#}\n(see serve.log and sim.log in {})", h.dir.display());
+    }
+    println!("\n{nodes} simulated nodes adopted, connected and converged:\n");
+    print_table(&Value::Object(out));
+    if !dev.once {
+        println!("\nrunning; Ctrl-C stops the simulator and the control plane");
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    h.stop().await;
+    println!("stopped");
+    Ok(())
+}

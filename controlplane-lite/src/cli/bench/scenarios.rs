@@ -1,0 +1,312 @@
+//! The scenarios: each fills the result object with its figures.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use serde_json::{Value, json};
+
+use controlplane_lite::store::now_ms;
+
+use super::harness::{Harness, pid_of, port_of, proc_usage};
+use super::{BenchArgs, round2};
+
+/// The join storm every scenario starts with; fills `out`.
+pub(super) async fn join_storm(
+    h: &mut Harness,
+    args: &BenchArgs,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let n = args.nodes as u64;
+    let base = h.serve_pid().and_then(proc_usage);
+    let t0 = Instant::now();
+    h.start_sim()?;
+    let mut peak_rss = 0u64;
+    let pid = h.serve_pid();
+    let adopted = h
+        .wait_for(
+            "all nodes adopted",
+            t0,
+            args.timeout,
+            0,
+            |_, _| {
+                if let Some((_, rss)) = pid.and_then(proc_usage) {
+                    peak_rss = peak_rss.max(rss);
+                }
+            },
+            |c| c.adopted >= n && c.total >= n,
+        )
+        .await?;
+    let connected = h
+        .wait_for(
+            "all nodes connected and converged",
+            t0,
+            args.timeout,
+            0,
+            |_, _| {},
+            |c| c.connected >= n && c.converged >= n,
+        )
+        .await?;
+    let after = h.serve_pid().and_then(proc_usage);
+    // The sim writes its stats every second: wait for a file that has seen every join.
+    let mut stats = h.sim_stats();
+    let t1 = Instant::now();
+    while stats["joined"].as_u64().unwrap_or(0) < n && t1.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stats = h.sim_stats();
+    }
+    let errors =
+        stats["joinErrors"].as_u64().unwrap_or(0) + stats["sessionErrors"].as_u64().unwrap_or(0);
+    out.insert("joinAllAdoptedS".into(), json!(round2(adopted)));
+    out.insert(
+        "joinAllConnectedConvergedS".into(),
+        json!(round2(connected)),
+    );
+    out.insert("joinErrors".into(), json!(stats["joinErrors"]));
+    out.insert("sessionErrors".into(), json!(stats["sessionErrors"]));
+    out.insert("errors".into(), json!(errors));
+    out.insert("adopted".into(), json!(h.counts(0)?.adopted));
+    if let (Some((t0c, rss0)), Some((t1c, _))) = (base, after) {
+        #[allow(clippy::cast_precision_loss)]
+        let cpu_s = (t1c.saturating_sub(t0c)) as f64 / 100.0;
+        out.insert("joinServeCpuS".into(), json!(round2(cpu_s)));
+        out.insert("serveRssBeforeMiB".into(), json!(rss0 / (1 << 20)));
+        out.insert("joinServePeakRssMiB".into(), json!(peak_rss / (1 << 20)));
+    }
+    Ok(())
+}
+
+pub(super) async fn steady(
+    h: &mut Harness,
+    args: &BenchArgs,
+    out: &mut serde_json::Map<String, Value>,
+    rss_base: u64,
+) -> anyhow::Result<()> {
+    // Let the join storm's inventory writes drain, then measure one clean window.
+    tokio::time::sleep(args.heartbeat_interval.min(Duration::from_secs(5))).await;
+    if let Some(pid) = h.sim.as_ref().and_then(pid_of) {
+        let _ = kill(pid, Signal::SIGUSR1);
+    }
+    let pid = h.serve_pid().context("serve is not running")?;
+    let (c0, _) = proc_usage(pid).context("reading /proc of serve")?;
+    let t0 = Instant::now();
+    let mut max_rss = 0u64;
+    while t0.elapsed() < args.window {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some((_, r)) = proc_usage(pid) {
+            max_rss = max_rss.max(r);
+        }
+    }
+    let (c1, rss) = proc_usage(pid).context("reading /proc of serve")?;
+    // The stats file is written every second: wait for one written after the window.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let stats = h.sim_stats();
+    #[allow(clippy::cast_precision_loss)]
+    let cpu = (c1.saturating_sub(c0)) as f64 / 100.0 / t0.elapsed().as_secs_f64() * 100.0;
+    let n = args.nodes.max(1) as u64;
+    out.insert("windowS".into(), json!(args.window.as_secs()));
+    out.insert("heartbeatAcks".into(), stats["latencySamples"].clone());
+    out.insert(
+        "heartbeatAckP50Ms".into(),
+        stats["heartbeatAckP50Ms"].clone(),
+    );
+    out.insert(
+        "heartbeatAckP99Ms".into(),
+        stats["heartbeatAckP99Ms"].clone(),
+    );
+    out.insert(
+        "heartbeatAckMaxMs".into(),
+        stats["heartbeatAckMaxMs"].clone(),
+    );
+    out.insert("serveCpuPercent".into(), json!(round2(cpu)));
+    out.insert("serveRssMiB".into(), json!(rss / (1 << 20)));
+    out.insert(
+        "serveRssPerSessionKiB".into(),
+        json!(rss.saturating_sub(rss_base) / n / 1024),
+    );
+    out.insert("connected".into(), json!(h.counts(0)?.connected));
+    Ok(())
+}
+
+pub(super) async fn restart(
+    h: &mut Harness,
+    args: &BenchArgs,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let n = args.nodes as u64;
+    let listen = format!("127.0.0.1:{}", port_of(&h.gateway_url));
+    let api = format!("127.0.0.1:{}", port_of(&h.api_url));
+    let t_kill = now_ms();
+    let t0 = Instant::now();
+    if let Some(mut s) = h.serve.take() {
+        let _ = s.start_kill();
+        let _ = s.wait().await;
+    }
+    h.start_serve(&listen, &api).await?;
+    let up = t0.elapsed().as_secs_f64();
+    let mut series: Vec<(f64, u64, u64)> = Vec::new();
+    let mut wrongly_unreachable = 0u64;
+    let settled = h
+        .wait_for(
+            "all nodes reconnected",
+            t0,
+            args.timeout,
+            t_kill,
+            |t, c| {
+                wrongly_unreachable = wrongly_unreachable.max(c.unreachable);
+                series.push((round2(t), c.reconnected, c.unreachable));
+            },
+            |c| c.reconnected >= n,
+        )
+        .await?;
+    // Watch a little longer: a node marked unreachable late still counts.
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs(3) {
+        wrongly_unreachable = wrongly_unreachable.max(h.counts(t_kill)?.unreachable);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Keep the series small: at most ~100 points.
+    let step = (series.len() / 100).max(1);
+    let series: Vec<Value> = series
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % step == 0 || *i + 1 == series.len())
+        .map(|(_, (t, up, down))| json!([t, up, down]))
+        .collect();
+    out.insert("restartServeUpS".into(), json!(round2(up)));
+    out.insert("restartAllReconnectedS".into(), json!(round2(settled)));
+    out.insert("wronglyUnreachable".into(), json!(wrongly_unreachable));
+    out.insert("reconnectSeries".into(), Value::Array(series));
+    Ok(())
+}
+
+pub(super) async fn fanout(
+    h: &mut Harness,
+    args: &BenchArgs,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let ids = h.node_ids()?;
+    let client = h.client();
+    let since = now_ms();
+    let t0 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    for (id, _) in ids {
+        let c = client.clone();
+        let sem = std::sync::Arc::clone(&sem);
+        set.spawn(async move {
+            let _permit = sem.acquire().await;
+            c.call::<_, Value>("commands.create", &json!({"nodeId": id, "name": "inventory.refresh", "args": {}, "timeoutSeconds": 600}))
+                .await
+                .map(|_| ())
+        });
+    }
+    let mut create_errors = 0u64;
+    while let Some(r) = set.join_next().await {
+        if !matches!(r, Ok(Ok(()))) {
+            create_errors += 1;
+        }
+    }
+    let created = t0.elapsed().as_secs_f64();
+    let n = args.nodes as u64;
+    loop {
+        let done: u64 = h.db.query_row(
+            "SELECT count(*) FROM commands WHERE name = 'inventory.refresh' AND created_at >= ?1 AND state = 'succeeded'",
+            [since],
+            |r| r.get(0),
+        )?;
+        if done + create_errors >= n {
+            break;
+        }
+        if t0.elapsed() > args.timeout {
+            bail!("fan-out: {done} of {n} results in {:?}", args.timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all = t0.elapsed().as_secs_f64();
+    let mut st = h.db.prepare(
+        "SELECT finished_at - created_at FROM commands WHERE name = 'inventory.refresh' AND created_at >= ?1 AND finished_at IS NOT NULL ORDER BY 1",
+    )?;
+    let lat: Vec<i64> = st
+        .query_map([since], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let p = |q: f64| -> i64 {
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let i = ((lat.len().saturating_sub(1)) as f64 * q).round() as usize;
+        lat.get(i).copied().unwrap_or(0)
+    };
+    out.insert("fanoutCreatedS".into(), json!(round2(created)));
+    out.insert("fanoutAllResultsS".into(), json!(round2(all)));
+    out.insert("fanoutCommandP50Ms".into(), json!(p(0.5)));
+    out.insert("fanoutCommandP99Ms".into(), json!(p(0.99)));
+    out.insert("fanoutCreateErrors".into(), json!(create_errors));
+    Ok(())
+}
+
+pub(super) async fn rollout(
+    h: &mut Harness,
+    args: &BenchArgs,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let ids = h.node_ids()?;
+    let client = h.client();
+    let t0 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    for (id, version) in ids {
+        let c = client.clone();
+        let sem = std::sync::Arc::clone(&sem);
+        set.spawn(async move {
+            let _permit = sem.acquire().await;
+            c.call::<_, Value>(
+                "nodes.updateSpec",
+                &json!({"nodeId": id, "version": version, "spec": {"devices": {"gpus": []}}}),
+            )
+            .await
+            .map(|_| ())
+        });
+    }
+    let mut update_errors = 0u64;
+    let mut first_error = None;
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                update_errors += 1;
+                first_error.get_or_insert(e.to_string());
+            }
+            Err(e) => {
+                update_errors += 1;
+                first_error.get_or_insert(e.to_string());
+            }
+        }
+    }
+    let updated = t0.elapsed().as_secs_f64();
+    let n = args.nodes as u64;
+    let all = h
+        .wait_for(
+            "every observedGeneration matches",
+            t0,
+            args.timeout,
+            0,
+            |_, _| {},
+            |c| c.converged >= n,
+        )
+        .await?;
+    let gens: u64 =
+        h.db.query_row("SELECT coalesce(min(generation), 0) FROM nodes", [], |r| {
+            r.get(0)
+        })?;
+    out.insert("rolloutUpdatedS".into(), json!(round2(updated)));
+    out.insert("rolloutAllObservedS".into(), json!(round2(all)));
+    out.insert("rolloutMinGeneration".into(), json!(gens));
+    out.insert("rolloutUpdateErrors".into(), json!(update_errors));
+    if let Some(e) = first_error {
+        out.insert("rolloutFirstError".into(), json!(e));
+    }
+    Ok(())
+}
