@@ -150,6 +150,7 @@ async fn serve(
         match m.msg {
             Some(agent_message::Msg::Heartbeat(hb)) => {
                 gw.heartbeats.note(&node_id, epoch, now_ms());
+                gw.metrics.heartbeat();
                 if tx
                     .send(msg(Msg::HeartbeatAck(HeartbeatAck { seq: hb.seq })))
                     .await
@@ -243,6 +244,7 @@ async fn handle_inventory(
     };
     let hw = inv.hardware.unwrap_or_default();
     let id = node_id.to_owned();
+    let started = std::time::Instant::now();
     let r = gw
         .store
         .run(move |c| {
@@ -257,6 +259,7 @@ async fn handle_inventory(
             )
         })
         .await;
+    gw.metrics.observe_inventory(started.elapsed());
     match r {
         Ok(Some(state)) => tracing::info!(node_id, provision_state = %state, "inventory recorded"),
         Ok(None) => {}
