@@ -25,6 +25,7 @@ pub mod commands;
 pub mod gateway;
 pub mod health;
 pub mod liveness;
+pub mod metrics;
 pub mod model;
 pub mod server;
 pub mod store;

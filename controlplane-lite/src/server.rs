@@ -49,6 +49,9 @@ pub enum ServeError {
     /// tonic refused the TLS setup or the server failed.
     #[error("gateway: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The metrics listener could not be started.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 /// Configuration of `bcctl serve`.
@@ -69,6 +72,8 @@ pub struct ServeConfig {
     pub node_cert_ttl: Duration,
     /// Join attempts allowed per source address per minute (0: no limit).
     pub join_attempts_per_minute: u32,
+    /// Prometheus metrics (`GET /metrics`) address; `None`: no metrics listener. Port 0 picks one.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServeConfig {
@@ -85,6 +90,7 @@ impl ServeConfig {
             liveness: LivenessConfig::default(),
             node_cert_ttl: ca::DEFAULT_NODE_CERT_TTL,
             join_attempts_per_minute: 60,
+            metrics_listen: None,
         }
     }
 }
@@ -99,6 +105,9 @@ pub struct Endpoints {
     pub api_url: String,
     /// `sha256:<hex>` pin of the CA.
     pub ca_pin: String,
+    /// `http://host:port/metrics` when `--metrics-listen` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_url: Option<String>,
 }
 
 /// File names in the state dir.
@@ -229,13 +238,15 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         .advertise_url
         .clone()
         .unwrap_or_else(|| format!("https://{}:{}", host(gw_addr), gw_addr.port()));
-    let endpoints = Endpoints {
+    let mut endpoints = Endpoints {
         gateway_url: gateway_url.clone(),
         api_url: format!("http://{}:{}", host(api_addr), api_addr.port()),
         ca_pin: ca.pin()?,
+        metrics_url: None,
     };
 
     let registry = Arc::new(Registry::default());
+    let metrics = crate::metrics::Metrics::new();
     let heartbeats = Arc::new(HeartbeatBuffer::default());
     let commands = Commands {
         store: store.clone(),
@@ -254,6 +265,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         registry: Arc::clone(&registry),
         heartbeats: Arc::clone(&heartbeats),
         commands: commands.clone(),
+        metrics: metrics.clone(),
     };
     let join = JoinService {
         store: store.clone(),
@@ -264,6 +276,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         limiter: Arc::new(crate::gateway::join::RateLimiter::new(
             cfg.join_attempts_per_minute,
         )),
+        metrics: metrics.clone(),
     };
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(chain_pem, key_pem))
@@ -272,6 +285,22 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
+
+    // Bound before anything is spawned: an address in use fails the start, not a scrape later.
+    if let Some(addr) = cfg.metrics_listen {
+        let (bound, server) = crate::metrics::serve(
+            addr,
+            metrics.clone(),
+            store.clone(),
+            Arc::clone(&registry),
+            shutdown_rx.clone(),
+        )
+        .await?;
+        endpoints.metrics_url = Some(format!("http://{}:{}/metrics", host(bound), bound.port()));
+        tasks.spawn(async move {
+            let _ = server.await;
+        });
+    }
 
     let mut grpc = Server::builder()
         .tls_config(tls)?
@@ -357,7 +386,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             .as_bytes(),
         0o644,
     )?;
-    tracing::info!(gateway = %endpoints.gateway_url, api = %endpoints.api_url, state_dir = %cfg.state_dir.display(), "control plane listening");
+    tracing::info!(gateway = %endpoints.gateway_url, api = %endpoints.api_url, metrics = ?endpoints.metrics_url, state_dir = %cfg.state_dir.display(), "control plane listening");
     Ok(Running {
         endpoints,
         store,

@@ -31,6 +31,7 @@ pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
 pub mod logs;
+pub mod metrics;
 pub mod notify;
 pub mod nvml;
 pub mod ops;

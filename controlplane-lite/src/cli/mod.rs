@@ -87,6 +87,10 @@ pub struct ServeArgs {
     /// Join attempts allowed per source address per minute (0: no limit).
     #[arg(long, default_value_t = 60)]
     pub join_attempts_per_minute: u32,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (e.g. `127.0.0.1:9464`; port 0 picks
+    /// one, written to endpoints.json as `metricsUrl`). Off unless given.
+    #[arg(long, env = "BCCTL_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -105,6 +109,7 @@ impl ServeArgs {
         cfg.liveness.lost_after = self.lost_after;
         cfg.node_cert_ttl = self.node_cert_ttl;
         cfg.join_attempts_per_minute = self.join_attempts_per_minute;
+        cfg.metrics_listen = self.metrics_listen;
         cfg
     }
 }

@@ -9,6 +9,7 @@ use rusqlite::TransactionBehavior;
 use tonic::{Request, Response, Status};
 
 use crate::ca::CertificateAuthority;
+use crate::metrics::JoinOutcome;
 use crate::store::nodes::{self, NewNode};
 use crate::store::tokens::{self, TokenRefusal};
 use crate::store::{Store, events, now_ms};
@@ -27,6 +28,8 @@ pub struct JoinService {
     pub registry: Arc<crate::gateway::registry::Registry>,
     /// Join attempts per source address.
     pub limiter: Arc<RateLimiter>,
+    /// `bcctl_join_total{outcome}`.
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Fixed-window limit of join attempts per source address (a guessing or runaway agent must not
@@ -115,6 +118,14 @@ enum JoinRefusal {
     Duplicate(String),
 }
 
+fn refusal_outcome(r: &JoinRefusal) -> JoinOutcome {
+    match r {
+        JoinRefusal::Token(_) => JoinOutcome::RefusedToken,
+        JoinRefusal::Placement(_) => JoinOutcome::RefusedPlacement,
+        JoinRefusal::Duplicate(_) => JoinOutcome::RefusedDuplicate,
+    }
+}
+
 fn refusal_status(r: &JoinRefusal) -> Status {
     match r {
         JoinRefusal::Token(_) => Status::unauthenticated(r.to_string()),
@@ -130,6 +141,7 @@ impl Join for JoinService {
         if let Some(addr) = peer
             && !self.limiter.allow(addr.ip())
         {
+            self.metrics.join(JoinOutcome::RefusedRate);
             return Err(Status::resource_exhausted(format!(
                 "too many join attempts from {}; try again in a minute",
                 addr.ip()
@@ -137,6 +149,7 @@ impl Join for JoinService {
         }
         let req = request.into_inner();
         if req.csr_pem.len() > MAX_CSR_BYTES {
+            self.metrics.join(JoinOutcome::RefusedInvalid);
             return Err(Status::invalid_argument(format!(
                 "CSR is {} bytes; at most {MAX_CSR_BYTES} accepted",
                 req.csr_pem.len()
@@ -144,6 +157,7 @@ impl Join for JoinService {
         }
         // Validate the CSR before spending a token use.
         if let Err(e) = rcgen::CertificateSigningRequestParams::from_pem(&req.csr_pem) {
+            self.metrics.join(JoinOutcome::RefusedInvalid);
             return Err(Status::invalid_argument(format!(
                 "certificate signing request is invalid: {e}"
             )));
@@ -237,10 +251,14 @@ impl Join for JoinService {
                 Ok(Ok((id, 1)))
             })
             .await
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| {
+                self.metrics.join(JoinOutcome::Error);
+                Status::internal(e.to_string())
+            })?;
         let (node_id, generation) = match outcome {
             Ok(v) => v,
             Err(refusal) => {
+                self.metrics.join(refusal_outcome(&refusal));
                 tracing::warn!(peer = ?peer, reason = %refusal, "join refused");
                 return Err(refusal_status(&refusal));
             }
@@ -248,7 +266,16 @@ impl Join for JoinService {
         let (certificate_pem, ident) = self
             .ca
             .sign_node_csr(&req.csr_pem, &node_id, generation, self.node_cert_ttl)
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| {
+                self.metrics.join(JoinOutcome::Error);
+                Status::internal(e.to_string())
+            })?;
+        // A new node starts at identity generation 1; a re-join in place always raises it.
+        self.metrics.join(if generation == 1 {
+            JoinOutcome::NewNode
+        } else {
+            JoinOutcome::Rejoined
+        });
         tracing::info!(node_id = %node_id, peer = ?peer, "node joined");
         Ok(Response::new(JoinResponse {
             node_id,

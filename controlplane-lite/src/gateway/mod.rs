@@ -68,6 +68,8 @@ pub struct GatewayService {
     pub registry: Arc<Registry>,
     pub heartbeats: Arc<HeartbeatBuffer>,
     pub commands: crate::commands::Commands,
+    /// Heartbeat, inventory and flush metrics (`bcctl_…`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl GatewayService {
@@ -118,6 +120,7 @@ impl GatewayService {
         if beats.is_empty() {
             return;
         }
+        let started = std::time::Instant::now();
         if let Err(e) = self
             .store
             .run(move |c| sessions::flush_heartbeats(c, &beats))
@@ -125,6 +128,7 @@ impl GatewayService {
         {
             tracing::error!(error = %e, "writing heartbeats failed");
         }
+        self.metrics.observe_heartbeat_flush(started.elapsed());
     }
 }
 

@@ -169,6 +169,7 @@ async fn serve(
         let write = match m.msg {
             Some(agent_message::Msg::Heartbeat(hb)) => {
                 gw.heartbeats.note(&node_id, epoch, now_ms());
+                gw.metrics.heartbeat();
                 if tx
                     .send(msg(Msg::HeartbeatAck(HeartbeatAck { seq: hb.seq })))
                     .await
@@ -286,6 +287,7 @@ async fn handle_inventory(
     let hw = inv.hardware.unwrap_or_default();
     let id = node_id.to_owned();
     let doc = inv.document_json;
+    let started = std::time::Instant::now();
     let r = gw
         .store
         .run(move |c| {
@@ -301,6 +303,7 @@ async fn handle_inventory(
             )
         })
         .await;
+    gw.metrics.observe_inventory(started.elapsed());
     match r {
         Ok(Some(state)) => tracing::debug!(node_id, provision_state = %state, "inventory recorded"),
         Ok(None) => {}

@@ -165,6 +165,7 @@ impl Executor {
                 tracing::error!(command = %entry.id, error = %e, "cannot journal the result");
             }
             tracing::info!(command = %entry.id, name = %entry.name, state = %entry.state, "command finished");
+            crate::metrics::global().command_finished(&entry.name, &entry.state);
             // Report on the session live now; a closed one leaves the result in the journal for
             // the next Hello.
             let (o, e) = this.session.lock().clone().unwrap_or((out, epoch));
@@ -188,6 +189,7 @@ impl Executor {
             e.error_message = Some("cancelled by the control plane".to_owned());
             e.finished_at = Some(now_ms());
             let _ = self.journal.put(&e);
+            crate::metrics::global().command_finished(&e.name, &e.state);
             send(out, epoch, e.update());
         }
     }
@@ -247,6 +249,7 @@ async fn execute(
             })
             .await
             .map_err(|e| ("INTERNAL".to_owned(), e.to_string()))?;
+            crate::metrics::global().record_diag(&report);
             serde_json::to_value(report).map_err(|e| ("INTERNAL".to_owned(), e.to_string()))
         }
         CommandName::GpuReset => {

@@ -52,6 +52,11 @@ pub struct AgentArgs {
     /// Largest reconnect wait.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
     pub reconnect_max: Duration,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (e.g. `127.0.0.1:9464`; port 0 picks
+    /// one, written to status.json as `metricsUrl`). Also `metrics_listen` in bcd.toml and
+    /// `BCD_METRICS_LISTEN`. Off unless set.
+    #[arg(long)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub nvml: crate::nvml::cli::NvmlArgs,
     #[command(flatten)]
@@ -93,6 +98,9 @@ pub enum AgentError {
     /// The config file or environment is invalid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// The metrics listener could not be started.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
 }
 
 impl AgentError {
@@ -114,7 +122,8 @@ impl AgentError {
             | AgentError::Usage(_)
             | AgentError::Key(_)
             | AgentError::Signals(_)
-            | AgentError::Config(_) => true,
+            | AgentError::Config(_)
+            | AgentError::Metrics(_) => true,
             AgentError::Connect(_) | AgentError::Task(_) => false,
         }
     }
@@ -158,6 +167,7 @@ pub fn resolve_config(args: &AgentArgs) -> Result<crate::config::Config, AgentEr
         }),
         journalctl: (args.ops.journalctl != std::path::Path::new("journalctl"))
             .then(|| args.ops.journalctl.clone()),
+        metrics_listen: args.metrics_listen,
         ..Default::default()
     };
     let env = ConfigOverrides::from_process_env()?;
@@ -207,6 +217,10 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let root = HostRoot::new(&cfg.root);
     let state = StateDir::open(&cfg.state_dir)?;
     let status = status::StatusFile::new(state.path());
+    if let Some(addr) = cfg.metrics_listen {
+        let bound = crate::metrics::serve(addr, crate::metrics::global().clone()).await?;
+        status.update(|s| s.metrics_url = Some(crate::metrics::url(bound)));
+    }
     let mut backoff = Backoff::new(args.reconnect_base, args.reconnect_max);
 
     let journal = journal::Journal::open(state.path())?;
@@ -387,6 +401,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                 },
             )
             .await;
+            crate::metrics::global().set_connected(false);
             // A renewed certificate that opened a session is now the one; one that did not is
             // dropped and the old one (still valid) is used again.
             if let Some((k, c)) = pending.take() {
@@ -418,6 +433,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
                     pending = Some((key_pem, cert_pem));
                 }
                 session::SessionEnd::Retry(reason) => {
+                    crate::metrics::global().reconnect();
                     status.update(|s| {
                         s.state = "disconnected".into();
                         s.message = reason.clone();

@@ -58,6 +58,7 @@ pub(crate) async fn inventory_message(
     let root = root.clone();
     let nvml = nvml.clone();
     tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
         // GPUs through NVML when it is there; the PCI list otherwise.
         let gpus = crate::nvml::inventory_gpus(&nvml)
             .ok()
@@ -76,6 +77,7 @@ pub(crate) async fn inventory_message(
             });
         let inv = crate::inventory::collect_with_gpus(&root, gpus);
         let hw = crate::hwkey::compute(&root);
+        crate::metrics::global().observe_inventory(started.elapsed());
         let doc = serde_json::to_vec(&inv).map_err(|e| e.to_string())?;
         Ok(Inventory {
             hardware: Some(hw),
@@ -196,6 +198,7 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
     let interval = Duration::from_millis(u64::from(welcome.heartbeat_interval_ms.max(50)));
     tracing::info!(node_id = %node.node_id, epoch, gateway = %welcome.gateway_id, heartbeat = ?interval, "session open");
     sh.status.connected(epoch, &welcome.gateway_id);
+    crate::metrics::global().set_connected(true);
     *sh.welcomed = true;
     ctx.executor.attach(out.clone(), epoch);
     if let Some((state, key, cert)) = sh.promote
@@ -256,6 +259,7 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
                 if out.send(msg(epoch, agent_message::Msg::Heartbeat(Heartbeat { seq }))).await.is_err() {
                     return SessionEnd::Retry("outbound stream closed".to_owned());
                 }
+                crate::metrics::global().heartbeat_sent();
             }
             Some(x) = sh.xids.recv() => {
                 tracing::warn!(xid = x.xid, gpu = ?x.pci_bus_id, class = ?x.class, "XID");
@@ -283,6 +287,7 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
                     Some(gateway_message::Msg::HeartbeatAck(a)) => {
                         sh.backoff.reset();
                         sh.status.heartbeat_acked(a.seq);
+                        crate::metrics::global().heartbeat_acked();
                     }
                     Some(gateway_message::Msg::Spec(spec)) => {
                         tracing::info!(generation = spec.generation, "spec received");

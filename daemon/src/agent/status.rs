@@ -33,6 +33,9 @@ pub struct AgentStatus {
     pub message: String,
     /// The agent's pid.
     pub pid: u32,
+    /// `http://host:port/metrics` when the agent serves metrics (`metrics_listen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_url: Option<String>,
     /// RFC 3339.
     pub updated_at: String,
 }

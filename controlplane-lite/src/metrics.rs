@@ -1,0 +1,662 @@
+//! Prometheus metrics of `bcctl serve`, served as OpenMetrics text at `GET /metrics` on
+//! `--metrics-listen` (off unless given).
+//!
+//! # Design
+//! Counters and histograms are updated where things happen (heartbeats and inventories in the
+//! gateway session, join outcomes in JoinService, heartbeat flushes). Gauges that describe the
+//! fleet (sessions, commands by state, nodes by connectivity and provisionState, nodes with an
+//! unhealthy GPU) are read at scrape time: one store call per scrape, so they are never stale
+//! and nothing has to keep them in step with every state change.
+//!
+//! # Limitations
+//! A label value the store holds that is not one of the spelled states (a hand-edited row) gets
+//! its own series, which stays at its last value after the row is gone.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Unit;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::gateway::registry::Registry as Sessions;
+use crate::store::commands::CommandState;
+use crate::store::{Store, StoreError};
+
+/// The content type of the exposition (what prometheus-client's text encoder writes).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What went wrong serving or computing metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The metrics address could not be bound.
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// The scrape-time store query failed.
+    #[error("reading fleet gauges from the store: {0}")]
+    Store(#[from] StoreError),
+    /// The text encoder failed (a formatting error; not expected).
+    #[error("encoding metrics: {0}")]
+    Encode(#[from] std::fmt::Error),
+}
+
+/// How a join attempt ended; the `outcome` label of `bcctl_join_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JoinOutcome {
+    /// A new node was created (provisionState `adopting`).
+    NewNode,
+    /// A known machine (trusted hardware key or two identifiers) re-joined in place.
+    Rejoined,
+    /// Over the per-address join rate limit.
+    RefusedRate,
+    /// The CSR was too large or did not parse.
+    RefusedInvalid,
+    /// Unknown, expired, revoked or used-up token.
+    RefusedToken,
+    /// The token's pool or site cannot take nodes.
+    RefusedPlacement,
+    /// The machine's record has a live session (a cloned machine).
+    RefusedDuplicate,
+    /// The store or the CA failed.
+    Error,
+}
+
+impl JoinOutcome {
+    /// Every outcome, in label order.
+    pub const ALL: &'static [JoinOutcome] = &[
+        JoinOutcome::NewNode,
+        JoinOutcome::Rejoined,
+        JoinOutcome::RefusedRate,
+        JoinOutcome::RefusedInvalid,
+        JoinOutcome::RefusedToken,
+        JoinOutcome::RefusedPlacement,
+        JoinOutcome::RefusedDuplicate,
+        JoinOutcome::Error,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JoinOutcome::NewNode => "new_node",
+            JoinOutcome::Rejoined => "rejoined",
+            JoinOutcome::RefusedRate => "refused_rate",
+            JoinOutcome::RefusedInvalid => "refused_invalid",
+            JoinOutcome::RefusedToken => "refused_token",
+            JoinOutcome::RefusedPlacement => "refused_placement",
+            JoinOutcome::RefusedDuplicate => "refused_duplicate",
+            JoinOutcome::Error => "error",
+        }
+    }
+}
+
+/// Every command state, spelled as in the store.
+const COMMAND_STATES: &[CommandState] = &[
+    CommandState::Queued,
+    CommandState::Sent,
+    CommandState::Running,
+    CommandState::Succeeded,
+    CommandState::Failed,
+    CommandState::Cancelled,
+    CommandState::Expired,
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ConnectivityLabel {
+    connectivity: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ProvisionStateLabel {
+    provision_state: String,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: prometheus_client::registry::Registry,
+    sessions: Gauge,
+    heartbeats: Counter,
+    joins: Family<OutcomeLabel, Counter>,
+    commands: Family<StateLabel, Gauge>,
+    nodes: Family<ConnectivityLabel, Gauge>,
+    nodes_by_provision_state: Family<ProvisionStateLabel, Gauge>,
+    nodes_gpu_unhealthy: Gauge,
+    inventory_record: Histogram,
+    heartbeat_flush: Histogram,
+    /// One scrape at a time: the scrape-time gauges are set and encoded together.
+    scrape: tokio::sync::Mutex<()>,
+}
+
+/// The control plane's metrics; cheap to clone (one `Arc`).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Buckets for store writes, seconds: 0.5 ms doubling to about 16 s.
+fn store_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0005, 2.0, 16)
+}
+
+impl Metrics {
+    /// Every family registered, fleet gauges at 0 for every known label value.
+    pub fn new() -> Self {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let sessions = Gauge::default();
+        registry.register(
+            "bcctl_sessions",
+            "Live agent sessions on this gateway",
+            sessions.clone(),
+        );
+        let heartbeats = Counter::default();
+        registry.register(
+            "bcctl_heartbeats",
+            "Heartbeats received from agents",
+            heartbeats.clone(),
+        );
+        let joins = Family::<OutcomeLabel, Counter>::default();
+        registry.register("bcctl_join", "Join attempts by outcome", joins.clone());
+        let commands = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "bcctl_commands",
+            "Commands in the store by state",
+            commands.clone(),
+        );
+        let nodes = Family::<ConnectivityLabel, Gauge>::default();
+        registry.register("bcctl_nodes", "Nodes by connectivity", nodes.clone());
+        let nodes_by_provision_state = Family::<ProvisionStateLabel, Gauge>::default();
+        registry.register(
+            "bcctl_nodes_by_provision_state",
+            "Nodes by provisionState",
+            nodes_by_provision_state.clone(),
+        );
+        let nodes_gpu_unhealthy = Gauge::default();
+        registry.register(
+            "bcctl_nodes_gpu_unhealthy",
+            "Nodes whose GpuUnhealthy condition is true",
+            nodes_gpu_unhealthy.clone(),
+        );
+        let inventory_record = Histogram::new(store_buckets());
+        registry.register_with_unit(
+            "bcctl_inventory_record_duration",
+            "Time to store one Inventory from an agent",
+            Unit::Seconds,
+            inventory_record.clone(),
+        );
+        let heartbeat_flush = Histogram::new(store_buckets());
+        registry.register_with_unit(
+            "bcctl_heartbeat_flush_duration",
+            "Time to write one batch of buffered heartbeats",
+            Unit::Seconds,
+            heartbeat_flush.clone(),
+        );
+        for o in JoinOutcome::ALL {
+            let _ = joins.get_or_create(&OutcomeLabel {
+                outcome: o.as_str(),
+            });
+        }
+        let m = Self {
+            inner: Arc::new(Inner {
+                registry,
+                sessions,
+                heartbeats,
+                joins,
+                commands,
+                nodes,
+                nodes_by_provision_state,
+                nodes_gpu_unhealthy,
+                inventory_record,
+                heartbeat_flush,
+                scrape: tokio::sync::Mutex::new(()),
+            }),
+        };
+        m.set_fleet(&FleetCounts::default(), 0);
+        m
+    }
+
+    /// A heartbeat arrived (`bcctl_heartbeats_total`).
+    pub fn heartbeat(&self) {
+        self.inner.heartbeats.inc();
+    }
+
+    /// A join attempt ended with `outcome` (`bcctl_join_total{outcome}`).
+    pub fn join(&self, outcome: JoinOutcome) {
+        self.inner
+            .joins
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// Storing one Inventory took `d` (`bcctl_inventory_record_duration_seconds`).
+    pub fn observe_inventory(&self, d: Duration) {
+        self.inner.inventory_record.observe(d.as_secs_f64());
+    }
+
+    /// Writing one heartbeat batch took `d` (`bcctl_heartbeat_flush_duration_seconds`).
+    pub fn observe_heartbeat_flush(&self, d: Duration) {
+        self.inner.heartbeat_flush.observe(d.as_secs_f64());
+    }
+
+    fn set_fleet(&self, f: &FleetCounts, sessions: usize) {
+        let i = &self.inner;
+        i.sessions.set(i64::try_from(sessions).unwrap_or(i64::MAX));
+        let count = |rows: &[(String, i64)], key: &str| {
+            rows.iter()
+                .filter(|(k, _)| k == key)
+                .map(|(_, n)| *n)
+                .sum::<i64>()
+        };
+        let mut known: Vec<&str> = COMMAND_STATES.iter().map(|s| s.as_str()).collect();
+        known.extend(f.commands.iter().map(|(k, _)| k.as_str()));
+        for s in known {
+            i.commands
+                .get_or_create(&StateLabel {
+                    state: s.to_owned(),
+                })
+                .set(count(&f.commands, s));
+        }
+        let mut known: Vec<&str> = bc_protocol::Connectivity::ALL
+            .iter()
+            .map(|c| c.as_str())
+            .collect();
+        known.extend(f.connectivity.iter().map(|(k, _)| k.as_str()));
+        for c in known {
+            i.nodes
+                .get_or_create(&ConnectivityLabel {
+                    connectivity: c.to_owned(),
+                })
+                .set(count(&f.connectivity, c));
+        }
+        let mut known: Vec<&str> = bc_protocol::ProvisionState::ALL
+            .iter()
+            .map(|p| p.as_str())
+            .collect();
+        known.extend(f.provision_states.iter().map(|(k, _)| k.as_str()));
+        for p in known {
+            i.nodes_by_provision_state
+                .get_or_create(&ProvisionStateLabel {
+                    provision_state: p.to_owned(),
+                })
+                .set(count(&f.provision_states, p));
+        }
+        i.nodes_gpu_unhealthy.set(f.gpu_unhealthy);
+    }
+
+    /// Reads the fleet gauges from `store` and `sessions` (one store call), then encodes every
+    /// family as OpenMetrics text (ends with `# EOF`).
+    pub async fn scrape(&self, store: &Store, sessions: &Sessions) -> Result<String, MetricsError> {
+        let _one = self.inner.scrape.lock().await;
+        let counts = store.run(fleet_counts).await?;
+        self.set_fleet(&counts, sessions.len());
+        self.encode()
+    }
+
+    /// The current values as OpenMetrics text, without reading the store.
+    pub fn encode(&self) -> Result<String, MetricsError> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)?;
+        Ok(out)
+    }
+}
+
+/// Fleet gauges as the store has them: (label value, count) rows.
+#[derive(Debug, Default)]
+struct FleetCounts {
+    commands: Vec<(String, i64)>,
+    connectivity: Vec<(String, i64)>,
+    provision_states: Vec<(String, i64)>,
+    gpu_unhealthy: i64,
+}
+
+fn grouped(c: &rusqlite::Connection, sql: &str) -> Result<Vec<(String, i64)>, StoreError> {
+    let mut stmt = c.prepare_cached(sql)?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn fleet_counts(c: &mut rusqlite::Connection) -> Result<FleetCounts, StoreError> {
+    // One read transaction: the four answers describe the same moment.
+    let tx = c.transaction()?;
+    let commands = grouped(&tx, "SELECT state, COUNT(*) FROM commands GROUP BY state")?;
+    let connectivity = grouped(
+        &tx,
+        "SELECT connectivity, COUNT(*) FROM nodes GROUP BY connectivity",
+    )?;
+    let provision_states = grouped(
+        &tx,
+        "SELECT provision_state, COUNT(*) FROM nodes GROUP BY provision_state",
+    )?;
+    // Conditions are a JSON array of {type, status, ...} (model::conditions).
+    let gpu_unhealthy: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM nodes WHERE EXISTS (SELECT 1 FROM json_each(nodes.conditions) \
+         WHERE json_extract(value, '$.type') = ?1 AND json_extract(value, '$.status') = ?2)",
+        rusqlite::params![
+            crate::health::GPU_UNHEALTHY,
+            bc_protocol::ConditionStatus::True.as_str()
+        ],
+        |r| r.get(0),
+    )?;
+    tx.commit()?;
+    Ok(FleetCounts {
+        commands,
+        connectivity,
+        provision_states,
+        gpu_unhealthy,
+    })
+}
+
+#[derive(Debug, Clone)]
+struct ScrapeState {
+    metrics: Metrics,
+    store: Store,
+    sessions: Arc<Sessions>,
+}
+
+async fn get_metrics(State(s): State<ScrapeState>) -> Response {
+    match s.metrics.scrape(&s.store, &s.sessions).await {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics scrape failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
+        }
+    }
+}
+
+/// Binds `addr` and serves `GET /metrics` until `stop` turns true. Returns the bound address
+/// (port 0 picks one) once listening; the server runs in a spawned task.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Metrics,
+    store: Store,
+    sessions: Arc<Sessions>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    if !bound.ip().is_loopback() {
+        tracing::warn!(%bound, "metrics listen on a non-loopback address: anyone who can reach it can read fleet counts");
+    }
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(get_metrics))
+        .with_state(ScrapeState {
+            metrics,
+            store,
+            sessions,
+        });
+    let task = tokio::spawn(async move {
+        let until = async move {
+            let _ = stop.wait_for(|v| *v).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(until)
+            .await
+        {
+            tracing::error!(error = %e, "metrics server failed");
+        }
+    });
+    Ok((bound, task))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::store::nodes::{self, NewNode};
+
+    fn node(id: &str) -> NewNode {
+        NewNode {
+            id: id.to_owned(),
+            site_id: None,
+            pool_id: None,
+            owner_tenant_id: None,
+            role: bc_protocol::NodeRole::Unassigned,
+            trust: bc_protocol::Trust::Platform,
+            adapter: bc_protocol::Adapter::BcdV1,
+            drivers: serde_json::Map::new(),
+            hostname: None,
+            hardware_key: None,
+            hardware_key_trusted: false,
+            identifier_digests: Vec::new(),
+        }
+    }
+
+    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.starts_with(prefix) && l[prefix.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no line {prefix:?} in\n{text}"))
+    }
+
+    #[test]
+    fn counters_and_histograms_encode_with_their_values() {
+        let m = Metrics::new();
+        m.heartbeat();
+        m.heartbeat();
+        m.heartbeat();
+        m.join(JoinOutcome::NewNode);
+        m.join(JoinOutcome::RefusedToken);
+        m.join(JoinOutcome::RefusedToken);
+        m.observe_inventory(Duration::from_millis(3));
+        m.observe_inventory(Duration::from_millis(1));
+        let text = m.encode().unwrap();
+        assert_eq!(
+            line(&text, "bcctl_heartbeats_total"),
+            "bcctl_heartbeats_total 3"
+        );
+        assert_eq!(
+            line(&text, "bcctl_join_total{outcome=\"new_node\"}"),
+            "bcctl_join_total{outcome=\"new_node\"} 1"
+        );
+        assert_eq!(
+            line(&text, "bcctl_join_total{outcome=\"refused_token\"}"),
+            "bcctl_join_total{outcome=\"refused_token\"} 2"
+        );
+        // Outcomes that never happened are there at 0 (rate() needs the series to exist).
+        assert_eq!(
+            line(&text, "bcctl_join_total{outcome=\"rejoined\"}"),
+            "bcctl_join_total{outcome=\"rejoined\"} 0"
+        );
+        assert_eq!(
+            line(&text, "bcctl_inventory_record_duration_seconds_count"),
+            "bcctl_inventory_record_duration_seconds_count 2"
+        );
+        assert_eq!(
+            line(&text, "bcctl_inventory_record_duration_seconds_sum"),
+            "bcctl_inventory_record_duration_seconds_sum 0.004"
+        );
+        assert!(text.contains("# TYPE bcctl_heartbeat_flush_duration_seconds histogram"));
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn fleet_gauges_come_from_the_store_at_scrape_time() {
+        use crate::store::commands::{CommandRecord, insert};
+        let store = Store::open_in_memory().unwrap();
+        store
+            .run(|c| {
+                for id in ["node_a", "node_b", "node_c"] {
+                    nodes::insert(c, &node(id), 1)?;
+                }
+                c.execute(
+                    "UPDATE nodes SET connectivity = 'connected' WHERE id IN ('node_a', 'node_b')",
+                    [],
+                )?;
+                c.execute(
+                    "UPDATE nodes SET provision_state = 'ready' WHERE id = 'node_c'",
+                    [],
+                )?;
+                // node_a: GpuUnhealthy true; node_b: GpuUnhealthy false; node_c: another
+                // condition true.
+                let cond = |t: &str, s: &str| {
+                    format!(
+                        r#"[{{"type":"{t}","status":"{s}","reason":"r","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z","owner":"Health"}}]"#
+                    )
+                };
+                for (id, t, s) in [
+                    ("node_a", "GpuUnhealthy", "true"),
+                    ("node_b", "GpuUnhealthy", "false"),
+                    ("node_c", "XidCritical", "true"),
+                ] {
+                    c.execute(
+                        "UPDATE nodes SET conditions = ?2 WHERE id = ?1",
+                        rusqlite::params![id, cond(t, s)],
+                    )?;
+                }
+                for (id, state) in [
+                    ("cmd_1", CommandState::Succeeded),
+                    ("cmd_2", CommandState::Succeeded),
+                    ("cmd_3", CommandState::Queued),
+                ] {
+                    insert(
+                        c,
+                        &CommandRecord {
+                            id: id.into(),
+                            node_id: "node_a".into(),
+                            name: "inventory.refresh".into(),
+                            args: serde_json::json!({}),
+                            state,
+                            progress: 0,
+                            result: None,
+                            error_code: None,
+                            error_message: None,
+                            actor: "operator".into(),
+                            created_at: 1,
+                            sent_at: None,
+                            started_at: None,
+                            finished_at: None,
+                            deadline_at: 10,
+                        },
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let m = Metrics::new();
+        let sessions = Sessions::default();
+        let text = m.scrape(&store, &sessions).await.unwrap();
+        for want in [
+            "bcctl_sessions 0",
+            "bcctl_commands{state=\"succeeded\"} 2",
+            "bcctl_commands{state=\"queued\"} 1",
+            "bcctl_commands{state=\"expired\"} 0",
+            "bcctl_commands{state=\"running\"} 0",
+            "bcctl_nodes{connectivity=\"connected\"} 2",
+            "bcctl_nodes{connectivity=\"disconnected\"} 1",
+            "bcctl_nodes{connectivity=\"lost\"} 0",
+            "bcctl_nodes_by_provision_state{provision_state=\"adopting\"} 2",
+            "bcctl_nodes_by_provision_state{provision_state=\"ready\"} 1",
+            "bcctl_nodes_by_provision_state{provision_state=\"retired\"} 0",
+            "bcctl_nodes_gpu_unhealthy 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l == want),
+                "no line {want:?} in\n{text}"
+            );
+        }
+        // Scrape-time values follow the store: the queued command finishes.
+        store
+            .run(|c| {
+                c.execute(
+                    "UPDATE commands SET state = 'failed' WHERE id = 'cmd_3'",
+                    [],
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let text = m.scrape(&store, &sessions).await.unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l == "bcctl_commands{state=\"queued\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.lines()
+                .any(|l| l == "bcctl_commands{state=\"failed\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn serves_get_metrics_with_the_openmetrics_content_type() {
+        let store = Store::open_in_memory().unwrap();
+        let m = Metrics::new();
+        m.heartbeat();
+        let (_stop_tx, stop) = watch::channel(false);
+        let (addr, _task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            m,
+            store,
+            Arc::new(Sessions::default()),
+            stop,
+        )
+        .await
+        .unwrap();
+        let resp = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok()),
+            Some(CONTENT_TYPE)
+        );
+        let body = resp.text().await.unwrap();
+        assert!(
+            body.lines().any(|l| l == "bcctl_heartbeats_total 1"),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_address_in_use_is_a_bind_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let (_tx, stop) = watch::channel(false);
+        let err = serve(
+            addr,
+            Metrics::new(),
+            Store::open_in_memory().unwrap(),
+            Arc::new(Sessions::default()),
+            stop,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, MetricsError::Bind { .. }), "{err}");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
+}

@@ -1,0 +1,432 @@
+//! Prometheus metrics of `bcd agent`, served as OpenMetrics text at `GET /metrics` on
+//! `metrics_listen` (bcd.toml, `--metrics-listen`, `BCD_METRICS_LISTEN`; off unless set).
+//!
+//! # Design
+//! One process-wide [`Metrics`] ([`global`]) so the agent's hooks are single lines and nothing
+//! has to be threaded through the session and executor structs. Values are plain atomics
+//! (prometheus-client): a scrape copies them and never waits on the agent, and the agent never
+//! waits on a scrape.
+//!
+//! # Limitations
+//! `bcd_gpu_health` is as fresh as the last `diag.nvml` the control plane asked for; before the
+//! first one there are no series. `bcd sim` runs many agents in one process: they share these
+//! counters.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::net::TcpListener;
+
+use crate::nvml::{CheckStatus, DiagReport};
+
+/// The content type of the exposition (what prometheus-client's text encoder writes).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What went wrong starting the metrics listener or encoding.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The address could not be bound (in use, not local, no permission).
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// The text encoder failed (a formatting error; not expected).
+    #[error("encoding metrics: {0}")]
+    Encode(#[from] std::fmt::Error),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CommandLabels {
+    name: String,
+    outcome: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct GpuLabels {
+    gpu_index: u32,
+    uuid: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    session_connected: Gauge,
+    heartbeats_sent: Counter,
+    heartbeat_acks: Counter,
+    reconnects: Counter,
+    commands: Family<CommandLabels, Counter>,
+    inventory_collect: Histogram,
+    gpu_health: Family<GpuLabels, Gauge>,
+}
+
+/// The agent's metrics; cheap to clone (one `Arc`).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+static GLOBAL: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process-wide metrics the agent updates and `bcd agent --metrics-listen` serves.
+pub fn global() -> &'static Metrics {
+    &GLOBAL
+}
+
+/// Command names that become label values; anything else is `other` so a confused or hostile
+/// control plane cannot grow the label set without bound.
+fn command_label(name: &str) -> String {
+    match name.parse::<bc_protocol::CommandName>() {
+        Ok(n) => n.as_str().to_owned(),
+        Err(_) => "other".to_owned(),
+    }
+}
+
+impl Metrics {
+    /// Every family registered; `bcd_build_info{version}` is 1.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let session_connected = Gauge::default();
+        registry.register(
+            "bcd_session_connected",
+            "1 while a session with the gateway is open (after Welcome), else 0",
+            session_connected.clone(),
+        );
+        let heartbeats_sent = Counter::default();
+        registry.register(
+            "bcd_heartbeats_sent",
+            "Heartbeats sent to the gateway",
+            heartbeats_sent.clone(),
+        );
+        let heartbeat_acks = Counter::default();
+        registry.register(
+            "bcd_heartbeat_acks",
+            "Heartbeat acknowledgements received from the gateway",
+            heartbeat_acks.clone(),
+        );
+        let reconnects = Counter::default();
+        registry.register(
+            "bcd_reconnects",
+            "Sessions that ended and were retried after a backoff",
+            reconnects.clone(),
+        );
+        let commands = Family::<CommandLabels, Counter>::default();
+        registry.register(
+            "bcd_commands",
+            "Commands finished, by name and outcome (succeeded, failed, cancelled)",
+            commands.clone(),
+        );
+        let inventory_collect = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register_with_unit(
+            "bcd_inventory_collect_duration",
+            "Time to collect the inventory document and hardware identity",
+            Unit::Seconds,
+            inventory_collect.clone(),
+        );
+        let gpu_health = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "bcd_gpu_health",
+            "Per GPU: 1 unless the last diag.nvml verdict for it was fail, then 0",
+            gpu_health.clone(),
+        );
+        let build_info = Family::<VersionLabel, Gauge>::default();
+        build_info
+            .get_or_create(&VersionLabel {
+                version: bc_protocol::VERSION,
+            })
+            .set(1);
+        registry.register(
+            "bcd_build_info",
+            "The agent's version; always 1",
+            build_info,
+        );
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                session_connected,
+                heartbeats_sent,
+                heartbeat_acks,
+                reconnects,
+                commands,
+                inventory_collect,
+                gpu_health,
+            }),
+        }
+    }
+
+    /// A session opened (true, at Welcome) or ended (false).
+    pub fn set_connected(&self, connected: bool) {
+        self.inner.session_connected.set(i64::from(connected));
+    }
+
+    /// A heartbeat was sent.
+    pub fn heartbeat_sent(&self) {
+        self.inner.heartbeats_sent.inc();
+    }
+
+    /// A heartbeat acknowledgement arrived.
+    pub fn heartbeat_acked(&self) {
+        self.inner.heartbeat_acks.inc();
+    }
+
+    /// A session ended and the agent will reconnect.
+    pub fn reconnect(&self) {
+        self.inner.reconnects.inc();
+    }
+
+    /// A command finished; `outcome` is its journal state (`succeeded`, `failed`, `cancelled`).
+    pub fn command_finished(&self, name: &str, outcome: &str) {
+        self.inner
+            .commands
+            .get_or_create(&CommandLabels {
+                name: command_label(name),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Collecting one inventory took `d`.
+    pub fn observe_inventory(&self, d: Duration) {
+        self.inner.inventory_collect.observe(d.as_secs_f64());
+    }
+
+    /// Replaces `bcd_gpu_health` with the GPUs of a `diag.nvml` report. A report without NVML
+    /// says nothing about the GPUs and changes nothing.
+    pub fn record_diag(&self, report: &DiagReport) {
+        if !report.nvml_available {
+            return;
+        }
+        // GPUs that left the report (removed, fallen off the bus) must not stay "healthy".
+        self.inner.gpu_health.clear();
+        for g in &report.gpus {
+            self.inner
+                .gpu_health
+                .get_or_create(&GpuLabels {
+                    gpu_index: g.index,
+                    uuid: g.uuid.clone(),
+                })
+                .set(i64::from(g.verdict != CheckStatus::Fail));
+        }
+    }
+
+    /// The current values as OpenMetrics text (ends with `# EOF`).
+    pub fn encode(&self) -> Result<String, MetricsError> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)?;
+        Ok(out)
+    }
+}
+
+async fn get_metrics(axum::extract::State(m): axum::extract::State<Metrics>) -> Response {
+    match m.encode() {
+        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// `http://host:port/metrics` for a bound address (an unspecified IP reads as loopback).
+pub fn url(bound: SocketAddr) -> String {
+    let mut a = bound;
+    if a.ip().is_unspecified() {
+        a.set_ip(if a.is_ipv6() {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        });
+    }
+    format!("http://{a}/metrics")
+}
+
+/// Binds `addr` and serves `GET /metrics` from `metrics` in a spawned task for the life of the
+/// runtime. Returns the bound address (port 0 picks one). A non-loopback address is allowed but
+/// logged as a warning.
+pub async fn serve(addr: SocketAddr, metrics: Metrics) -> Result<SocketAddr, MetricsError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    if !bound.ip().is_loopback() {
+        tracing::warn!(%bound, "metrics listen on a non-loopback address: anyone who can reach it can read them");
+    }
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(get_metrics))
+        .with_state(metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics server failed");
+        }
+    });
+    tracing::info!(url = %url(bound), "serving metrics");
+    Ok(bound)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::nvml::GpuReport;
+    use crate::nvml::xid::RecommendedAction;
+
+    fn has(text: &str, want: &str) -> bool {
+        text.lines().any(|l| l == want)
+    }
+
+    fn gpu(index: u32, uuid: &str, verdict: CheckStatus) -> GpuReport {
+        GpuReport {
+            index,
+            uuid: uuid.to_owned(),
+            pci_bus_id: format!("0000:{index:02x}:00.0"),
+            name: "NVIDIA H100".to_owned(),
+            checks: Vec::new(),
+            verdict,
+            action: RecommendedAction::None,
+        }
+    }
+
+    fn report(gpus: Vec<GpuReport>) -> DiagReport {
+        DiagReport {
+            nvml_available: true,
+            unavailable_reason: None,
+            driver_version: None,
+            nvml_version: None,
+            node_checks: Vec::new(),
+            gpus,
+            verdict: CheckStatus::Pass,
+            action: RecommendedAction::None,
+            summary: String::new(),
+        }
+    }
+
+    #[test]
+    fn hooks_show_up_in_the_exposition_with_their_values() {
+        let m = Metrics::new();
+        m.set_connected(true);
+        m.heartbeat_sent();
+        m.heartbeat_sent();
+        m.heartbeat_acked();
+        m.reconnect();
+        m.command_finished("inventory.refresh", "succeeded");
+        m.command_finished("inventory.refresh", "succeeded");
+        m.command_finished("diag.nvml", "failed");
+        m.command_finished("rm.rf", "failed");
+        m.observe_inventory(Duration::from_millis(20));
+        let t = m.encode().unwrap();
+        for want in [
+            "bcd_session_connected 1",
+            "bcd_heartbeats_sent_total 2",
+            "bcd_heartbeat_acks_total 1",
+            "bcd_reconnects_total 1",
+            "bcd_commands_total{name=\"inventory.refresh\",outcome=\"succeeded\"} 2",
+            "bcd_commands_total{name=\"diag.nvml\",outcome=\"failed\"} 1",
+            "bcd_commands_total{name=\"other\",outcome=\"failed\"} 1",
+            "bcd_inventory_collect_duration_seconds_count 1",
+            "bcd_inventory_collect_duration_seconds_sum 0.02",
+            &format!("bcd_build_info{{version=\"{}\"}} 1", bc_protocol::VERSION),
+        ] {
+            assert!(has(&t, want), "no line {want:?} in\n{t}");
+        }
+        assert!(
+            t.contains("# UNIT bcd_inventory_collect_duration_seconds seconds"),
+            "{t}"
+        );
+        m.set_connected(false);
+        assert!(has(&m.encode().unwrap(), "bcd_session_connected 0"));
+    }
+
+    #[test]
+    fn gpu_health_follows_the_last_diag_and_drops_gone_gpus() {
+        let m = Metrics::new();
+        m.record_diag(&report(vec![
+            gpu(0, "GPU-aaaa", CheckStatus::Pass),
+            gpu(1, "GPU-bbbb", CheckStatus::Fail),
+            gpu(2, "GPU-cccc", CheckStatus::Warn),
+        ]));
+        let t = m.encode().unwrap();
+        for want in [
+            "bcd_gpu_health{gpu_index=\"0\",uuid=\"GPU-aaaa\"} 1",
+            "bcd_gpu_health{gpu_index=\"1\",uuid=\"GPU-bbbb\"} 0",
+            "bcd_gpu_health{gpu_index=\"2\",uuid=\"GPU-cccc\"} 1",
+        ] {
+            assert!(has(&t, want), "no line {want:?} in\n{t}");
+        }
+        // GPU 2 is gone and GPU 1 recovered.
+        m.record_diag(&report(vec![
+            gpu(0, "GPU-aaaa", CheckStatus::Pass),
+            gpu(1, "GPU-bbbb", CheckStatus::Pass),
+        ]));
+        let t = m.encode().unwrap();
+        assert!(
+            has(&t, "bcd_gpu_health{gpu_index=\"1\",uuid=\"GPU-bbbb\"} 1"),
+            "{t}"
+        );
+        assert!(!t.contains("GPU-cccc"), "{t}");
+        // A report without NVML changes nothing.
+        let mut none = report(Vec::new());
+        none.nvml_available = false;
+        m.record_diag(&none);
+        assert!(m.encode().unwrap().contains("GPU-aaaa"));
+    }
+
+    #[tokio::test]
+    async fn serves_get_metrics_and_refuses_a_taken_address() {
+        let m = Metrics::new();
+        m.heartbeat_sent();
+        let bound = serve("127.0.0.1:0".parse().unwrap(), m.clone())
+            .await
+            .unwrap();
+        assert_ne!(bound.port(), 0);
+        // A plain HTTP/1.0 request: no client crate needed in bcd.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(bound).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).await.unwrap();
+        assert!(resp.starts_with("HTTP/1.0 200"), "{resp}");
+        assert!(
+            resp.to_ascii_lowercase()
+                .contains(&format!("content-type: {CONTENT_TYPE}")),
+            "{resp}"
+        );
+        assert!(has(&resp, "bcd_heartbeats_sent_total 1"), "{resp}");
+
+        let err = serve(bound, m).await.unwrap_err();
+        assert!(matches!(err, MetricsError::Bind { .. }), "{err}");
+        assert!(err.to_string().contains(&bound.to_string()), "{err}");
+    }
+
+    #[test]
+    fn url_names_loopback_for_an_unspecified_bind() {
+        assert_eq!(
+            url("0.0.0.0:9464".parse().unwrap()),
+            "http://127.0.0.1:9464/metrics"
+        );
+        assert_eq!(
+            url("[::1]:9464".parse().unwrap()),
+            "http://[::1]:9464/metrics"
+        );
+    }
+}
