@@ -40,6 +40,8 @@ pub(super) struct Harness {
     pub(super) sim: Option<Child>,
     pub(super) gateway_url: String,
     pub(super) api_url: String,
+    /// `bcctl serve`'s Prometheus endpoint (`--metrics-listen 127.0.0.1:0`).
+    pub(super) metrics_url: String,
     pub(super) ca_pin: String,
     pub(super) api_token: String,
     pub(super) token: String,
@@ -127,6 +129,7 @@ impl Harness {
             sim: None,
             gateway_url: String::new(),
             api_url: String::new(),
+            metrics_url: String::new(),
             ca_pin: String::new(),
             api_token: String::new(),
             token,
@@ -150,6 +153,7 @@ impl Harness {
             .arg(&self.dir)
             .args(["--listen", listen, "--api-listen", api])
             .args(["--join-attempts-per-minute", "0"])
+            .args(["--metrics-listen", "127.0.0.1:0"])
             .arg("--heartbeat-interval")
             .arg(humantime::format_duration(self.heartbeat).to_string())
             .arg("--unreachable-after")
@@ -183,6 +187,7 @@ impl Harness {
         let s = |k: &str| ep.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
         self.gateway_url = s("gatewayUrl");
         self.api_url = s("apiUrl");
+        self.metrics_url = s("metricsUrl");
         self.ca_pin = s("caPin");
         self.api_token = std::fs::read_to_string(self.dir.join("api-token"))?
             .trim()

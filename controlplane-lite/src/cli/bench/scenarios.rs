@@ -125,7 +125,40 @@ pub(super) async fn steady(
         json!(rss.saturating_sub(rss_base) / n / 1024),
     );
     out.insert("connected".into(), json!(h.counts(0)?.connected));
+    scrape_metrics(h, out).await;
     Ok(())
+}
+
+/// One Prometheus scrape of `bcctl serve` at full load: how long it took and what it said about
+/// sessions and heartbeats (the fleet gauges are computed from the store at scrape time).
+async fn scrape_metrics(h: &Harness, out: &mut serde_json::Map<String, Value>) {
+    if h.metrics_url.is_empty() {
+        return;
+    }
+    let t = Instant::now();
+    let body = match reqwest::get(&h.metrics_url).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(e) => {
+            out.insert("metricsError".into(), json!(e.to_string()));
+            return;
+        }
+    };
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    let value = |name: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    out.insert("metricsScrapeMs".into(), json!(round2(ms)));
+    out.insert("metricsSessions".into(), json!(value("bcctl_sessions")));
+    out.insert(
+        "metricsHeartbeatsTotal".into(),
+        json!(value("bcctl_heartbeats_total")),
+    );
+    out.insert(
+        "metricsNodesConnected".into(),
+        json!(value("bcctl_nodes{connectivity=\"connected\"}")),
+    );
 }
 
 pub(super) async fn restart(
