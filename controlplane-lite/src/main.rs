@@ -93,7 +93,8 @@ fn sd_notify(state: &[sd_notify::NotifyState]) {
 }
 
 async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
-    cli::bench::raise_nofile_limit();
+    // One socket per agent session: take the whole hard limit (the unit sets LimitNOFILE).
+    cli::bench::raise_nofile_limit(0);
     let running = controlplane_lite::server::start(args.config()).await?;
     let mut usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut usec) && usec > 0 {

@@ -63,12 +63,22 @@ pub enum SimError {
     },
     #[error("installing the signal handler: {0}")]
     Signal(std::io::Error),
+    /// RLIMIT_NOFILE cannot hold a socket per simulated node.
+    #[error(
+        "{nodes} simulated nodes need about {need} open files (a socket each); RLIMIT_NOFILE allows {limit}: raise it (ulimit -n, LimitNOFILE=, or run as root) or simulate fewer nodes"
+    )]
+    TooFewFiles { nodes: usize, need: u64, limit: u64 },
 }
 
-/// Raises the open-file soft limit to the hard limit (every session is a socket).
-pub fn raise_nofile_limit() -> Option<u64> {
+/// Raises the open-file limit towards `want` (every session is a socket): the soft limit to the
+/// hard one, and both to `want` where the process may (root, up to `fs.nr_open`). Returns the
+/// soft limit now.
+pub fn raise_nofile_limit(want: u64) -> Option<u64> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if want > hard && setrlimit(Resource::RLIMIT_NOFILE, want, want).is_ok() {
+        return Some(want);
+    }
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard).ok()?;
     Some(hard)
 }
@@ -79,7 +89,16 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
         pin: args.ca_pin.clone(),
         source,
     })?;
-    let limit = raise_nofile_limit();
+    // A socket per node, plus margin for the runtime, logs and the stats file.
+    let need = args.nodes as u64 + 256;
+    let limit = raise_nofile_limit(need);
+    if let Some(limit) = limit.filter(|l| *l < need) {
+        return Err(SimError::TooFewFiles {
+            nodes: args.nodes,
+            need,
+            limit,
+        });
+    }
     tracing::info!(nodes = args.nodes, nofile = ?limit, "simulating nodes");
     let stats = Arc::new(stats::Stats::default());
     let run_id = format!("{:08x}", rand::random::<u32>());
@@ -99,7 +118,13 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             _ = usr1.recv() => stats.clear_latencies(),
-            _ = tick.tick() => write_stats(&args, &stats)?,
+            _ = tick.tick() => {
+                // A stats file that cannot be written this second (a full disk) is not a reason
+                // to drop thousands of sessions; the next tick tries again.
+                if let Err(e) = write_stats(&args, &stats) {
+                    tracing::warn!(error = %e, "stats not written");
+                }
+            }
         }
     }
     tasks.abort_all();

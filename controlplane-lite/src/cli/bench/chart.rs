@@ -135,7 +135,7 @@ pub fn draw(
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()
         .map_err(|e| err(&e))?;
-    let palette = [BLUE, GREEN, MAGENTA, CYAN];
+    let palette = [BLUE, RGBColor(0, 140, 0), MAGENTA, RGBColor(230, 120, 0)];
     for (i, run) in runs.iter().enumerate() {
         let color = palette[i % palette.len()];
         chart

@@ -106,12 +106,39 @@ fn run_label(v: &Value) -> String {
     format!("{n} nodes")
 }
 
-/// Raises the open-file soft limit to the hard limit (one socket per agent session).
-pub fn raise_nofile_limit() {
+/// Raises the open-file limit towards `want` descriptors (one socket per agent session): the
+/// soft limit to the hard one, and both to `want` where the process may (root, up to
+/// `fs.nr_open`). Children (`bcctl serve`, `bcd sim`) inherit it. Returns the soft limit now.
+pub fn raise_nofile_limit(want: u64) -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
+    };
+    if want > hard && setrlimit(Resource::RLIMIT_NOFILE, want, want).is_ok() {
+        return want;
     }
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |(s, _)| s)
+}
+
+/// Open files `nodes` sessions need in one process: a socket each, plus margin for the store,
+/// logs, the API and the runtime.
+fn files_needed(nodes: usize) -> u64 {
+    nodes as u64 + 512
+}
+
+/// Refuses a fleet the open-file limit cannot hold, before anything starts.
+fn check_nofile(nodes: usize) -> anyhow::Result<()> {
+    let need = files_needed(nodes);
+    let limit = raise_nofile_limit(need);
+    if limit < need {
+        bail!(
+            "{nodes} simulated nodes need about {need} open files in `bcctl serve` and in `bcd sim` \
+             (one socket per session); RLIMIT_NOFILE allows {limit}: raise it (`ulimit -n`, \
+             LimitNOFILE=, or run as root) or simulate fewer nodes"
+        );
+    }
+    Ok(())
 }
 
 fn machine() -> Value {
@@ -150,7 +177,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.chart.is_some() && args.scenario != Scenario::Restart {
         bail!("--chart draws the restart storm: use it with `bcctl bench restart` (or `chart`)");
     }
-    raise_nofile_limit();
+    check_nofile(args.nodes)?;
     let mut h = Harness::start(&args).await?;
     let rss_base = h.serve_pid().and_then(proc_usage).map_or(0, |(_, r)| r);
     let mut out = serde_json::Map::new();
@@ -180,8 +207,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let stats = h.sim_stats();
     h.stop().await;
     if let Err(e) = result {
+        // A temporary state dir would vanish with the logs that explain the failure.
+        if let Some(t) = h._temp.take() {
+            let _ = t.keep();
+        }
         bail!(
-            "{e:#}\n(state dir {}; see serve.log and sim.log there)",
+            "{e:#}\n(state dir {} kept; see serve.log and sim.log there)",
             h.dir.display()
         );
     }
@@ -219,7 +250,7 @@ fn print_table(v: &Value) {
 /// adopted, connected and converged, prints the join figures, then runs until Ctrl-C (or exits
 /// with `--once`).
 pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<()> {
-    raise_nofile_limit();
+    check_nofile(nodes)?;
     let args = BenchArgs {
         scenario: Scenario::JoinStorm,
         nodes,
