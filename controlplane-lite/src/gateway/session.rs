@@ -10,7 +10,7 @@ use tonic::{Status, Streaming};
 use super::GatewayService;
 use super::registry::SessionHandle;
 use crate::ca::NodeIdentity;
-use crate::store::{now_ms, sessions};
+use crate::store::{now_ms, reports, sessions};
 
 /// Largest inventory document accepted, bytes.
 pub const MAX_INVENTORY_BYTES: usize = 8 * 1024 * 1024;
@@ -237,7 +237,7 @@ async fn write_loop(
                 let r = gw
                     .store
                     .run(move |c| {
-                        sessions::record_spec_status(
+                        reports::record_spec_status(
                             c,
                             &id,
                             epoch,
@@ -291,7 +291,7 @@ async fn handle_inventory(
     let r = gw
         .store
         .run(move |c| {
-            sessions::record_inventory(
+            reports::record_inventory(
                 c,
                 &id,
                 epoch,

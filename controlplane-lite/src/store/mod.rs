@@ -10,6 +10,7 @@ pub mod commands;
 pub mod events;
 pub mod migrations;
 pub mod nodes;
+pub mod reports;
 pub mod sessions;
 pub mod tokens;
 
