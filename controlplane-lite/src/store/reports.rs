@@ -40,7 +40,8 @@ pub fn record_inventory(
     let unchanged = node.inventory_sha256.as_deref() == Some(sha256)
         && node.hardware_key.as_deref() == key
         && node.identifier_digests == digests
-        && (node.hardware_key_trusted || !trusted)
+        // A key refused as a duplicate (stored untrusted, reported trusted) is checked again.
+        && node.hardware_key_trusted == trusted
         && node.provision_state != ProvisionState::Adopting;
     if unchanged {
         tx.execute(
