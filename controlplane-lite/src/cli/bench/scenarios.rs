@@ -213,33 +213,53 @@ pub(super) async fn restart(
     Ok(())
 }
 
+/// Calls the operator API once per node, 32 calls in flight (what an operator's script would
+/// do); `call` gives the method and body for `(node id, version)`. Returns the number of
+/// failed calls and the first failure.
+async fn per_node(
+    h: &Harness,
+    ids: Vec<(String, u64)>,
+    call: impl Fn(&str, u64) -> (&'static str, Value),
+) -> (u64, Option<String>) {
+    let client = h.client();
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
+    let mut set = tokio::task::JoinSet::new();
+    for (id, version) in ids {
+        let (method, body) = call(&id, version);
+        let (c, sem) = (client.clone(), std::sync::Arc::clone(&sem));
+        set.spawn(async move {
+            let _permit = sem.acquire().await;
+            c.call::<_, Value>(method, &body).await.map(|_| ())
+        });
+    }
+    let (mut errors, mut first) = (0u64, None);
+    while let Some(r) = set.join_next().await {
+        let failure = match r {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        errors += 1;
+        first.get_or_insert(failure);
+    }
+    (errors, first)
+}
+
 pub(super) async fn fanout(
     h: &mut Harness,
     args: &BenchArgs,
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
     let ids = h.node_ids()?;
-    let client = h.client();
     let since = now_ms();
     let t0 = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
-    for (id, _) in ids {
-        let c = client.clone();
-        let sem = std::sync::Arc::clone(&sem);
-        set.spawn(async move {
-            let _permit = sem.acquire().await;
-            c.call::<_, Value>("commands.create", &json!({"nodeId": id, "name": "inventory.refresh", "args": {}, "timeoutSeconds": 600}))
-                .await
-                .map(|_| ())
-        });
-    }
-    let mut create_errors = 0u64;
-    while let Some(r) = set.join_next().await {
-        if !matches!(r, Ok(Ok(()))) {
-            create_errors += 1;
-        }
-    }
+    let (create_errors, _) = per_node(h, ids, |id, _| {
+        (
+            "commands.create",
+            json!({"nodeId": id, "name": "inventory.refresh", "args": {}, "timeoutSeconds": 600}),
+        )
+    })
+    .await;
     let created = t0.elapsed().as_secs_f64();
     let n = args.nodes as u64;
     loop {
@@ -286,38 +306,14 @@ pub(super) async fn rollout(
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
     let ids = h.node_ids()?;
-    let client = h.client();
     let t0 = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
-    for (id, version) in ids {
-        let c = client.clone();
-        let sem = std::sync::Arc::clone(&sem);
-        set.spawn(async move {
-            let _permit = sem.acquire().await;
-            c.call::<_, Value>(
-                "nodes.updateSpec",
-                &json!({"nodeId": id, "version": version, "spec": {"devices": {"gpus": []}}}),
-            )
-            .await
-            .map(|_| ())
-        });
-    }
-    let mut update_errors = 0u64;
-    let mut first_error = None;
-    while let Some(r) = set.join_next().await {
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                update_errors += 1;
-                first_error.get_or_insert(e.to_string());
-            }
-            Err(e) => {
-                update_errors += 1;
-                first_error.get_or_insert(e.to_string());
-            }
-        }
-    }
+    let (update_errors, first_error) = per_node(h, ids, |id, version| {
+        (
+            "nodes.updateSpec",
+            json!({"nodeId": id, "version": version, "spec": {"devices": {"gpus": []}}}),
+        )
+    })
+    .await;
     let updated = t0.elapsed().as_secs_f64();
     let n = args.nodes as u64;
     let all = h
