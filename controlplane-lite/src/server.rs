@@ -166,6 +166,9 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
     names
 }
 
+/// How long a gateway connection may take to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Accept queue of the gateway listener. A restart storm opens thousands of connections within
 /// a second; with the usual 1,024 the kernel drops SYNs and clients wait for TCP's 1 s, 3 s, 7 s
 /// retransmits. The kernel caps it at `net.core.somaxconn` (4,096 on current kernels).
@@ -281,7 +284,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(chain_pem, key_pem))
         .client_ca_root(Certificate::from_pem(ca.cert_pem()))
-        .client_auth_optional(true);
+        .client_auth_optional(true)
+        // A connection that never finishes its handshake would hold a socket (and a file
+        // descriptor) forever.
+        .timeout(TLS_HANDSHAKE_TIMEOUT);
 
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -307,9 +313,10 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_nodelay(true);
-    let router = grpc
-        .add_service(JoinServer::new(join))
-        .add_service(GatewayServer::new(gateway.clone()));
+    let router = grpc.add_service(JoinServer::new(join)).add_service(
+        GatewayServer::new(gateway.clone())
+            .max_decoding_message_size(bc_protocol::MAX_SESSION_MESSAGE_BYTES),
+    );
     let mut rx = shutdown_rx.clone();
     tasks.spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(gw_listener);

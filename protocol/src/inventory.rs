@@ -302,6 +302,39 @@ pub struct Note {
     pub message: String,
 }
 
+impl Inventory {
+    /// The document as JSON, at most `max` bytes: when the full one is larger, the PCI list, then
+    /// the disks, NICs and InfiniBand ports are left out (each with a note saying so) until it
+    /// fits; `None` if even the smallest form does not. Sections are dropped in the order an
+    /// operator needs them least for identity and placement (GPUs, CPU and memory stay).
+    pub fn to_json_within(&self, max: usize) -> Option<Vec<u8>> {
+        let mut doc = self.clone();
+        let fits = |d: &Inventory| serde_json::to_vec(d).ok().filter(|b| b.len() <= max);
+        if let Some(b) = fits(&doc) {
+            return Some(b);
+        }
+        let steps: [(&str, fn(&mut Inventory) -> usize); 4] = [
+            ("pci", |d| std::mem::take(&mut d.pci_devices).len()),
+            ("disks", |d| std::mem::take(&mut d.disks).len()),
+            ("nics", |d| std::mem::take(&mut d.nics).len()),
+            ("infiniband", |d| std::mem::take(&mut d.infiniband).len()),
+        ];
+        for (source, drop) in steps {
+            let n = drop(&mut doc);
+            doc.notes.push(Note {
+                source: source.to_owned(),
+                message: format!("{n} entries left out: the inventory was over {max} bytes"),
+            });
+            if let Some(b) = fits(&doc) {
+                return Some(b);
+            }
+        }
+        // Notes themselves (a collector repeating an error) are the last thing that can grow.
+        doc.notes.truncate(16);
+        fits(&doc)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,5 +388,36 @@ mod tests {
         assert!(v["notes"].is_array());
         let back: Inventory = serde_json::from_value(v).unwrap_or_default();
         assert_eq!(back, inv);
+    }
+
+    #[test]
+    fn an_oversized_inventory_sheds_sections_until_it_fits() {
+        let mut inv = Inventory {
+            hostname: Some("h".into()),
+            ..Default::default()
+        };
+        inv.pci_devices = (0..2000)
+            .map(|i| PciDevice {
+                address: format!("0000:{i:04x}:00.0"),
+                ..Default::default()
+            })
+            .collect();
+        let full = serde_json::to_vec(&inv).unwrap_or_default();
+        assert_eq!(inv.to_json_within(full.len()), Some(full.clone()));
+        let small = inv.to_json_within(full.len() / 4).unwrap_or_default();
+        assert!(!small.is_empty() && small.len() <= full.len() / 4);
+        let back: Inventory = serde_json::from_slice(&small).unwrap_or_default();
+        assert!(back.pci_devices.is_empty());
+        assert_eq!(back.hostname.as_deref(), Some("h"));
+        assert!(
+            back.notes
+                .iter()
+                .any(|n| n.source == "pci" && n.message.contains("2000 entries"))
+        );
+        assert_eq!(
+            inv.to_json_within(10),
+            None,
+            "not even the skeleton fits in 10 bytes"
+        );
     }
 }

@@ -31,3 +31,12 @@ pub use types::*;
 
 /// The version string agents and the control plane report (`agent_version`).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Largest inventory document (`Inventory.document_json`) the gateway stores, bytes. The agent
+/// shrinks a larger one before sending it (docs/protocol.md).
+pub const MAX_INVENTORY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Largest message either side of a session decodes, bytes: an inventory at its limit plus the
+/// envelope, with room so a slightly larger one is dropped by the gateway with a log line
+/// instead of ending the stream.
+pub const MAX_SESSION_MESSAGE_BYTES: usize = 2 * MAX_INVENTORY_BYTES;

@@ -12,8 +12,8 @@ use super::registry::SessionHandle;
 use crate::ca::NodeIdentity;
 use crate::store::{now_ms, reports, sessions};
 
-/// Largest inventory document accepted, bytes.
-pub const MAX_INVENTORY_BYTES: usize = 8 * 1024 * 1024;
+/// Largest inventory document accepted, bytes (the agent shrinks a bigger one before sending).
+pub const MAX_INVENTORY_BYTES: usize = bc_protocol::MAX_INVENTORY_BYTES;
 
 fn msg(m: Msg) -> Result<GatewayMessage, Status> {
     Ok(GatewayMessage { msg: Some(m) })
@@ -158,7 +158,13 @@ async fn serve(
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(status) => {
-                tracing::debug!(node_id = %node_id, %status, "session stream error");
+                // A message over the decode limit or a broken frame ends the stream: say so, or
+                // an agent that keeps sending it reconnects forever with nothing in the log.
+                if status.code() == tonic::Code::Cancelled {
+                    tracing::debug!(node_id = %node_id, %status, "session stream ended");
+                } else {
+                    tracing::warn!(node_id = %node_id, %status, "session stream error");
+                }
                 break;
             }
         };

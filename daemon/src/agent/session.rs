@@ -78,7 +78,16 @@ pub(crate) async fn inventory_message(
         let inv = crate::inventory::collect_with_gpus(&root, gpus);
         let hw = crate::hwkey::compute(&root);
         crate::metrics::global().observe_inventory(started.elapsed());
-        let doc = serde_json::to_vec(&inv).map_err(|e| e.to_string())?;
+        // The gateway stores at most MAX_INVENTORY_BYTES; a bigger document is shrunk here (with
+        // notes saying what was left out) rather than refused there.
+        let doc = inv
+            .to_json_within(bc_protocol::MAX_INVENTORY_BYTES)
+            .ok_or_else(|| {
+                format!(
+                    "inventory does not fit in {} bytes even without PCI, disks and NICs",
+                    bc_protocol::MAX_INVENTORY_BYTES
+                )
+            })?;
         Ok(Inventory {
             hardware: Some(hw),
             document_json: doc,
