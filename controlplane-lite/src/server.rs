@@ -166,6 +166,12 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
     names
 }
 
+/// Open operator-API connections at most; more wait in the accept queue (bc_net).
+const API_MAX_CONNECTIONS: usize = 256;
+
+/// An operator-API or metrics connection with no byte in or out for this long is closed.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How long a gateway connection may take to finish its TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -319,7 +325,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     );
     let mut rx = shutdown_rx.clone();
     tasks.spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(gw_listener);
+        let incoming = bc_net::accept_loop(gw_listener);
         let stop = async move {
             let _ = rx.wait_for(|v| *v).await;
         };
@@ -343,6 +349,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         let stop = async move {
             let _ = rx.wait_for(|v| *v).await;
         };
+        let api_listener =
+            bc_net::BoundedListener::new(api_listener, API_MAX_CONNECTIONS, IDLE_TIMEOUT);
         if let Err(e) = axum::serve(api_listener, app)
             .with_graceful_shutdown(stop)
             .await

@@ -274,6 +274,10 @@ pub async fn serve(addr: SocketAddr, metrics: Metrics) -> Result<SocketAddr, Met
         .route("/metrics", axum::routing::get(get_metrics))
         .with_state(metrics);
     tokio::spawn(async move {
+        // Idle or stuck clients must not take the descriptors the agent needs to reach its
+        // control plane: a few connections at most, closed after 30 s of silence (bc_net).
+        let listener =
+            bc_net::BoundedListener::new(listener, 16, std::time::Duration::from_secs(30));
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics server failed");
         }

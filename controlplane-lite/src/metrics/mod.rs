@@ -420,6 +420,8 @@ pub async fn serve(
         let until = async move {
             let _ = stop.wait_for(|v| *v).await;
         };
+        // A scraper needs one connection; a few spare, and idle ones are closed (bc_net).
+        let listener = bc_net::BoundedListener::new(listener, 32, crate::server::IDLE_TIMEOUT);
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(until)
             .await
