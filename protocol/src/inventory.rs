@@ -313,7 +313,8 @@ impl Inventory {
         if let Some(b) = fits(&doc) {
             return Some(b);
         }
-        let steps: [(&str, fn(&mut Inventory) -> usize); 4] = [
+        type Shed = fn(&mut Inventory) -> usize;
+        let steps: [(&str, Shed); 4] = [
             ("pci", |d| std::mem::take(&mut d.pci_devices).len()),
             ("disks", |d| std::mem::take(&mut d.disks).len()),
             ("nics", |d| std::mem::take(&mut d.nics).len()),
