@@ -38,6 +38,16 @@ pub enum ChartError {
     /// A result file holds no `reconnectSeries` (it is not a `bcctl bench restart -o json`).
     #[error("{what}: no reconnectSeries (run `bcctl bench restart -o json`)")]
     NoSeries { what: String },
+    /// A file given to read is larger than it can be (a font, a result file).
+    #[error("{path} is over {max} bytes; not a {what}")]
+    TooLarge {
+        path: PathBuf,
+        max: u64,
+        what: &'static str,
+    },
+    /// The output is not something this writes: a `.png` path in an existing directory.
+    #[error("--chart {path}: {reason}")]
+    BadOutput { path: PathBuf, reason: String },
     /// plotters failed (drawing or PNG encoding, e.g. the output dir is missing).
     #[error("drawing {path}: {message}")]
     Draw { path: PathBuf, message: String },
@@ -71,6 +81,56 @@ impl RestartSeries {
     }
 }
 
+/// Largest font file read, bytes (DejaVu Sans is 0.7 MB; CJK fonts reach ~20 MB).
+const MAX_FONT_BYTES: u64 = 64 << 20;
+
+/// Reads at most `max` bytes of `path`; a larger file (or an endless one such as `/dev/zero`)
+/// is [`ChartError::TooLarge`], not an allocation without bound.
+pub fn read_capped(path: &Path, max: u64, what: &'static str) -> Result<Vec<u8>, ChartError> {
+    use std::io::Read;
+    let read_err = |source| ChartError::FontRead {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > max {
+        return Err(ChartError::TooLarge {
+            path: path.to_path_buf(),
+            max,
+            what,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Checks what `bcctl bench ... --chart` needs before a run that may take minutes: the output is
+/// a `.png` in an existing directory, and the font loads.
+pub fn prepare(out: &Path, font: Option<&Path>) -> Result<(), ChartError> {
+    let bad = |reason: &str| ChartError::BadOutput {
+        path: out.to_path_buf(),
+        reason: reason.to_owned(),
+    };
+    let is_png = out
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !is_png {
+        return Err(bad("the chart is a PNG: give a file name ending in .png"));
+    }
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(bad("its directory does not exist"));
+    }
+    load_font(font)
+}
+
 fn load_font(font: Option<&Path>) -> Result<(), ChartError> {
     let path = match font {
         Some(p) => p.to_path_buf(),
@@ -82,10 +142,7 @@ fn load_font(font: Option<&Path>) -> Result<(), ChartError> {
                 tried: FONT_CANDIDATES.join(", "),
             })?,
     };
-    let bytes = std::fs::read(&path).map_err(|source| ChartError::FontRead {
-        path: path.clone(),
-        source,
-    })?;
+    let bytes = read_capped(&path, MAX_FONT_BYTES, "font")?;
     // plotters keeps registered fonts for the life of the process; a CLI draws once, so leaking
     // one font file is the intended use of its 'static API.
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -100,7 +157,7 @@ pub fn draw(
     out: &Path,
     font: Option<&Path>,
 ) -> Result<(), ChartError> {
-    load_font(font)?;
+    prepare(out, font)?;
     let err = |e: &dyn std::fmt::Display| ChartError::Draw {
         path: out.to_path_buf(),
         message: e.to_string(),
@@ -214,5 +271,31 @@ mod tests {
         let missing = draw(&[], "t", &out, Some(Path::new("/nonexistent/font.ttf")));
         assert!(matches!(missing, Err(ChartError::FontRead { .. })));
         Ok(())
+    }
+
+    #[test]
+    fn bad_outputs_and_endless_files_are_refused_up_front() {
+        let font = Some(Path::new("/nonexistent/font.ttf"));
+        for (out, why) in [
+            ("/tmp/chart.jpg", ".png"),
+            ("/tmp/chart", ".png"),
+            ("/nonexistent-dir/chart.png", "directory"),
+        ] {
+            match prepare(Path::new(out), font) {
+                Err(ChartError::BadOutput { reason, .. }) => {
+                    assert!(reason.contains(why), "{out}: {reason}")
+                }
+                other => panic!("{out}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            read_capped(Path::new("/dev/zero"), 1024, "font"),
+            Err(ChartError::TooLarge { max: 1024, .. })
+        ));
+        // A PNG path in an existing dir gets as far as loading the font.
+        assert!(matches!(
+            prepare(Path::new("/tmp/chart.PNG"), font),
+            Err(ChartError::FontRead { .. })
+        ));
     }
 }

@@ -105,7 +105,7 @@ impl Harness {
                         ttl_ms: 24 * 3_600_000,
                         // Headroom: a join whose reply was lost retries and re-joins in
                         // place, which spends a use too.
-                        max_uses: Some(2 * args.nodes as u64),
+                        max_uses: Some((args.nodes as u64).saturating_mul(2)),
                         description: Some("bcctl bench".to_owned()),
                         ..Default::default()
                     },

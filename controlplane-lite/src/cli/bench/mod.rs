@@ -88,9 +88,9 @@ fn chart_from_files(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let mut runs = Vec::new();
     for path in &args.input {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(&text)
+        // A result file is a few KiB; cap the read so `--input /dev/zero` is an error.
+        let bytes = chart::read_capped(path, 64 << 20, "bench result")?;
+        let v: Value = serde_json::from_slice(&bytes)
             .with_context(|| format!("{} is not JSON", path.display()))?;
         runs.push(chart::RestartSeries::from_result(run_label(&v), &v)?);
     }
@@ -124,11 +124,31 @@ pub fn raise_nofile_limit(want: u64) -> u64 {
 /// Open files `nodes` sessions need in one process: a socket each, plus margin for the store,
 /// logs, the API and the runtime.
 fn files_needed(nodes: usize) -> u64 {
-    nodes as u64 + 512
+    (nodes as u64).saturating_add(512)
+}
+
+/// Ephemeral ports the kernel hands out for loopback connections
+/// (`/proc/sys/net/ipv4/ip_local_port_range`): every simulated session holds one.
+fn ephemeral_ports() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = text.split_whitespace().map(str::parse::<u64>);
+    let (lo, hi) = (it.next()?.ok()?, it.next()?.ok()?);
+    Some(hi.saturating_sub(lo) + 1)
 }
 
 /// Refuses a fleet the open-file limit cannot hold, before anything starts.
 fn check_nofile(nodes: usize) -> anyhow::Result<()> {
+    if nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    if let Some(ports) = ephemeral_ports()
+        && nodes as u64 > ports
+    {
+        bail!(
+            "{nodes} simulated sessions over loopback need {nodes} ephemeral ports; \
+             net.ipv4.ip_local_port_range gives {ports}"
+        );
+    }
     let need = files_needed(nodes);
     let limit = raise_nofile_limit(need);
     if limit < need {
@@ -174,8 +194,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == Scenario::Chart {
         return chart_from_files(&args);
     }
-    if args.chart.is_some() && args.scenario != Scenario::Restart {
-        bail!("--chart draws the restart storm: use it with `bcctl bench restart` (or `chart`)");
+    if let Some(png) = &args.chart {
+        if args.scenario != Scenario::Restart {
+            bail!(
+                "--chart draws the restart storm: use it with `bcctl bench restart` (or `chart`)"
+            );
+        }
+        // Before a run that may take minutes, not after it.
+        chart::prepare(png, args.font.as_deref())?;
     }
     check_nofile(args.nodes)?;
     let mut h = Harness::start(&args).await?;
@@ -218,15 +244,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     out.insert("sim".into(), stats);
     let out = Value::Object(out);
-    if let Some(png) = &args.chart {
-        let run = chart::RestartSeries::from_result(run_label(&out), &out)?;
-        chart::draw(&[run], CHART_TITLE, png, args.font.as_deref())?;
-        eprintln!("chart: {}", png.display());
-    }
+    // The figures first: a chart that fails to draw must not lose a finished run.
     if args.output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print_table(&out);
+    }
+    if let Some(png) = &args.chart {
+        let run = chart::RestartSeries::from_result(run_label(&out), &out)?;
+        chart::draw(&[run], CHART_TITLE, png, args.font.as_deref())?;
+        eprintln!("chart: {}", png.display());
     }
     Ok(())
 }
