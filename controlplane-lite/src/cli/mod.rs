@@ -89,8 +89,23 @@ pub struct ServeArgs {
     pub join_attempts_per_minute: u32,
     /// Serve Prometheus metrics at `http://ADDR/metrics` (e.g. `127.0.0.1:9464`; port 0 picks
     /// one, written to endpoints.json as `metricsUrl`). Off unless given.
-    #[arg(long, env = "BCCTL_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
+    /// An empty value (`BCCTL_METRICS_LISTEN=` in /etc/default/bcctl) means off.
+    #[arg(long, env = "BCCTL_METRICS_LISTEN", value_parser = parse_optional_addr)]
+    pub metrics_listen: Option<OptionalAddr>,
+}
+
+/// A listen address that may be given empty (off), as environment files often leave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionalAddr(pub Option<SocketAddr>);
+
+fn parse_optional_addr(s: &str) -> Result<OptionalAddr, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(OptionalAddr(None));
+    }
+    s.parse()
+        .map(|a| OptionalAddr(Some(a)))
+        .map_err(|e| format!("{e}: expected IP:PORT, e.g. 127.0.0.1:9464"))
 }
 
 impl ServeArgs {
@@ -109,7 +124,7 @@ impl ServeArgs {
         cfg.liveness.lost_after = self.lost_after;
         cfg.node_cert_ttl = self.node_cert_ttl;
         cfg.join_attempts_per_minute = self.join_attempts_per_minute;
-        cfg.metrics_listen = self.metrics_listen;
+        cfg.metrics_listen = self.metrics_listen.and_then(|a| a.0);
         cfg
     }
 }

@@ -179,11 +179,12 @@ impl Join for JoinService {
                         return Ok(Err(JoinRefusal::Duplicate(id)));
                     }
                     // Re-join in place: same node, new identity generation; old certificates die.
+                    // The next Inventory is stored in full (its key and trust were just rewritten).
                     let now = now_ms();
                     tx.execute(
                         "UPDATE nodes SET identity_generation = identity_generation + 1, version = version + 1, \
                          hardware_key = COALESCE(?2, hardware_key), hardware_key_trusted = ?3, identifier_digests = ?4, \
-                         updated_at = ?5 WHERE id = ?1",
+                         inventory_sha256 = NULL, updated_at = ?5 WHERE id = ?1",
                         rusqlite::params![
                             id,
                             (!hw.hardware_key.is_empty()).then(|| hw.hardware_key.clone()),

@@ -44,8 +44,21 @@ fn end(old: SessionHandle, reason: GoodbyeReason, message: &str) {
 
 impl Registry {
     /// Registers a session; an older session of the node gets `Goodbye{superseded}` and is ended.
+    /// Two sessions of one node opening at once may reach here out of epoch order: the one with
+    /// the lower epoch is the one ended, whichever came second.
     pub fn insert(&self, node_id: &str, handle: SessionHandle) {
-        let old = self.sessions.lock().insert(node_id.to_owned(), handle);
+        let mut map = self.sessions.lock();
+        if map.get(node_id).is_some_and(|cur| cur.epoch > handle.epoch) {
+            drop(map);
+            end(
+                handle,
+                GoodbyeReason::Superseded,
+                "a newer session of this node is open",
+            );
+            return;
+        }
+        let old = map.insert(node_id.to_owned(), handle);
+        drop(map);
         if let Some(old) = old {
             end(
                 old,
@@ -99,5 +112,32 @@ impl Registry {
             .lock()
             .get(node_id)
             .map(|h| (h.epoch, h.tx.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(epoch: u64) -> (SessionHandle, watch::Receiver<bool>) {
+        let (tx, _rx) = mpsc::channel(4);
+        let (stop, stop_rx) = watch::channel(false);
+        (SessionHandle { epoch, tx, stop }, stop_rx)
+    }
+
+    #[test]
+    fn the_highest_epoch_stays_registered_whatever_the_order() {
+        let reg = Registry::default();
+        let (newer, newer_stop) = handle(5);
+        let (older, older_stop) = handle(4);
+        reg.insert("n", newer);
+        reg.insert("n", older); // arrives late
+        assert_eq!(reg.sender("n").map(|(e, _)| e), Some(5));
+        assert!(*older_stop.borrow(), "the older session is told to stop");
+        assert!(!*newer_stop.borrow());
+        let (newest, _s) = handle(6);
+        reg.insert("n", newest);
+        assert_eq!(reg.sender("n").map(|(e, _)| e), Some(6));
+        assert!(*newer_stop.borrow(), "superseded by epoch 6");
     }
 }

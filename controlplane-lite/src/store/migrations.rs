@@ -178,7 +178,9 @@ CREATE INDEX commands_open ON commands(state, deadline_at);
 /// `inventory_sha256` lets the gateway skip storing a report identical to the last one (every
 /// session open repeats it); `node_identifier_digests` turns JoinService's "same machine by two
 /// shared identifiers" lookup into an index probe instead of a scan of every node. The backfill
-/// uses SQLite's `json_each`; PostgreSQL would use `jsonb_array_elements_text`.
+/// uses SQLite's `json_each` (rows whose column is not a JSON array of strings, which only a hand
+/// edit makes, are skipped rather than failing the start); PostgreSQL would use
+/// `jsonb_array_elements_text`.
 pub const M004_SCALE: &str = r#"
 ALTER TABLE nodes ADD COLUMN inventory_sha256 TEXT;
 CREATE TABLE node_identifier_digests (
@@ -188,5 +190,7 @@ CREATE TABLE node_identifier_digests (
 );
 CREATE INDEX node_identifier_digests_node ON node_identifier_digests(node_id);
 INSERT OR IGNORE INTO node_identifier_digests (digest, node_id)
-    SELECT j.value, n.id FROM nodes n, json_each(n.identifier_digests) j;
+    SELECT j.value, n.id FROM nodes n, json_each(n.identifier_digests) j
+    WHERE json_valid(n.identifier_digests) AND json_type(n.identifier_digests) = 'array'
+      AND j.type = 'text';
 "#;

@@ -172,4 +172,51 @@ mod tests {
         assert_eq!(mode, "wal");
         Ok(())
     }
+
+    #[test]
+    fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), StoreError> {
+        let dir = tempfile::tempdir().map_err(|e| StoreError::Task(e.to_string()))?;
+        let path = dir.path().join("state.db");
+        {
+            // A store written before migration 4, with one hand-edited row of junk.
+            let mut conn = Connection::open(&path)?;
+            Migrations::new(vec![
+                M::up(migrations::M001_NODE_MODEL),
+                M::up(migrations::M002_PLACEMENT),
+                M::up(migrations::M003_COMMANDS),
+            ])
+            .to_latest(&mut conn)?;
+            for (id, digests) in [
+                ("node_a", r#"["d1","d2","d2"]"#),
+                ("node_b", "[]"),
+                ("node_c", "not json"),
+                ("node_d", r#"{"k":"v"}"#),
+                ("node_e", r#"["d3",7,null]"#),
+            ] {
+                conn.execute(
+                    "INSERT INTO nodes (id, provision_state, identifier_digests, created_at, updated_at) \
+                     VALUES (?1, 'adopting', ?2, 0, 0)",
+                    rusqlite::params![id, digests],
+                )?;
+            }
+        }
+        let store = Store::open(&path)?;
+        let rows: Vec<(String, String)> = store.with(|c| {
+            let mut st = c.prepare(
+                "SELECT node_id, digest FROM node_identifier_digests ORDER BY node_id, digest",
+            )?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })?;
+        let expect = [("node_a", "d1"), ("node_a", "d2"), ("node_e", "d3")];
+        let expect: Vec<(String, String)> = expect
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect();
+        assert_eq!(rows, expect);
+        let version: i64 =
+            store.with(|c| Ok(c.query_row("PRAGMA user_version", [], |r| r.get(0))?))?;
+        assert_eq!(version, 4);
+        Ok(())
+    }
 }

@@ -177,6 +177,20 @@ pub fn insert(tx: &Connection, n: &NewNode, now: i64) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// The digests a node is indexed and looked up by: distinct, sorted, at most
+/// [`MAX_INDEXED_DIGESTS`] (a machine has a handful; a report with thousands must not write
+/// thousands of rows).
+fn indexed(digests: &[String]) -> Vec<&str> {
+    let mut unique: Vec<&str> = digests.iter().map(String::as_str).collect();
+    unique.sort_unstable();
+    unique.dedup();
+    unique.truncate(MAX_INDEXED_DIGESTS);
+    unique
+}
+
+/// Most identifier digests indexed per node.
+pub const MAX_INDEXED_DIGESTS: usize = 256;
+
 /// Replaces the node's rows in `node_identifier_digests` (the index JoinService looks machines
 /// up by). Call with the same list written to `nodes.identifier_digests`.
 pub fn index_identifier_digests(
@@ -191,23 +205,20 @@ pub fn index_identifier_digests(
     let mut ins = tx.prepare_cached(
         "INSERT OR IGNORE INTO node_identifier_digests (digest, node_id) VALUES (?1, ?2)",
     )?;
-    for d in digests {
+    for d in indexed(digests) {
         ins.execute(params![d, node_id])?;
     }
     Ok(())
 }
 
 /// Nodes sharing at least `min_shared` of `digests`, oldest first: `(id, identity_generation)`.
-/// At most the first 256 digests are looked up (a machine has a handful).
+/// The same [`MAX_INDEXED_DIGESTS`] digests a node is indexed by are looked up.
 pub fn sharing_identifiers(
     conn: &Connection,
     digests: &[String],
     min_shared: usize,
 ) -> Result<Vec<(String, u64)>, StoreError> {
-    let mut unique: Vec<&str> = digests.iter().map(String::as_str).collect();
-    unique.sort_unstable();
-    unique.dedup();
-    unique.truncate(256);
+    let unique = indexed(digests);
     if unique.is_empty() {
         return Ok(Vec::new());
     }
