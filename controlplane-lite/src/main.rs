@@ -29,7 +29,7 @@ enum Command {
     /// Control plane embedded plus a real local agent; waits until the node is adopted.
     Dev(cli::dev::DevArgs),
     /// Measure the control plane with N simulated agents (`bcd sim`): join-storm, steady, fanout,
-    /// rollout, restart.
+    /// rollout, restart; `chart` draws saved restart results.
     Bench(cli::bench::BenchArgs),
     /// Nodes: list, get, events, cordon, drain, taint, run, ...
     Nodes {

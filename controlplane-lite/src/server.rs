@@ -401,7 +401,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             .as_bytes(),
         0o644,
     )?;
-    tracing::info!(gateway = %endpoints.gateway_url, api = %endpoints.api_url, metrics = ?endpoints.metrics_url, state_dir = %cfg.state_dir.display(), "control plane listening");
+    tracing::info!(gateway = %endpoints.gateway_url, api = %endpoints.api_url, metrics = endpoints.metrics_url.as_deref().unwrap_or("off"), state_dir = %cfg.state_dir.display(), "control plane listening");
     Ok(Running {
         endpoints,
         store,

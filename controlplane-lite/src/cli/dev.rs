@@ -149,7 +149,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     );
     println!("state:         {}", base.display());
     println!(
-        "operator API:  bcctl --state-dir {} nodes list",
+        "operator API:  bcctl nodes list --state-dir {}",
         cp_dir.display()
     );
     std::fs::create_dir_all(&agent_dir)?;

@@ -418,13 +418,14 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
             match end {
                 session::SessionEnd::Shutdown => break 'outer Ok(()),
                 session::SessionEnd::Revoked(why) => {
-                    tracing::error!(reason = %why, node_id = %current.node.node_id, "this node's identity was revoked: it is retired and never used again; a new join token is needed");
+                    // Retire first: once the log says so, the identity files are already gone.
+                    state.retire_identity(&why)?;
                     status.update(|s| {
                         s.state = "revoked".into();
                         s.message = why.clone();
                     });
                     let _ = notifier.status("identity revoked: waiting for a new join token");
-                    state.retire_identity(&why)?;
+                    tracing::error!(reason = %why, node_id = %current.node.node_id, "this node's identity was revoked: it is retired and never used again; a new join token is needed");
                     stale_token = join_token(&args, &cfg);
                     continue 'outer;
                 }

@@ -72,6 +72,12 @@ fn signal(child: &Child, sig: Signal) {
     let _ = kill(Pid::from_raw(child.id() as i32), sig);
 }
 
+/// Signals the agent's whole process group: under a wrapper (`faketime`, which forks) the agent
+/// is the wrapper's child, and a signal to the wrapper alone would orphan it.
+fn signal_group(child: &Child, sig: Signal) {
+    let _ = nix::sys::signal::killpg(Pid::from_raw(child.id() as i32), sig);
+}
+
 /// A running `bcctl serve`.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -298,6 +304,8 @@ impl Agent {
             }
             None => Command::new(bcd),
         };
+        // Its own process group, so kill9/signal reach the agent under a wrapper too.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         cmd.arg("agent")
             .args(["--control-plane", &cp.gateway_url, "--ca-pin", pin])
             .arg("--state-dir")
@@ -345,24 +353,25 @@ impl Agent {
         status
     }
 
-    /// Sends `sig` to the agent.
+    /// Sends `sig` to the agent (its process group).
     pub fn signal(&self, sig: Signal) {
         if let Some(c) = &self.child {
-            signal(c, sig);
+            signal_group(c, sig);
         }
     }
 
     /// SIGTERM, then wait for exit.
     pub fn sigterm(&mut self) -> ExitStatus {
         if let Some(c) = &self.child {
-            signal(c, Signal::SIGTERM);
+            signal_group(c, Signal::SIGTERM);
         }
         self.wait_exit(Duration::from_secs(15))
     }
 
-    /// SIGKILL.
+    /// SIGKILL to the agent's process group (the agent and any wrapper), then reap.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
+            signal_group(&c, Signal::SIGKILL);
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -188,7 +188,13 @@ pub fn draw(
         .x_desc("seconds since SIGKILL of bcctl serve")
         .y_desc("nodes")
         .label_style(("sans-serif", 14))
-        .x_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&|v| {
+            if x_max < 10.0 {
+                format!("{v:.1}")
+            } else {
+                format!("{v:.0}")
+            }
+        })
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()
         .map_err(|e| err(&e))?;

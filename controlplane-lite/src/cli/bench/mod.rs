@@ -298,7 +298,7 @@ pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<
     );
     println!("state:         {}", h.dir.display());
     println!(
-        "operator API:  bcctl --state-dir {} nodes list",
+        "operator API:  bcctl nodes list --state-dir {}",
         h.dir.display()
     );
     let mut out = serde_json::Map::new();
