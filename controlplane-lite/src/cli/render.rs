@@ -66,6 +66,17 @@ fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, String)>) {
                 out.push((format!("{prefix}[{i}]"), summary));
             }
         }
+        Value::Number(n) if prefix.ends_with("At") => {
+            // Some API objects (sites, pools, tokens) carry times as epoch milliseconds.
+            let text = n
+                .as_i64()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .map_or_else(
+                    || n.to_string(),
+                    |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                );
+            out.push((prefix.to_owned(), text));
+        }
         other => out.push((prefix.to_owned(), cell(Some(other)))),
     }
 }
@@ -108,6 +119,17 @@ mod tests {
         assert!(
             text.lines()
                 .any(|l| l.starts_with("session.gatewayId:") && l.ends_with('-')),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn epoch_millisecond_times_read_as_dates() {
+        let text = object(&serde_json::json!({"createdAt": 1796025257375_i64, "version": 3}));
+        assert!(text.contains("2026-11-30T07:54:17.375Z"), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("version:") && l.ends_with('3')),
             "{text}"
         );
     }
