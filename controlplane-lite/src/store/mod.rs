@@ -134,6 +134,14 @@ pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
+/// A model-layer error met inside a store transaction, as a store error.
+pub(crate) fn op_err(e: crate::model::error::OpError) -> StoreError {
+    match e {
+        crate::model::error::OpError::Store(s) => s,
+        other => StoreError::Task(other.to_string()),
+    }
+}
+
 /// Decodes a JSON column, naming the column in the error.
 pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
     column: &'static str,

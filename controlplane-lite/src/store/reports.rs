@@ -48,7 +48,7 @@ pub fn record_inventory(
             "UPDATE nodes SET inventory_at = ?2 WHERE id = ?1",
             params![node_id, now_ms()],
         )?;
-        crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(op_err)?;
+        crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(super::op_err)?;
         tx.commit()?;
         return Ok(Some(node.provision_state));
     }
@@ -134,10 +134,10 @@ pub fn record_inventory(
             owner: "Inventory".to_owned(),
         },
     )
-    .map_err(op_err)?;
+    .map_err(super::op_err)?;
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same transaction.
-    crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(op_err)?;
+    crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(super::op_err)?;
     let mut state = node.provision_state;
     if state == ProvisionState::Adopting {
         // NodeLifecycle acceptance, through the one provisionStateTable.
@@ -149,18 +149,11 @@ pub fn record_inventory(
             ProvisionState::Adopted,
             "acceptance passed: inventory received",
         )
-        .map_err(op_err)?;
+        .map_err(super::op_err)?;
         state = after.provision_state;
     }
     tx.commit()?;
     Ok(Some(state))
-}
-
-fn op_err(e: crate::model::error::OpError) -> StoreError {
-    match e {
-        crate::model::error::OpError::Store(s) => s,
-        other => StoreError::Task(other.to_string()),
-    }
 }
 
 /// Records a SpecStatus: on `converged`, `observedGeneration` moves up to `generation` (never past

@@ -5,11 +5,8 @@
 use bc_protocol::Connectivity;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::nodes::{self, with_reason};
-use super::{StoreError, events, now_ms, to_json};
-
-/// The reason Liveness writes into `noScheduleReasons` while a node is unreachable or lost.
-pub const REASON_UNREACHABLE: &str = "unreachable";
+use super::nodes;
+use super::{StoreError, events, now_ms};
 
 /// Facts of a session being opened.
 #[derive(Debug, Clone)]
@@ -30,35 +27,19 @@ pub struct Opened {
     pub trust: bc_protocol::Trust,
 }
 
+/// Moves `connectivity` through the axis's one writer, `model::ops::nodes::set_connectivity`
+/// (the connectivity event, and `unreachable` in noScheduleReasons with its own event, in this
+/// transaction). Nothing is written when nothing changes.
 fn set_connectivity(
     tx: &Connection,
     node_id: &str,
-    from: Connectivity,
     to: Connectivity,
-    reasons: &[String],
     actor: &str,
-    now: i64,
+    message: &str,
 ) -> Result<(), StoreError> {
-    let unreachable = matches!(to, Connectivity::Unreachable | Connectivity::Lost);
-    let reasons = with_reason(reasons, REASON_UNREACHABLE, unreachable);
-    tx.execute(
-        "UPDATE nodes SET connectivity = ?2, no_schedule_reasons = ?3, updated_at = ?4, \
-         version = version + 1 WHERE id = ?1",
-        params![node_id, to.as_str(), to_json(&reasons), now],
-    )?;
-    if from != to {
-        events::record(
-            tx,
-            node_id,
-            now,
-            "connectivity",
-            Some(from.as_str()),
-            Some(to.as_str()),
-            actor,
-            "",
-        )?;
-    }
-    Ok(())
+    crate::model::ops::nodes::set_connectivity(tx, node_id, actor, to, message)
+        .map(|_| ())
+        .map_err(super::op_err)
 }
 
 /// Opens a session: epoch + 1, `connected`, session fields set. `None` when the node is gone.
@@ -84,11 +65,9 @@ pub fn open(conn: &mut Connection, s: &SessionOpen) -> Result<Option<Opened>, St
     set_connectivity(
         &tx,
         &s.node_id,
-        node.connectivity,
         Connectivity::Connected,
-        &node.no_schedule_reasons,
         "gateway",
-        now,
+        "session opened",
     )?;
     tx.commit()?;
     Ok(Some(Opened {
@@ -123,11 +102,9 @@ pub fn close_clean(
     set_connectivity(
         &tx,
         node_id,
-        node.connectivity,
         Connectivity::Disconnected,
-        &node.no_schedule_reasons,
         "gateway",
-        now,
+        "agent said Goodbye",
     )?;
     if !reason.is_empty() {
         events::record(
@@ -174,19 +151,14 @@ pub fn flush_heartbeats(
             }
         }
     }
-    let now = now_ms();
     for id in &revived {
-        if let Some(node) = nodes::get(&tx, id)? {
-            set_connectivity(
-                &tx,
-                id,
-                node.connectivity,
-                Connectivity::Connected,
-                &node.no_schedule_reasons,
-                "Liveness",
-                now,
-            )?;
-        }
+        set_connectivity(
+            &tx,
+            id,
+            Connectivity::Connected,
+            "Liveness",
+            "heartbeat of the current session",
+        )?;
     }
     tx.commit()?;
     Ok(beats.len())
@@ -233,11 +205,9 @@ pub fn sweep(
         set_connectivity(
             &tx,
             &id,
-            node.connectivity,
             to,
-            &node.no_schedule_reasons,
             "Liveness",
-            now,
+            "no heartbeat",
         )?;
         changed.push((id, to));
     }
