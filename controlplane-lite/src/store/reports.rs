@@ -48,7 +48,8 @@ pub fn record_inventory(
             "UPDATE nodes SET inventory_at = ?2 WHERE id = ?1",
             params![node_id, now_ms()],
         )?;
-        crate::model::conditions::refresh_profile_conditions(&tx, node_id).map_err(super::op_err)?;
+        crate::model::conditions::refresh_profile_conditions(&tx, node_id)
+            .map_err(super::op_err)?;
         tx.commit()?;
         return Ok(Some(node.provision_state));
     }

@@ -202,13 +202,7 @@ pub fn sweep(
             Connectivity::Unreachable => Connectivity::Lost,
             _ => continue,
         };
-        set_connectivity(
-            &tx,
-            &id,
-            to,
-            "Liveness",
-            "no heartbeat",
-        )?;
+        set_connectivity(&tx, &id, to, "Liveness", "no heartbeat")?;
         changed.push((id, to));
     }
     tx.commit()?;
