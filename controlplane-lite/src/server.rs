@@ -308,7 +308,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             shutdown_rx.clone(),
         )
         .await?;
-        endpoints.metrics_url = Some(format!("http://{}:{}/metrics", host(bound), bound.port()));
+        endpoints.metrics_url = Some(bc_net::http::url(bound, "/metrics"));
         tasks.spawn(async move {
             let _ = server.await;
         });

@@ -16,20 +16,18 @@ use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use tokio::net::TcpListener;
 
 use crate::nvml::{CheckStatus, DiagReport};
 
 /// The content type of the exposition (what prometheus-client's text encoder writes).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = bc_net::http::OPENMETRICS_CONTENT_TYPE;
 
 /// What went wrong starting the metrics listener or encoding.
 #[derive(Debug, thiserror::Error)]
@@ -238,50 +236,31 @@ impl Metrics {
 }
 
 async fn get_metrics(axum::extract::State(m): axum::extract::State<Metrics>) -> Response {
-    match m.encode() {
-        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
-    }
+    bc_net::http::metrics_response(m.encode())
 }
 
 /// `http://host:port/metrics` for a bound address (an unspecified IP reads as loopback).
 pub fn url(bound: SocketAddr) -> String {
-    let mut a = bound;
-    if a.ip().is_unspecified() {
-        a.set_ip(if a.is_ipv6() {
-            std::net::Ipv6Addr::LOCALHOST.into()
-        } else {
-            std::net::Ipv4Addr::LOCALHOST.into()
-        });
-    }
-    format!("http://{a}/metrics")
+    bc_net::http::url(bound, "/metrics")
 }
 
 /// Binds `addr` and serves `GET /metrics` from `metrics` in a spawned task for the life of the
 /// runtime. Returns the bound address (port 0 picks one). A non-loopback address is allowed but
 /// logged as a warning.
 pub async fn serve(addr: SocketAddr, metrics: Metrics) -> Result<SocketAddr, MetricsError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    if !bound.ip().is_loopback() {
-        tracing::warn!(%bound, "metrics listen on a non-loopback address: anyone who can reach it can read them");
-    }
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(get_metrics))
         .with_state(metrics);
-    tokio::spawn(async move {
-        // Idle or stuck clients must not take the descriptors the agent needs to reach its
-        // control plane: a few connections at most, closed after 30 s of silence (bc_net).
-        let listener =
-            bc_net::BoundedListener::new(listener, 16, std::time::Duration::from_secs(30));
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics server failed");
-        }
-    });
+    // Idle or stuck clients must not take the descriptors the agent needs to reach its control
+    // plane: a few connections at most, closed after 30 s of silence.
+    let limits = bc_net::http::Limits {
+        max_connections: 16,
+        idle: Duration::from_secs(30),
+    };
+    let (bound, _task) =
+        bc_net::http::serve(addr, app, limits, "bcd metrics", std::future::pending())
+            .await
+            .map_err(|source| MetricsError::Bind { addr, source })?;
     tracing::info!(url = %url(bound), "serving metrics");
     Ok(bound)
 }

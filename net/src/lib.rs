@@ -8,10 +8,13 @@
 //! - [`BoundedListener`]: an `axum::serve` listener with a cap on open connections (the rest wait
 //!   in the kernel's accept queue, costing no descriptor) and an idle timeout on each one (no
 //!   byte read or written for that long closes it). For the operator API and `/metrics`.
+//! - [`http::serve`]: bind and serve a small endpoint (`/metrics`) through a [`BoundedListener`].
 //! - [`accept_loop`]: the gateway's accept loop for tonic. It sets `TCP_NODELAY`, and when
 //!   `accept(2)` fails (`EMFILE`, `ENFILE`, `ENOBUFS`) it logs once and waits before trying again
 //!   instead of spinning on the error.
 #![forbid(unsafe_code)]
+
+pub mod http;
 
 use std::io;
 use std::net::SocketAddr;

@@ -17,15 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Unit;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::gateway::registry::Registry as Sessions;
@@ -33,7 +31,7 @@ use crate::store::commands::CommandState;
 use crate::store::{Store, StoreError};
 
 /// The content type of the exposition (what prometheus-client's text encoder writes).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = bc_net::http::OPENMETRICS_CONTENT_TYPE;
 
 /// What went wrong serving or computing metrics.
 #[derive(Debug, thiserror::Error)]
@@ -382,13 +380,7 @@ struct ScrapeState {
 }
 
 async fn get_metrics(State(s): State<ScrapeState>) -> Response {
-    match s.metrics.scrape(&s.store, &s.sessions).await {
-        Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics scrape failed");
-            (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response()
-        }
-    }
+    bc_net::http::metrics_response(s.metrics.scrape(&s.store, &s.sessions).await)
 }
 
 /// Binds `addr` and serves `GET /metrics` until `stop` turns true. Returns the bound address
@@ -400,15 +392,6 @@ pub async fn serve(
     sessions: Arc<Sessions>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    if !bound.ip().is_loopback() {
-        tracing::warn!(%bound, "metrics listen on a non-loopback address: anyone who can reach it can read fleet counts");
-    }
     let app = axum::Router::new()
         .route("/metrics", axum::routing::get(get_metrics))
         .with_state(ScrapeState {
@@ -416,20 +399,17 @@ pub async fn serve(
             store,
             sessions,
         });
-    let task = tokio::spawn(async move {
-        let until = async move {
-            let _ = stop.wait_for(|v| *v).await;
-        };
-        // A scraper needs one connection; a few spare, and idle ones are closed (bc_net).
-        let listener = bc_net::BoundedListener::new(listener, 32, crate::server::IDLE_TIMEOUT);
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(until)
-            .await
-        {
-            tracing::error!(error = %e, "metrics server failed");
-        }
-    });
-    Ok((bound, task))
+    let until = async move {
+        let _ = stop.wait_for(|v| *v).await;
+    };
+    // A scraper needs one connection; a few spare, and idle ones are closed.
+    let limits = bc_net::http::Limits {
+        max_connections: 32,
+        idle: crate::server::IDLE_TIMEOUT,
+    };
+    bc_net::http::serve(addr, app, limits, "bcctl metrics", until)
+        .await
+        .map_err(|source| MetricsError::Bind { addr, source })
 }
 
 #[cfg(test)]
