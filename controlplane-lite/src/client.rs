@@ -92,6 +92,21 @@ impl Client {
         Ok(Self::new(base, token))
     }
 
+    /// Sends `req` with the bearer token; a transport failure names `url`.
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<reqwest::Response, ClientError> {
+        req.bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|source| ClientError::Unreachable {
+                url: url.to_owned(),
+                source,
+            })
+    }
+
     /// Calls `method` (e.g. `nodes.get`) with `req`.
     pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
@@ -99,17 +114,7 @@ impl Client {
         req: &Req,
     ) -> Result<Resp, ClientError> {
         let url = format!("{}/v1/{method}", self.base);
-        let resp = self
-            .http
-            .post(&url)
-            .bearer_auth(&self.token)
-            .json(req)
-            .send()
-            .await
-            .map_err(|source| ClientError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+        let resp = self.send(self.http.post(&url).json(req), &url).await?;
         let status = resp.status();
         let bytes = resp
             .bytes()
@@ -132,16 +137,7 @@ impl Client {
     /// API's error (e.g. `GET /v1/bundles/{commandId}`, streamed by the caller).
     pub async fn get_stream(&self, path: &str) -> Result<reqwest::Response, ClientError> {
         let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .get(&url)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|source| ClientError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+        let resp = self.send(self.http.get(&url), &url).await?;
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
