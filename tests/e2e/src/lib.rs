@@ -190,6 +190,16 @@ impl ControlPlane {
         )
     }
 
+    /// A platform site `s1` with a `metal-host` pool `p1` in it; returns the pool's id.
+    pub fn metal_host_pool(&self) -> String {
+        let site = self.ok("sites.create", json!({"name": "s1", "kind": "platform"}));
+        let pool = self.ok(
+            "pools.create",
+            json!({"name": "p1", "kind": "metal-host", "siteId": site["id"]}),
+        );
+        pool["id"].as_str().unwrap().to_owned()
+    }
+
     /// Creates a join token through `bcctl tokens create -o json`.
     pub fn create_token(&self, extra: &[&str]) -> String {
         let mut args = vec!["tokens", "create", "-o", "json"];

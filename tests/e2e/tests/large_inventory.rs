@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use bc_e2e::{Agent, ControlPlane, eventually};
-use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -23,12 +22,7 @@ fn a_five_mib_inventory_is_stored_on_the_first_session() {
         format!("PRETTY_NAME=\"{pretty}\"\nID=big\nVERSION_ID=1\n"),
     )
     .unwrap();
-    let site = cp.ok("sites.create", json!({"name": "s1", "kind": "platform"}));
-    let pool = cp.ok(
-        "pools.create",
-        json!({"name": "p1", "kind": "metal-host", "siteId": site["id"]}),
-    );
-    let token = cp.create_token(&["--pool", pool["id"].as_str().unwrap()]);
+    let token = cp.create_token(&["--pool", &cp.metal_host_pool()]);
     let root_s = root.to_str().unwrap().to_owned();
     let agent = Agent::start(
         &cp,

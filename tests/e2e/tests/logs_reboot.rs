@@ -30,12 +30,7 @@ fn script(path: &Path, body: &str) -> String {
 }
 
 fn join(cp: &ControlPlane, dir: &Path, extra: &[&str]) -> (Agent, String) {
-    let site = cp.ok("sites.create", json!({"name": "s1", "kind": "platform"}));
-    let pool = cp.ok(
-        "pools.create",
-        json!({"name": "p1", "kind": "metal-host", "siteId": site["id"]}),
-    );
-    let token = cp.create_token(&["--pool", pool["id"].as_str().unwrap()]);
+    let token = cp.create_token(&["--pool", &cp.metal_host_pool()]);
     let agent = Agent::start(cp, dir, Some(&token), extra);
     let id = agent.node_id();
     eventually(WAIT, "node connected", || {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bc_e2e::{Agent, ControlPlane, eventually};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(30);
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -62,12 +62,8 @@ fn serve_and_agent_metrics_follow_a_join_heartbeats_and_a_command() {
     assert_eq!(must(&before, "bcctl_commands{state=\"succeeded\"}"), 0.0);
 
     // A refused join is counted as such and creates nothing.
-    let site = cp.ok("sites.create", json!({"name": "s1", "kind": "platform"}));
-    let pool = cp.ok(
-        "pools.create",
-        json!({"name": "p1", "kind": "metal-host", "siteId": site["id"]}),
-    );
-    let pool = pool["id"].as_str().unwrap();
+    let pool = cp.metal_host_pool();
+    let pool = pool.as_str();
     let mut bad = Agent::start(
         &cp,
         &tmp.path().join("bad"),

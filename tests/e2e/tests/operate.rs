@@ -9,12 +9,7 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(30);
 
 fn pool(cp: &ControlPlane) -> String {
-    let site = cp.ok("sites.create", json!({"name": "s1", "kind": "platform"}));
-    let pool = cp.ok(
-        "pools.create",
-        json!({"name": "p1", "kind": "metal-host", "siteId": site["id"]}),
-    );
-    pool["id"].as_str().unwrap().to_owned()
+    cp.metal_host_pool()
 }
 
 fn joined(cp: &ControlPlane, dir: &std::path::Path) -> (Agent, String) {
