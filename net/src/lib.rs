@@ -3,7 +3,7 @@
 //! A listener that accepts whatever arrives and keeps every connection until the peer closes it
 //! lets a few hundred idle sockets (a port scanner, a stuck scraper, a slowloris client) use up
 //! the process's file descriptors; the agent then cannot reconnect to its control plane and the
-//! control plane cannot accept agents. Two tools:
+//! control plane cannot accept agents. Three pieces:
 //!
 //! - [`BoundedListener`]: an `axum::serve` listener with a cap on open connections (the rest wait
 //!   in the kernel's accept queue, costing no descriptor) and an idle timeout on each one (no
