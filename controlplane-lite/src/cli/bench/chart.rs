@@ -26,10 +26,11 @@ pub enum ChartError {
         "no TrueType font found (tried {tried}); pass --font FILE.ttf (Debian: fonts-dejavu-core)"
     )]
     NoFont { tried: String },
-    /// The font file could not be read.
-    #[error("reading font {path}: {source}")]
-    FontRead {
+    /// A file given to read (the font, a result file) could not be read.
+    #[error("reading {what} {path}: {source}")]
+    Read {
         path: PathBuf,
+        what: &'static str,
         source: std::io::Error,
     },
     /// The font file is not a font ab_glyph can parse.
@@ -88,8 +89,9 @@ const MAX_FONT_BYTES: u64 = 64 << 20;
 /// is [`ChartError::TooLarge`], not an allocation without bound.
 pub fn read_capped(path: &Path, max: u64, what: &'static str) -> Result<Vec<u8>, ChartError> {
     use std::io::Read;
-    let read_err = |source| ChartError::FontRead {
+    let read_err = |source| ChartError::Read {
         path: path.to_path_buf(),
+        what,
         source,
     };
     let file = std::fs::File::open(path).map_err(read_err)?;
@@ -275,7 +277,10 @@ mod tests {
             png.len()
         );
         let missing = draw(&[], "t", &out, Some(Path::new("/nonexistent/font.ttf")));
-        assert!(matches!(missing, Err(ChartError::FontRead { .. })));
+        assert!(matches!(
+            missing,
+            Err(ChartError::Read { what: "font", .. })
+        ));
         Ok(())
     }
 
@@ -301,7 +306,7 @@ mod tests {
         // A PNG path in an existing dir gets as far as loading the font.
         assert!(matches!(
             prepare(Path::new("/tmp/chart.PNG"), font),
-            Err(ChartError::FontRead { .. })
+            Err(ChartError::Read { what: "font", .. })
         ));
     }
 }
