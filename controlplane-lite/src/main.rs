@@ -159,7 +159,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("bcctl: error: {e:#}");
+            eprintln!("bcctl: error: {}", bc_net::report::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

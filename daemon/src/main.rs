@@ -131,7 +131,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("bcd: error: {e:#}");
+            eprintln!("bcd: error: {}", bc_net::report::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

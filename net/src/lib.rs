@@ -3,18 +3,20 @@
 //! A listener that accepts whatever arrives and keeps every connection until the peer closes it
 //! lets a few hundred idle sockets (a port scanner, a stuck scraper, a slowloris client) use up
 //! the process's file descriptors; the agent then cannot reconnect to its control plane and the
-//! control plane cannot accept agents. Three pieces:
+//! control plane cannot accept agents. The pieces:
 //!
 //! - [`BoundedListener`]: an `axum::serve` listener with a cap on open connections (the rest wait
 //!   in the kernel's accept queue, costing no descriptor) and an idle timeout on each one (no
 //!   byte read or written for that long closes it). For the operator API and `/metrics`.
 //! - [`http::serve`]: bind and serve a small endpoint (`/metrics`) through a [`BoundedListener`].
+//! - [`report::error_chain`]: how both binaries print a fatal error, each cause once.
 //! - [`accept_loop`]: the gateway's accept loop for tonic. It sets `TCP_NODELAY`, and when
 //!   `accept(2)` fails (`EMFILE`, `ENFILE`, `ENOBUFS`) it logs once and waits before trying again
 //!   instead of spinning on the error.
 #![forbid(unsafe_code)]
 
 pub mod http;
+pub mod report;
 
 use std::io;
 use std::net::SocketAddr;
