@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::api::ApiError;
 use crate::server::{API_TOKEN_FILE, ENDPOINTS_FILE, Endpoints};
+use cpl_core::error::ErrorBody;
+use cpl_core::verbs::Method;
 
 /// What went wrong talking to the operator API.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +28,7 @@ pub enum ClientError {
     Unreachable { url: String, source: reqwest::Error },
     /// The API answered with an error.
     #[error("{0}")]
-    Api(ApiError),
+    Api(ErrorBody),
     /// The API answered something that is not the expected JSON.
     #[error("unexpected answer from {url} (HTTP {status}): {body}")]
     Protocol {
@@ -107,13 +108,13 @@ impl Client {
             })
     }
 
-    /// Calls `method` (e.g. `nodes.get`) with `req`.
+    /// Calls `method` with `req`.
     pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
-        method: &str,
+        method: Method,
         req: &Req,
     ) -> Result<Resp, ClientError> {
-        let url = format!("{}/v1/{method}", self.base);
+        let url = format!("{}/v1/{}", self.base, method.name());
         let resp = self.send(self.http.post(&url).json(req), &url).await?;
         let status = resp.status();
         let bytes = resp
@@ -149,7 +150,7 @@ impl Client {
 
 /// The error an unsuccessful answer carries: the API's `{code, message}`, else the raw body.
 fn error_answer(url: String, status: u16, bytes: &[u8]) -> ClientError {
-    match serde_json::from_slice::<ApiError>(bytes) {
+    match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(err) => ClientError::Api(err),
         Err(_) => ClientError::Protocol {
             url,

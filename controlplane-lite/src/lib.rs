@@ -1,31 +1,30 @@
-//! controlplane-lite: the small control plane bundled with bcd (`bcctl`).
+//! controlplane-lite: the small control plane bundled with bcd (`bcctl`) — its adapters.
 //!
 //! # Background
-//! It keeps the node model of the spec ("Nodes": independent state axes, role, trust, hardware
-//! key, generations, conditions, noScheduleReasons, the schedulable predicate), issues
-//! certificates, holds agent sessions and serves operators. End-to-end tests, the simulator and
-//! small fleets run on it.
+//! The node model, the verbs and the controllers live in `cpl-core`, the store (the only SQL) in
+//! `cpl-store`. This crate connects them to the world: agents over gRPC, operators over HTTP, a
+//! CA for both, Prometheus, and the `bcctl` command line.
 //!
 //! # Design
-//! - [`store`]: SQLite (bundled, WAL) behind one module whose SQL stays portable to PostgreSQL.
-//! - [`model`]: the provisionStateTable, the predicate in Rust and SQL, conditions, NodeDetail,
-//!   the placer, one ops function per API verb.
-//! - [`ca`], [`gateway`]: the CA, JoinService (re-join in place, duplicate refusal) and the agent
-//!   sessions over mutual TLS; [`liveness`], [`commands`], [`health`]: the controllers.
-//! - [`api`], [`client`], [`server`]: the operator API, its client, and `bcctl serve` wiring.
+//! - [`gateway`]: JoinService and the agents' sessions over mutual TLS (tonic); its session
+//!   registry implements the core's `AgentSessions` port. [`ca`]: the CA and certificates.
+//! - [`api`]: the operator API (axum): `POST /v1/<method>` decodes the body into the core's typed
+//!   request, calls the one dispatcher, and maps an error code to an HTTP status in one place;
+//!   `GET /v1/openapi.json` serves the document generated from the same types.
+//! - [`metrics`]: Prometheus exposition; [`server`]: `bcctl serve` wiring; [`client`]: the
+//!   operator client `bcctl` uses. The CLI and the bench are in the binary (`src/cli`).
+//!
+//! # Must not depend on
+//! rusqlite or any other database crate: every query is `cpl-store`'s (`tests/layers.rs` checks).
+//! Node rows are changed only through the core's edit path, never here.
 //!
 //! # Limitations
-//! One process, one SQLite file: no high availability. PostgreSQL needs the `FOR UPDATE` clauses
-//! noted in docs/node-model.md.
+//! One process, one SQLite file: no high availability.
 #![forbid(unsafe_code)]
 pub mod api;
 pub mod ca;
 pub mod client;
-pub mod commands;
 pub mod gateway;
-pub mod health;
-pub mod liveness;
+pub mod limits;
 pub mod metrics;
-pub mod model;
 pub mod server;
-pub mod store;

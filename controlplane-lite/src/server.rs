@@ -18,14 +18,17 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use cpl_core::commands::Commands;
+use cpl_core::liveness::{self, LivenessConfig};
+use cpl_core::verbs::{Core, TokenIssuer};
+use cpl_store::{Store, StoreError};
+
 use crate::api::{self, ApiState};
 use crate::ca::{self, CaError, CertificateAuthority};
-use crate::commands::Commands;
 use crate::gateway::join::JoinService;
 use crate::gateway::registry::Registry;
 use crate::gateway::{GatewayConfig, GatewayService, HeartbeatBuffer};
-use crate::liveness::{self, LivenessConfig};
-use crate::store::{Store, StoreError};
+use crate::limits::{API_MAX_CONNECTIONS, IDLE_TIMEOUT};
 
 /// What went wrong starting or running the control plane.
 #[derive(Debug, thiserror::Error)]
@@ -166,12 +169,6 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
     names
 }
 
-/// Open operator-API connections at most; more wait in the accept queue (bc_net).
-const API_MAX_CONNECTIONS: usize = 256;
-
-/// An operator-API or metrics connection with no byte in or out for this long is closed.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// How long a gateway connection may take to finish its TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -193,73 +190,57 @@ fn bind_gateway(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(GATEWAY_BACKLOG)
 }
 
-/// Starts the control plane: binds both listeners, writes `endpoints.json`, spawns the servers
-/// and controllers. Returns once everything listens.
-pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
-    std::fs::create_dir_all(&cfg.state_dir).map_err(state_err(&cfg.state_dir))?;
-    let _ = std::fs::remove_file(cfg.state_dir.join(ENDPOINTS_FILE));
-    let store = Store::open(&cfg.state_dir.join("state.db"))?;
-    let ca = Arc::new(CertificateAuthority::load_or_create(
-        &cfg.state_dir,
-        &cfg.trust_domain,
-    )?);
-    let api_token = load_or_create_api_token(&cfg.state_dir)?;
+/// The listeners, bound before anything is spawned: an address in use fails the start.
+struct Listeners {
+    gateway: TcpListener,
+    api: TcpListener,
+    gateway_addr: SocketAddr,
+    api_addr: SocketAddr,
+}
 
-    let mut names = default_names(&cfg.listen);
-    names.extend(cfg.server_names.iter().cloned());
-    names.sort();
-    names.dedup();
-    let (chain_pem, key_pem) = ca.server_cert(&names)?;
+async fn bind(cfg: &ServeConfig) -> Result<Listeners, ServeError> {
+    let bind_err = |addr| move |source| ServeError::Bind { addr, source };
+    let gateway = bind_gateway(cfg.listen).map_err(bind_err(cfg.listen))?;
+    let api = TcpListener::bind(cfg.api_listen)
+        .await
+        .map_err(bind_err(cfg.api_listen))?;
+    let gateway_addr = gateway.local_addr().map_err(bind_err(cfg.listen))?;
+    let api_addr = api.local_addr().map_err(bind_err(cfg.api_listen))?;
+    Ok(Listeners {
+        gateway,
+        api,
+        gateway_addr,
+        api_addr,
+    })
+}
 
-    let gw_listener = bind_gateway(cfg.listen).map_err(|source| ServeError::Bind {
-        addr: cfg.listen,
-        source,
-    })?;
-    let api_listener =
-        TcpListener::bind(cfg.api_listen)
-            .await
-            .map_err(|source| ServeError::Bind {
-                addr: cfg.api_listen,
-                source,
-            })?;
-    let gw_addr = gw_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.listen,
-            source,
-        })?;
-    let api_addr = api_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.api_listen,
-            source,
-        })?;
-    let host = |a: SocketAddr| {
-        if a.ip().is_unspecified() {
-            "127.0.0.1".to_owned()
-        } else if a.is_ipv6() {
-            format!("[{}]", a.ip())
-        } else {
-            a.ip().to_string()
-        }
-    };
-    let gateway_url = cfg
-        .advertise_url
-        .clone()
-        .unwrap_or_else(|| format!("https://{}:{}", host(gw_addr), gw_addr.port()));
-    let mut endpoints = Endpoints {
-        gateway_url: gateway_url.clone(),
-        api_url: format!("http://{}:{}", host(api_addr), api_addr.port()),
-        ca_pin: ca.pin()?,
-        metrics_url: None,
-    };
+/// `host` as a URL writes it; an unspecified address is reached on loopback.
+fn url_host(a: SocketAddr) -> String {
+    if a.ip().is_unspecified() {
+        "127.0.0.1".to_owned()
+    } else if a.is_ipv6() {
+        format!("[{}]", a.ip())
+    } else {
+        a.ip().to_string()
+    }
+}
 
+/// What the gateway, the operator API and the controllers share.
+struct Parts {
+    store: Store,
+    ca: Arc<CertificateAuthority>,
+    registry: Arc<Registry>,
+    metrics: crate::metrics::Metrics,
+    commands: Commands,
+    gateway: GatewayService,
+}
+
+fn parts(cfg: &ServeConfig, store: Store, ca: Arc<CertificateAuthority>) -> Parts {
     let registry = Arc::new(Registry::default());
     let metrics = crate::metrics::Metrics::new();
-    let heartbeats = Arc::new(HeartbeatBuffer::default());
     let commands = Commands {
         store: store.clone(),
-        registry: Arc::clone(&registry),
+        sessions: Arc::clone(&registry) as Arc<dyn cpl_core::port::AgentSessions>,
     };
     let gateway = GatewayService {
         store: store.clone(),
@@ -272,29 +253,161 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             bundles_dir: cfg.state_dir.join("bundles"),
         },
         registry: Arc::clone(&registry),
-        heartbeats: Arc::clone(&heartbeats),
+        heartbeats: Arc::new(HeartbeatBuffer::default()),
         commands: commands.clone(),
         metrics: metrics.clone(),
     };
-    let join = JoinService {
-        store: store.clone(),
-        ca: Arc::clone(&ca),
-        heartbeat_interval: cfg.heartbeat_interval,
-        node_cert_ttl: cfg.node_cert_ttl,
-        registry: Arc::clone(&registry),
-        limiter: Arc::new(crate::gateway::join::RateLimiter::new(
-            cfg.join_attempts_per_minute,
-        )),
-        metrics: metrics.clone(),
-    };
+    Parts {
+        store,
+        ca,
+        registry,
+        metrics,
+        commands,
+        gateway,
+    }
+}
+
+/// A future that resolves once `rx` turns true.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// Spawns the gRPC server (JoinService and the Gateway) on `listener`, over TLS.
+fn spawn_gateway(
+    tasks: &mut tokio::task::JoinSet<()>,
+    cfg: &ServeConfig,
+    p: &Parts,
+    listener: TcpListener,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ServeError> {
+    let mut names = default_names(&cfg.listen);
+    names.extend(cfg.server_names.iter().cloned());
+    names.sort();
+    names.dedup();
+    let (chain_pem, key_pem) = p.ca.server_cert(&names)?;
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(chain_pem, key_pem))
-        .client_ca_root(Certificate::from_pem(ca.cert_pem()))
+        .client_ca_root(Certificate::from_pem(p.ca.cert_pem()))
         .client_auth_optional(true)
         // A connection that never finishes its handshake would hold a socket (and a file
         // descriptor) forever.
         .timeout(TLS_HANDSHAKE_TIMEOUT);
+    let join = JoinService {
+        store: p.store.clone(),
+        ca: Arc::clone(&p.ca),
+        heartbeat_interval: cfg.heartbeat_interval,
+        node_cert_ttl: cfg.node_cert_ttl,
+        registry: Arc::clone(&p.registry),
+        limiter: Arc::new(crate::gateway::join::RateLimiter::new(
+            cfg.join_attempts_per_minute,
+        )),
+        metrics: p.metrics.clone(),
+    };
+    let mut grpc = Server::builder()
+        .tls_config(tls)?
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .tcp_nodelay(true);
+    let router = grpc.add_service(JoinServer::new(join)).add_service(
+        GatewayServer::new(p.gateway.clone())
+            .max_decoding_message_size(bc_protocol::MAX_SESSION_MESSAGE_BYTES),
+    );
+    tasks.spawn(async move {
+        let incoming = bc_net::accept_loop(listener);
+        if let Err(e) = router
+            .serve_with_incoming_shutdown(incoming, stopped(stop))
+            .await
+        {
+            tracing::error!(error = %e, "gateway server failed");
+        }
+    });
+    Ok(())
+}
 
+/// Spawns the operator API (axum) on `listener`.
+fn spawn_api(
+    tasks: &mut tokio::task::JoinSet<()>,
+    state: ApiState,
+    listener: TcpListener,
+    stop: watch::Receiver<bool>,
+) {
+    let app = api::router(Arc::new(state));
+    tasks.spawn(async move {
+        let listener = bc_net::BoundedListener::new(listener, API_MAX_CONNECTIONS, IDLE_TIMEOUT);
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped(stop))
+            .await
+        {
+            tracing::error!(error = %e, "operator API server failed");
+        }
+    });
+}
+
+/// Spawns the controllers: the heartbeat flusher, command deadlines and Liveness.
+fn spawn_controllers(
+    tasks: &mut tokio::task::JoinSet<()>,
+    cfg: &ServeConfig,
+    p: &Parts,
+    stop: &watch::Receiver<bool>,
+) {
+    let flush_period =
+        (cfg.heartbeat_interval / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let gw_flush = p.gateway.clone();
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = gw_flush.clone().flush_heartbeats(flush_period) => {}
+            _ = until => {}
+        }
+        gw_flush.flush_once().await;
+    });
+
+    let deadlines = p.commands.clone();
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = deadlines.run_deadlines(Duration::from_millis(500)) => {}
+            _ = until => {}
+        }
+    });
+
+    let (live_store, gw_live, live_cfg) = (p.store.clone(), p.gateway.clone(), cfg.liveness);
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = liveness::run(live_store, live_cfg, move || {
+                let gw = gw_live.clone();
+                async move { gw.flush_once().await }
+            }) => {}
+            _ = until => {}
+        }
+    });
+}
+
+/// Starts the control plane: binds both listeners, writes `endpoints.json`, spawns the servers
+/// and controllers. Returns once everything listens.
+pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
+    std::fs::create_dir_all(&cfg.state_dir).map_err(state_err(&cfg.state_dir))?;
+    let _ = std::fs::remove_file(cfg.state_dir.join(ENDPOINTS_FILE));
+    let store = Store::open(&cfg.state_dir.join("state.db"))?;
+    let ca = Arc::new(CertificateAuthority::load_or_create(
+        &cfg.state_dir,
+        &cfg.trust_domain,
+    )?);
+    let api_token = load_or_create_api_token(&cfg.state_dir)?;
+    let listeners = bind(&cfg).await?;
+    let (gw_addr, api_addr) = (listeners.gateway_addr, listeners.api_addr);
+    let gateway_url = cfg
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("https://{}:{}", url_host(gw_addr), gw_addr.port()));
+    let mut endpoints = Endpoints {
+        gateway_url: gateway_url.clone(),
+        api_url: format!("http://{}:{}", url_host(api_addr), api_addr.port()),
+        ca_pin: ca.pin()?,
+        metrics_url: None,
+    };
+    let p = parts(&cfg, store, ca);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -302,9 +415,9 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     if let Some(addr) = cfg.metrics_listen {
         let (bound, server) = crate::metrics::serve(
             addr,
-            metrics.clone(),
-            store.clone(),
-            Arc::clone(&registry),
+            p.metrics.clone(),
+            p.store.clone(),
+            Arc::clone(&p.registry),
             shutdown_rx.clone(),
         )
         .await?;
@@ -313,86 +426,23 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             let _ = server.await;
         });
     }
-
-    let mut grpc = Server::builder()
-        .tls_config(tls)?
-        .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .tcp_nodelay(true);
-    let router = grpc.add_service(JoinServer::new(join)).add_service(
-        GatewayServer::new(gateway.clone())
-            .max_decoding_message_size(bc_protocol::MAX_SESSION_MESSAGE_BYTES),
-    );
-    let mut rx = shutdown_rx.clone();
-    tasks.spawn(async move {
-        let incoming = bc_net::accept_loop(gw_listener);
-        let stop = async move {
-            let _ = rx.wait_for(|v| *v).await;
-        };
-        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
-            tracing::error!(error = %e, "gateway server failed");
-        }
-    });
-
-    let api_state = Arc::new(ApiState {
-        store: store.clone(),
-        ca: Arc::clone(&ca),
+    spawn_gateway(&mut tasks, &cfg, &p, listeners.gateway, shutdown_rx.clone())?;
+    let core = Core {
+        store: p.store.clone(),
+        commands: p.commands.clone(),
+        sessions: Arc::clone(&p.registry) as Arc<dyn cpl_core::port::AgentSessions>,
+        issuer: TokenIssuer {
+            ca_pin: endpoints.ca_pin.clone(),
+            control_plane: gateway_url,
+        },
+    };
+    let api_state = ApiState {
+        core,
         api_token: api_token.clone(),
-        gateway_url,
-        commands: commands.clone(),
-        registry: Arc::clone(&registry),
         bundles_dir: cfg.state_dir.join("bundles"),
-    });
-    let app = api::router(api_state);
-    let mut rx = shutdown_rx.clone();
-    tasks.spawn(async move {
-        let stop = async move {
-            let _ = rx.wait_for(|v| *v).await;
-        };
-        let api_listener =
-            bc_net::BoundedListener::new(api_listener, API_MAX_CONNECTIONS, IDLE_TIMEOUT);
-        if let Err(e) = axum::serve(api_listener, app)
-            .with_graceful_shutdown(stop)
-            .await
-        {
-            tracing::error!(error = %e, "operator API server failed");
-        }
-    });
-
-    let flush_period =
-        (cfg.heartbeat_interval / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let gw_flush = gateway.clone();
-    let mut rx = shutdown_rx.clone();
-    tasks.spawn(async move {
-        tokio::select! {
-            _ = gw_flush.clone().flush_heartbeats(flush_period) => {}
-            _ = rx.wait_for(|v| *v) => {}
-        }
-        gw_flush.flush_once().await;
-    });
-
-    let mut rx = shutdown_rx.clone();
-    let deadlines = commands.clone();
-    tasks.spawn(async move {
-        tokio::select! {
-            _ = deadlines.run_deadlines(Duration::from_millis(500)) => {}
-            _ = rx.wait_for(|v| *v) => {}
-        }
-    });
-
-    let live_store = store.clone();
-    let gw_live = gateway.clone();
-    let live_cfg = cfg.liveness;
-    let mut rx = shutdown_rx.clone();
-    tasks.spawn(async move {
-        tokio::select! {
-            _ = liveness::run(live_store, live_cfg, move || {
-                let gw = gw_live.clone();
-                async move { gw.flush_once().await }
-            }) => {}
-            _ = rx.wait_for(|v| *v) => {}
-        }
-    });
+    };
+    spawn_api(&mut tasks, api_state, listeners.api, shutdown_rx.clone());
+    spawn_controllers(&mut tasks, &cfg, &p, &shutdown_rx);
 
     ca::write_atomic(
         &cfg.state_dir.join(ENDPOINTS_FILE),
@@ -404,8 +454,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     tracing::info!(gateway = %endpoints.gateway_url, api = %endpoints.api_url, metrics = endpoints.metrics_url.as_deref().unwrap_or("off"), state_dir = %cfg.state_dir.display(), "control plane listening");
     Ok(Running {
         endpoints,
-        store,
-        registry,
+        store: p.store,
+        registry: p.registry,
         api_token,
         shutdown,
         tasks,

@@ -12,21 +12,30 @@
 //! - [`types`] holds the string enums of the node model; each renders exactly the spec's spelling
 //!   on the wire, in JSON and in SQL.
 //! - [`inventory`] is the inventory document the agent sends inside `Inventory.document_json`.
+//! - [`kinds`] holds the pool and site kinds and the capacity buckets, shared by the control
+//!   plane's store and core.
+//! - Features: `grpc` (default) generates the tonic clients and servers; without it [`pb`] is the
+//!   messages alone and nothing here depends on tonic. `openapi` derives utoipa schemas for the
+//!   types the operator API returns (same serde shape).
 //!
 //! # Limitations
 //! No I/O lives here: this crate is pure data.
 #![forbid(unsafe_code)]
 
 pub mod inventory;
+pub mod kinds;
+#[cfg(feature = "openapi")]
+mod schema;
 pub mod spec;
 pub mod types;
 
-/// Generated `bcd.v1` messages and tonic services.
+/// Generated `bcd.v1` messages, and with the `grpc` feature the tonic services.
 #[allow(missing_docs, clippy::all, missing_debug_implementations)]
 pub mod pb {
-    tonic::include_proto!("bcd.v1");
+    include!(concat!(env!("OUT_DIR"), "/bcd.v1.rs"));
 }
 
+pub use kinds::*;
 pub use types::*;
 
 /// The version string agents and the control plane report (`agent_version`).

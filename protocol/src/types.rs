@@ -15,7 +15,7 @@ pub struct ParseEnumError {
 
 /// Declares a string enum spelled exactly as given: `ALL`, `as_str`, `Display`, `FromStr` (with a
 /// [`ParseEnumError`] naming `kind` and the accepted spellings) and serde as that string. Used for
-/// every spec enum here and by controlplane-lite for pool and site kinds.
+/// every spec enum here (`types`, `kinds`).
 #[macro_export]
 macro_rules! string_enum {
     ($(#[$meta:meta])* $name:ident, $kind:literal { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
@@ -193,6 +193,7 @@ impl From<Mode> for crate::pb::AgentMode {
 /// A typed node condition (spec "State is several axes": conditions owned by Inventory, Health,
 /// Liveness, NodeLifecycle).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     /// e.g. `HardwareKeyTrusted`, `GpuCountMismatch`, `SpecConverged`.

@@ -13,7 +13,6 @@ use bc_protocol::ErrorCode;
 use tokio::io::AsyncReadExt;
 
 use super::{ApiError, ApiState};
-use crate::store::commands;
 
 /// Bytes per read while streaming.
 const READ_BYTES: usize = 64 * 1024;
@@ -32,8 +31,9 @@ pub async fn download(
         })?;
     let id = command_id.clone();
     let cmd = st
+        .core
         .store
-        .run(move |c| commands::get(c, &id))
+        .read(move |r| r.command(&id))
         .await?
         .ok_or_else(|| {
             ApiError::new(

@@ -1,80 +1,83 @@
 //! The operator API: HTTP + JSON, method names as in the spec (`POST /v1/nodes.get`, ...), a bearer
-//! token, and errors `{code, message}` with the spec's codes.
+//! token, and errors `{code, message}` with the spec's codes. Every verb goes through the core's
+//! one dispatcher ([`cpl_core::verbs::Core::dispatch`]); this adapter authenticates, decodes the
+//! body into the verb's typed request, and maps an error code to its HTTP status ([`status`],
+//! the one place that does).
+//!
+//! `GET /v1/openapi.json` serves the OpenAPI 3.1 document generated from the same types. It needs
+//! no bearer token: it describes the API and holds no data, and a client reads it before it has
+//! credentials. Everything else needs the token.
 
 pub mod bundles;
-pub mod commands;
-pub mod handlers;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bc_protocol::ErrorCode;
-use serde::{Deserialize, Serialize};
+use cpl_core::error::{ErrorBody, OpError};
+use cpl_core::verbs::{Core, Method};
+use cpl_store::StoreError;
+use serde_json::Value;
 
-use crate::ca::CertificateAuthority;
-use crate::store::{Store, StoreError};
-
-/// The body of every error response.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct ApiError {
-    pub code: ErrorCode,
-    pub message: String,
+/// The HTTP status of an error code. Exhaustive on purpose: the one mapping of codes to statuses.
+pub fn status(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::InvalidState | ErrorCode::Conflict => StatusCode::CONFLICT,
+        ErrorCode::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    }
 }
+
+/// An error answer: `{code, message}` with the code's status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(transparent)]
+pub struct ApiError(pub ErrorBody);
 
 impl ApiError {
     /// An error with `code` and `message`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
+        Self(ErrorBody::new(code, message))
     }
+}
 
-    /// The HTTP status for this error's code (one exhaustive mapping).
-    pub fn status(&self) -> StatusCode {
-        match self.code {
-            ErrorCode::NotFound => StatusCode::NOT_FOUND,
-            ErrorCode::InvalidState | ErrorCode::Conflict => StatusCode::CONFLICT,
-            ErrorCode::InvalidArgument => StatusCode::BAD_REQUEST,
-            ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
-            ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
-            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+impl From<OpError> for ApiError {
+    fn from(e: OpError) -> Self {
+        if let OpError::Store(s) = &e {
+            tracing::error!(error = %s, "store error in API request");
         }
+        Self(ErrorBody::from(&e))
     }
 }
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "store error in API request");
-        ApiError::new(ErrorCode::Internal, e.to_string())
+        OpError::Store(e).into()
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), axum::Json(self)).into_response()
+        (status(self.0.code), axum::Json(self.0)).into_response()
     }
 }
 
 /// What handlers share.
 #[derive(Debug)]
 pub struct ApiState {
-    pub store: Store,
-    pub ca: Arc<CertificateAuthority>,
+    /// The verbs.
+    pub core: Core,
     /// Bearer token operators present.
     pub api_token: String,
-    /// The gateway URL agents use, for `tokens.create`'s printout.
-    pub gateway_url: String,
-    pub commands: crate::commands::Commands,
-    /// Live sessions, to close a revoked or deleted node's stream and push new specs.
-    pub registry: Arc<crate::gateway::registry::Registry>,
     /// Where logs.collect bundles are stored (`<state dir>/bundles`).
     pub bundles_dir: std::path::PathBuf,
 }
@@ -100,19 +103,50 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// `POST /v1/{method}`: every verb of [`Method`].
+async fn verb(
+    State(st): State<Arc<ApiState>>,
+    Path(method): Path<String>,
+    raw: Bytes,
+) -> Result<axum::Json<cpl_core::verbs::Response>, ApiError> {
+    let method = Method::from_name(&method)
+        .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("unknown method {method:?}")))?;
+    let body: Value = if raw.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&raw).map_err(|e| {
+            ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("request body is not JSON: {e}"),
+            )
+        })?
+    };
+    let req = method.decode(body)?;
+    Ok(axum::Json(st.core.dispatch(req, "operator").await?))
+}
+
+/// `GET /v1/openapi.json`.
+async fn openapi() -> Response {
+    match serde_json::to_vec(&cpl_core::verbs::openapi::document()) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => ApiError::new(ErrorCode::Internal, e.to_string()).into_response(),
+    }
+}
+
 /// The operator API router.
 pub fn router(state: Arc<ApiState>) -> Router {
-    Router::new()
-        .route("/v1/tokens.create", post(handlers::tokens_create))
-        .route("/v1/{method}", post(handlers::model_method))
-        .route("/v1/commands.create", post(commands::create))
-        .route("/v1/commands.get", post(commands::get))
-        .route("/v1/commands.list", post(commands::list))
-        .route("/v1/commands.cancel", post(commands::cancel))
+    let authenticated = Router::new()
+        .route("/v1/{method}", post(verb))
         .route("/v1/bundles/{command_id}", get(bundles::download))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             require_bearer,
-        ))
+        ));
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .merge(authenticated)
         .with_state(state)
 }
+
+#[cfg(test)]
+mod api_tests;

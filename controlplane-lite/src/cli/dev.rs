@@ -11,8 +11,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
+use bc_protocol::{PoolAgent, PoolKind, SiteKind};
 use controlplane_lite::server::{self, ServeConfig};
-use controlplane_lite::store::{Store, nodes, now_ms, tokens};
+use cpl_store::{HardwareProfile, NewToken, Pool, Site, Store, StoreError, now_ms};
 
 /// The site and pool `bcctl dev` puts its node in, so the node is a schedulable `host`.
 pub const DEV_SITE: &str = "site_dev";
@@ -70,20 +71,50 @@ pub(crate) fn find_bcd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 pub(crate) fn ensure_dev_pool(store: &Store) -> anyhow::Result<()> {
-    store.with(|c| {
-        let now = now_ms();
-        c.execute(
-            "INSERT INTO sites (id, name, kind, created_at) VALUES (?1, 'dev', 'platform', ?2) ON CONFLICT (id) DO NOTHING",
-            rusqlite::params![DEV_SITE, now],
-        )?;
-        c.execute(
-            "INSERT INTO pools (id, site_id, name, kind, agent, created_at) VALUES (?1, ?2, 'dev', 'metal-host', 'bcd', ?3) \
-             ON CONFLICT (id) DO NOTHING",
-            rusqlite::params![DEV_POOL, DEV_SITE, now],
-        )?;
+    let now = now_ms();
+    let site = Site {
+        id: DEV_SITE.to_owned(),
+        name: "dev".to_owned(),
+        kind: SiteKind::Platform,
+        owner_tenant_id: None,
+        version: 1,
+        created_at: now,
+    };
+    let pool = Pool {
+        id: DEV_POOL.to_owned(),
+        site_id: Some(DEV_SITE.to_owned()),
+        name: "dev".to_owned(),
+        kind: PoolKind::MetalHost,
+        agent: PoolAgent::Bcd,
+        owner_tenant_id: None,
+        hardware_profile: HardwareProfile::default(),
+        version: 1,
+        created_at: now,
+    };
+    store.write_blocking(|tx| -> Result<(), StoreError> {
+        tx.insert_site_if_absent(&site)?;
+        tx.insert_pool_if_absent(&pool)?;
         Ok(())
     })?;
     Ok(())
+}
+
+/// A join token for the dev pool, `<id>.<secret>`.
+pub(crate) fn dev_token(
+    store: &Store,
+    ttl_ms: i64,
+    max_uses: u64,
+    description: &str,
+) -> anyhow::Result<String> {
+    let new = NewToken {
+        pool_id: Some(DEV_POOL.to_owned()),
+        ttl_ms,
+        max_uses: Some(max_uses),
+        description: Some(description.to_owned()),
+        ..Default::default()
+    };
+    let (_, token) = store.write_blocking(|tx| tx.create_token(&new, now_ms()))?;
+    Ok(token)
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -129,19 +160,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     cfg.liveness.unreachable_after = args.heartbeat_interval * 4;
     let running = server::start(cfg).await?;
     ensure_dev_pool(&running.store)?;
-    let (_, token) = running.store.with(|c| {
-        tokens::create(
-            c,
-            &tokens::NewToken {
-                pool_id: Some(DEV_POOL.to_owned()),
-                ttl_ms: 3_600_000,
-                max_uses: Some(1),
-                description: Some("bcctl dev".to_owned()),
-                ..Default::default()
-            },
-            now_ms(),
-        )
-    })?;
+    let token = dev_token(&running.store, 3_600_000, 1, "bcctl dev")?;
     let ep = running.endpoints.clone();
     println!(
         "control plane: gateway {}  api {}",
@@ -222,7 +241,7 @@ async fn wait_adopted(
         if let Some(status) = child.try_wait()? {
             bail!("the agent exited before its node was adopted: {status}");
         }
-        let all = store.run(|c| nodes::list(c)).await?;
+        let all = store.read(|r| r.nodes()).await?;
         if let Some(n) = all.iter().find(|n| {
             n.provision_state == bc_protocol::ProvisionState::Adopted
                 && n.connectivity == bc_protocol::Connectivity::Connected
@@ -230,9 +249,8 @@ async fn wait_adopted(
         }) {
             let id = n.id.clone();
             let detail = store
-                .run(move |c| Ok(controlplane_lite::model::query::get_node(c, &id)))
-                .await?
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+                .read(move |r| cpl_core::query::get_node(r, &id))
+                .await?;
             return Ok(serde_json::to_value(detail)?);
         }
         if tokio::time::Instant::now() > deadline {

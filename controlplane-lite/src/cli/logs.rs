@@ -2,6 +2,7 @@
 //! the node's newest succeeded one) with a progress bar, checking its SHA-256 against the
 //! command's result before the file takes its name.
 
+use cpl_core::verbs::Method;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -13,7 +14,9 @@ use super::ClientArgs;
 
 /// The node's newest succeeded logs.collect command id.
 async fn newest(c: &controlplane_lite::client::Client, node_id: &str) -> anyhow::Result<String> {
-    let list: Value = c.call("commands.list", &json!({"nodeId": node_id})).await?;
+    let list: Value = c
+        .call(Method::CommandsList, &json!({"nodeId": node_id}))
+        .await?;
     let mut found: Vec<&Value> = list
         .get("commands")
         .and_then(Value::as_array)
@@ -48,7 +51,9 @@ pub async fn download(
         Some(id) => id,
         None => newest(&c, node_id).await?,
     };
-    let cmd: Value = c.call("commands.get", &json!({"commandId": id})).await?;
+    let cmd: Value = c
+        .call(Method::CommandsGet, &json!({"commandId": id}))
+        .await?;
     if cmd["nodeId"] != node_id {
         bail!(
             "command {id} belongs to node {}, not {node_id}",

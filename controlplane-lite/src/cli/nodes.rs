@@ -1,5 +1,6 @@
 //! `bcctl nodes ...`: the node verbs, `nodes run` (commands) and `nodes logs` (bundles).
 
+use cpl_core::verbs::Method;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -152,16 +153,20 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             schedulable,
         } => {
             let v: Value = c
-                .call("nodes.list", &json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable}))
+                .call(Method::NodesList, &json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable}))
                 .await?;
             print(args, &v, |v| render::nodes(&items(v, "nodes")))
         }
         NodesCommand::Get { node_id } => {
-            let v: Value = c.call("nodes.get", &json!({"nodeId": node_id})).await?;
+            let v: Value = c
+                .call(Method::NodesGet, &json!({"nodeId": node_id}))
+                .await?;
             print(args, &v, render::object)
         }
         NodesCommand::Events { node_id } => {
-            let v: Value = c.call("nodes.events", &json!({"nodeId": node_id})).await?;
+            let v: Value = c
+                .call(Method::NodesEvents, &json!({"nodeId": node_id}))
+                .await?;
             print(args, &v, |v| {
                 render::list(
                     &items(v, "events"),
@@ -177,25 +182,33 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             })
         }
         NodesCommand::Cordon { node_id, version } => {
-            mutate(args, &c, "nodes.cordon", &node_id, version, json!({})).await
+            mutate(args, &c, Method::NodesCordon, &node_id, version, json!({})).await
         }
         NodesCommand::Uncordon { node_id, version } => {
-            mutate(args, &c, "nodes.uncordon", &node_id, version, json!({})).await
+            mutate(
+                args,
+                &c,
+                Method::NodesUncordon,
+                &node_id,
+                version,
+                json!({}),
+            )
+            .await
         }
         NodesCommand::Drain { node_id, version } => {
-            mutate(args, &c, "nodes.drain", &node_id, version, json!({})).await
+            mutate(args, &c, Method::NodesDrain, &node_id, version, json!({})).await
         }
         NodesCommand::Adopt { node_id, version } => {
-            mutate(args, &c, "nodes.adopt", &node_id, version, json!({})).await
+            mutate(args, &c, Method::NodesAdopt, &node_id, version, json!({})).await
         }
         NodesCommand::Recover { node_id, version } => {
-            mutate(args, &c, "nodes.recover", &node_id, version, json!({})).await
+            mutate(args, &c, Method::NodesRecover, &node_id, version, json!({})).await
         }
         NodesCommand::RevokeIdentity { node_id, version } => {
             mutate(
                 args,
                 &c,
-                "nodes.revokeIdentity",
+                Method::NodesRevokeIdentity,
                 &node_id,
                 version,
                 json!({}),
@@ -203,13 +216,13 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             .await
         }
         NodesCommand::Delete { node_id, version } => {
-            mutate(args, &c, "nodes.delete", &node_id, version, json!({})).await
+            mutate(args, &c, Method::NodesDelete, &node_id, version, json!({})).await
         }
         NodesCommand::EndDedicatedRoot { node_id, version } => {
             mutate(
                 args,
                 &c,
-                "nodes.endDedicatedRoot",
+                Method::NodesEndDedicatedRoot,
                 &node_id,
                 version,
                 json!({}),
@@ -225,7 +238,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             mutate(
                 args,
                 &c,
-                "nodes.taint",
+                Method::NodesTaint,
                 &node_id,
                 version,
                 json!({"key": key, "value": value}),
@@ -240,7 +253,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             mutate(
                 args,
                 &c,
-                "nodes.untaint",
+                Method::NodesUntaint,
                 &node_id,
                 version,
                 json!({"key": key}),
@@ -256,7 +269,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             mutate(
                 args,
                 &c,
-                "nodes.setMaintenance",
+                Method::NodesSetMaintenance,
                 &node_id,
                 version,
                 json!({"maintenance": maintenance, "reason": reason}),
@@ -278,7 +291,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             mutate(
                 args,
                 &c,
-                "nodes.updateSpec",
+                Method::NodesUpdateSpec,
                 &node_id,
                 version,
                 json!({"spec": spec}),
@@ -293,7 +306,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             mutate(
                 args,
                 &c,
-                "nodes.startDedicatedRoot",
+                Method::NodesStartDedicatedRoot,
                 &node_id,
                 version,
                 json!({"tenantId": tenant}),
@@ -318,7 +331,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
                 a.insert(k, v);
             }
             let created: Value = c
-                .call("commands.create", &json!({"nodeId": node_id, "name": command, "args": a, "timeoutSeconds": timeout.as_secs().max(1)}))
+                .call(Method::CommandsCreate, &json!({"nodeId": node_id, "name": command, "args": a, "timeoutSeconds": timeout.as_secs().max(1)}))
                 .await?;
             if !wait {
                 return print(args, &created, render::object);
@@ -330,7 +343,9 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
                 .to_owned();
             let mut last = String::new();
             loop {
-                let v: Value = c.call("commands.get", &json!({"commandId": id})).await?;
+                let v: Value = c
+                    .call(Method::CommandsGet, &json!({"commandId": id}))
+                    .await?;
                 let state = v
                     .get("state")
                     .and_then(Value::as_str)

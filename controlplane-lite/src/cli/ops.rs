@@ -1,6 +1,7 @@
 //! Operator verbs: one `bcctl` subcommand per API method. Mutations take `--version` (the version
 //! you read); without it bcctl reads the node's current version first.
 
+use cpl_core::verbs::Method;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -186,7 +187,7 @@ pub(super) async fn version_of(
         return Ok(v);
     }
     let n: Value = client
-        .call("nodes.get", &json!({"nodeId": node_id}))
+        .call(Method::NodesGet, &json!({"nodeId": node_id}))
         .await?;
     n.get("version")
         .and_then(Value::as_u64)
@@ -196,7 +197,7 @@ pub(super) async fn version_of(
 pub(super) async fn mutate(
     args: &ClientArgs,
     client: &Client,
-    method: &str,
+    method: Method,
     node_id: &str,
     version: Option<u64>,
     extra: Value,
@@ -248,29 +249,29 @@ pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
     let v: Value = match cmd {
         PoolsCommand::Create { name, kind, site, agent, owner_tenant, expected_gpus, expected_gpu_model } => {
             c.call(
-                "pools.create",
+                Method::PoolsCreate,
                 &json!({"name": name, "kind": kind, "siteId": site, "agent": agent, "ownerTenantId": owner_tenant,
                         "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}}),
             )
             .await?
         }
         PoolsCommand::List => {
-            let v: Value = c.call("pools.list", &json!({})).await?;
+            let v: Value = c.call(Method::PoolsList, &json!({})).await?;
             return print(args, &v, |v| {
                 render::list(&items(v, "pools"), &[("ID", "/id"), ("NAME", "/name"), ("KIND", "/kind"), ("AGENT", "/agent"), ("SITE", "/siteId"), ("OWNER", "/ownerTenantId"), ("VERSION", "/version")])
             });
         }
-        PoolsCommand::Get { pool_id } => c.call("pools.get", &json!({"poolId": pool_id})).await?,
-        PoolsCommand::Capacity { pool_id } => c.call("pools.capacity", &json!({"poolId": pool_id})).await?,
+        PoolsCommand::Get { pool_id } => c.call(Method::PoolsGet, &json!({"poolId": pool_id})).await?,
+        PoolsCommand::Capacity { pool_id } => c.call(Method::PoolsCapacity, &json!({"poolId": pool_id})).await?,
         PoolsCommand::Update { pool_id, version, name, expected_gpus, expected_gpu_model } => {
             c.call(
-                "pools.update",
+                Method::PoolsUpdate,
                 &json!({"poolId": pool_id, "version": version, "name": name,
                         "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}}),
             )
             .await?
         }
-        PoolsCommand::Delete { pool_id, version } => c.call("pools.delete", &json!({"poolId": pool_id, "version": version})).await?,
+        PoolsCommand::Delete { pool_id, version } => c.call(Method::PoolsDelete, &json!({"poolId": pool_id, "version": version})).await?,
     };
     print(args, &v, render::object)
 }
@@ -285,13 +286,13 @@ pub async fn sites(args: &ClientArgs, cmd: SitesCommand) -> anyhow::Result<()> {
             owner_tenant,
         } => {
             c.call(
-                "sites.create",
+                Method::SitesCreate,
                 &json!({"name": name, "kind": kind, "ownerTenantId": owner_tenant}),
             )
             .await?
         }
         SitesCommand::List => {
-            let v: Value = c.call("sites.list", &json!({})).await?;
+            let v: Value = c.call(Method::SitesList, &json!({})).await?;
             return print(args, &v, |v| {
                 render::list(
                     &items(v, "sites"),
@@ -305,21 +306,24 @@ pub async fn sites(args: &ClientArgs, cmd: SitesCommand) -> anyhow::Result<()> {
                 )
             });
         }
-        SitesCommand::Get { site_id } => c.call("sites.get", &json!({"siteId": site_id})).await?,
+        SitesCommand::Get { site_id } => {
+            c.call(Method::SitesGet, &json!({"siteId": site_id}))
+                .await?
+        }
         SitesCommand::Update {
             site_id,
             version,
             name,
         } => {
             c.call(
-                "sites.update",
+                Method::SitesUpdate,
                 &json!({"siteId": site_id, "version": version, "name": name}),
             )
             .await?
         }
         SitesCommand::Delete { site_id, version } => {
             c.call(
-                "sites.delete",
+                Method::SitesDelete,
                 &json!({"siteId": site_id, "version": version}),
             )
             .await?
@@ -340,7 +344,7 @@ pub async fn tokens(args: &ClientArgs, cmd: TokensCommand) -> anyhow::Result<()>
             description,
         } => {
             let v: Value = c
-                .call("tokens.create", &json!({"poolId": pool, "siteId": site, "ttlSeconds": ttl.as_secs().max(1), "maxUses": uses, "description": description}))
+                .call(Method::TokensCreate, &json!({"poolId": pool, "siteId": site, "ttlSeconds": ttl.as_secs().max(1), "maxUses": uses, "description": description}))
                 .await?;
             print(args, &v, |v| {
                 format!(
@@ -353,7 +357,7 @@ pub async fn tokens(args: &ClientArgs, cmd: TokensCommand) -> anyhow::Result<()>
             })
         }
         TokensCommand::List => {
-            let v: Value = c.call("tokens.list", &json!({})).await?;
+            let v: Value = c.call(Method::TokensList, &json!({})).await?;
             print(args, &v, |v| {
                 render::list(
                     &items(v, "tokens"),
@@ -371,7 +375,7 @@ pub async fn tokens(args: &ClientArgs, cmd: TokensCommand) -> anyhow::Result<()>
         }
         TokensCommand::Revoke { token_id } => {
             let v: Value = c
-                .call("tokens.revoke", &json!({"tokenId": token_id}))
+                .call(Method::TokensRevoke, &json!({"tokenId": token_id}))
                 .await?;
             print(args, &v, render::object)
         }
@@ -384,7 +388,7 @@ pub async fn allocations(args: &ClientArgs, cmd: AllocationsCommand) -> anyhow::
     let v: Value = match cmd {
         AllocationsCommand::Create { pool, gpus, tenant } => {
             c.call(
-                "allocations.create",
+                Method::AllocationsCreate,
                 &json!({"poolId": pool, "gpus": gpus, "tenantId": tenant}),
             )
             .await?
@@ -392,7 +396,7 @@ pub async fn allocations(args: &ClientArgs, cmd: AllocationsCommand) -> anyhow::
         AllocationsCommand::List { pool, node, active } => {
             let v: Value = c
                 .call(
-                    "allocations.list",
+                    Method::AllocationsList,
                     &json!({"poolId": pool, "nodeId": node, "activeOnly": active}),
                 )
                 .await?;
@@ -412,12 +416,15 @@ pub async fn allocations(args: &ClientArgs, cmd: AllocationsCommand) -> anyhow::
             });
         }
         AllocationsCommand::Get { allocation_id } => {
-            c.call("allocations.get", &json!({"allocationId": allocation_id}))
-                .await?
+            c.call(
+                Method::AllocationsGet,
+                &json!({"allocationId": allocation_id}),
+            )
+            .await?
         }
         AllocationsCommand::Release { allocation_id } => {
             c.call(
-                "allocations.release",
+                Method::AllocationsRelease,
                 &json!({"allocationId": allocation_id}),
             )
             .await?
@@ -432,18 +439,20 @@ pub async fn commands(args: &ClientArgs, cmd: CommandsCommand) -> anyhow::Result
     match cmd {
         CommandsCommand::Get { command_id } => {
             let v: Value = c
-                .call("commands.get", &json!({"commandId": command_id}))
+                .call(Method::CommandsGet, &json!({"commandId": command_id}))
                 .await?;
             print(args, &v, render::object)
         }
         CommandsCommand::Cancel { command_id } => {
             let v: Value = c
-                .call("commands.cancel", &json!({"commandId": command_id}))
+                .call(Method::CommandsCancel, &json!({"commandId": command_id}))
                 .await?;
             print(args, &v, render::object)
         }
         CommandsCommand::List { node } => {
-            let v: Value = c.call("commands.list", &json!({"nodeId": node})).await?;
+            let v: Value = c
+                .call(Method::CommandsList, &json!({"nodeId": node}))
+                .await?;
             print(args, &v, |v| {
                 render::list(
                     &items(v, "commands"),

@@ -21,8 +21,9 @@ use parking_lot::Mutex;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use cpl_store::Store;
+
 use crate::ca::{CertificateAuthority, NodeIdentity};
-use crate::store::{Store, nodes, sessions};
 use registry::Registry;
 
 /// Timings and identity of this gateway.
@@ -67,7 +68,7 @@ pub struct GatewayService {
     pub cfg: GatewayConfig,
     pub registry: Arc<Registry>,
     pub heartbeats: Arc<HeartbeatBuffer>,
-    pub commands: crate::commands::Commands,
+    pub commands: cpl_core::commands::Commands,
     /// Heartbeat, inventory and flush metrics (`bcctl_…`).
     pub metrics: crate::metrics::Metrics,
 }
@@ -89,7 +90,7 @@ impl GatewayService {
         let id = ident.node_id.clone();
         let node = self
             .store
-            .run(move |c| nodes::get(c, &id))
+            .read(move |r| r.node(&id))
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?
             .ok_or_else(|| {
@@ -123,7 +124,7 @@ impl GatewayService {
         let started = std::time::Instant::now();
         if let Err(e) = self
             .store
-            .run(move |c| sessions::flush_heartbeats(c, &beats))
+            .write(move |tx| cpl_core::sessions::flush_heartbeats(tx, &beats))
             .await
         {
             tracing::error!(error = %e, "writing heartbeats failed");
@@ -179,29 +180,4 @@ impl Gateway for GatewayService {
             .await
             .map(Response::new)
     }
-}
-
-/// Sends the node's current Spec to its live session, if any (after `nodes.updateSpec`).
-pub async fn push_spec(store: &Store, registry: &Registry, node_id: &str) {
-    let Some((_, tx)) = registry.sender(node_id) else {
-        return;
-    };
-    let id = node_id.to_owned();
-    let node = match store.run(move |c| nodes::get(c, &id)).await {
-        Ok(Some(n)) => n,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::error!(node_id, error = %e, "reading the spec to push failed");
-            return;
-        }
-    };
-    let msg = GatewayMessage {
-        msg: Some(bc_protocol::pb::gateway_message::Msg::Spec(
-            bc_protocol::pb::Spec {
-                generation: node.generation,
-                spec: Some(session::spec_to_wire(&node.spec, node.trust)),
-            },
-        )),
-    };
-    let _ = tx.send(Ok(msg)).await;
 }

@@ -1,5 +1,6 @@
 //! Live sessions by node id. A newer session of the same node supersedes the older one; the epoch
-//! fences whatever the old one still sends.
+//! fences whatever the old one still sends. The registry is how the core reaches sessions: it
+//! implements [`cpl_core::port::AgentSessions`].
 
 use std::collections::HashMap;
 
@@ -112,6 +113,33 @@ impl Registry {
             .lock()
             .get(node_id)
             .map(|h| (h.epoch, h.tx.clone()))
+    }
+}
+
+impl cpl_core::port::AgentSessions for Registry {
+    fn live_epoch(&self, node_id: &str) -> Option<u64> {
+        self.sessions.lock().get(node_id).map(|h| h.epoch)
+    }
+
+    fn send<'a>(
+        &'a self,
+        node_id: &'a str,
+        msg: GatewayMessage,
+    ) -> cpl_core::port::PortFuture<'a, bool> {
+        let tx = self.sender(node_id).map(|(_, tx)| tx);
+        Box::pin(async move {
+            match tx {
+                Some(tx) => tx.send(Ok(msg)).await.is_ok(),
+                None => false,
+            }
+        })
+    }
+
+    fn close(&self, node_id: &str, reason: GoodbyeReason, message: &str) -> Option<u64> {
+        let old = self.sessions.lock().remove(node_id)?;
+        let epoch = old.epoch;
+        end(old, reason, message);
+        Some(epoch)
     }
 }
 

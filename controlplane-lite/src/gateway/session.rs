@@ -2,15 +2,19 @@
 //! the stream, or a stop (superseded, revoked, shutdown).
 
 use bc_protocol::pb::{
-    AgentMessage, GatewayMessage, HeartbeatAck, Spec, Welcome, agent_message, gateway_message::Msg,
+    AgentMessage, GatewayMessage, HeartbeatAck, Welcome, agent_message, gateway_message::Msg,
 };
+use cpl_core::error::OpError;
+use cpl_core::reports::{self, InventoryReport, SpecReport};
+use cpl_core::sessions;
+use cpl_store::{StoreError, now_ms};
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
+use tracing::Instrument;
 
 use super::GatewayService;
 use super::registry::SessionHandle;
 use crate::ca::NodeIdentity;
-use crate::store::{now_ms, reports, sessions};
 
 /// Largest inventory document accepted, bytes (the agent shrinks a bigger one before sending).
 pub const MAX_INVENTORY_BYTES: usize = bc_protocol::MAX_INVENTORY_BYTES;
@@ -20,11 +24,25 @@ fn msg(m: Msg) -> Result<GatewayMessage, Status> {
 }
 
 /// Reads Hello, opens the session in the store, registers it, queues Welcome and the Spec, and
-/// spawns the task that serves the rest of the stream. Returns the outbound receiver.
+/// spawns the task that serves the rest of the stream, all in a `session` span carrying the node
+/// id and (once known) the epoch. Returns the outbound receiver.
 pub(super) async fn open(
     gw: GatewayService,
     ident: NodeIdentity,
+    inbound: Streaming<AgentMessage>,
+) -> Result<mpsc::Receiver<Result<GatewayMessage, Status>>, Status> {
+    let span =
+        tracing::info_span!("session", node_id = %ident.node_id, epoch = tracing::field::Empty);
+    open_in(gw, ident, inbound, span.clone())
+        .instrument(span)
+        .await
+}
+
+async fn open_in(
+    gw: GatewayService,
+    ident: NodeIdentity,
     mut inbound: Streaming<AgentMessage>,
+    span: tracing::Span,
 ) -> Result<mpsc::Receiver<Result<GatewayMessage, Status>>, Status> {
     let first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
         .await
@@ -49,7 +67,7 @@ pub(super) async fn open(
     };
     let opened = gw
         .store
-        .run(move |c| sessions::open(c, &open))
+        .write(move |tx| sessions::open(tx, &open))
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?
         .ok_or_else(|| {
@@ -63,6 +81,7 @@ pub(super) async fn open(
     let (tx, rx) = mpsc::channel(64);
     let (stop_tx, stop_rx) = watch::channel(false);
     let epoch = opened.epoch;
+    span.record("epoch", epoch);
     gw.registry.insert(
         &ident.node_id,
         SessionHandle {
@@ -78,47 +97,25 @@ pub(super) async fn open(
             .unwrap_or(u32::MAX),
         server_time_ms: now_ms(),
     };
-    let spec = Spec {
-        generation: opened.generation,
-        spec: Some(spec_to_wire(&opened.spec, opened.trust)),
-    };
+    let spec = cpl_core::push::spec_message(opened.generation, &opened.spec, opened.trust);
     // Capacity is 64 and the receiver is fresh: these cannot block.
     let _ = tx.send(msg(Msg::Welcome(welcome))).await;
-    let _ = tx.send(msg(Msg::Spec(spec))).await;
-    tracing::info!(node_id = %ident.node_id, epoch, boot_id = %hello.boot_id, "session opened");
+    let _ = tx.send(Ok(spec)).await;
+    tracing::info!(boot_id = %hello.boot_id, "session opened");
     // Results that finished while the session was down, then everything not over yet (again).
     let (cmds, node_id) = (gw.commands.clone(), ident.node_id.clone());
     let pending = hello.pending_results;
-    tokio::spawn(async move {
-        for u in pending {
-            cmds.update(&node_id, u).await;
+    tokio::spawn(
+        async move {
+            for u in pending {
+                cmds.update(&node_id, u).await;
+            }
+            cmds.dispatch(&node_id, true).await;
         }
-        cmds.dispatch(&node_id, true).await;
-    });
-    tokio::spawn(serve(gw, ident.node_id, epoch, inbound, tx, stop_rx));
+        .instrument(span.clone()),
+    );
+    tokio::spawn(serve(gw, ident.node_id, epoch, inbound, tx, stop_rx).instrument(span));
     Ok(rx)
-}
-
-/// The stored spec (camelCase JSON, validated by `nodes.updateSpec`) on the wire. A
-/// tenant-controlled node never receives break-glass keys. Generation 1 is the empty spec.
-pub(crate) fn spec_to_wire(
-    spec: &serde_json::Value,
-    trust: bc_protocol::Trust,
-) -> bc_protocol::pb::NodeSpec {
-    let parsed: bc_protocol::spec::NodeSpec = match serde_json::from_value(spec.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            // Only specs that passed validation are stored; an older or hand-edited row is sent empty.
-            tracing::error!(error = %e, "stored spec does not parse; sending an empty spec");
-            return bc_protocol::pb::NodeSpec::default();
-        }
-    };
-    let parsed = if trust == bc_protocol::Trust::TenantControlled {
-        parsed.without_break_glass_keys()
-    } else {
-        parsed
-    };
-    bc_protocol::pb::NodeSpec::from(&parsed)
 }
 
 /// A message the session hands to its writer: everything that needs the store, in arrival order.
@@ -147,7 +144,9 @@ async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let (wtx, wrx) = mpsc::channel(WRITE_QUEUE);
-    let writer = tokio::spawn(write_loop(gw.clone(), node_id.clone(), epoch, wrx));
+    let writer = tokio::spawn(
+        write_loop(gw.clone(), node_id.clone(), epoch, wrx).instrument(tracing::Span::current()),
+    );
     let mut clean = false;
     loop {
         let next = tokio::select! {
@@ -161,15 +160,15 @@ async fn serve(
                 // A message over the decode limit or a broken frame ends the stream: say so, or
                 // an agent that keeps sending it reconnects forever with nothing in the log.
                 if status.code() == tonic::Code::Cancelled {
-                    tracing::debug!(node_id = %node_id, %status, "session stream ended");
+                    tracing::debug!(%status, "session stream ended");
                 } else {
-                    tracing::warn!(node_id = %node_id, %status, "session stream error");
+                    tracing::warn!(%status, "session stream error");
                 }
                 break;
             }
         };
         if m.epoch != 0 && m.epoch != epoch {
-            tracing::debug!(node_id = %node_id, got = m.epoch, epoch, "message of a stale epoch dropped");
+            tracing::debug!(got = m.epoch, "message of a stale epoch dropped");
             continue;
         }
         let write = match m.msg {
@@ -201,15 +200,15 @@ async fn serve(
                 break;
             }
             Some(agent_message::Msg::Event(ev)) if ev.r#type == "xid" => {
-                tracing::warn!(node_id = %node_id, message = %ev.message, "XID reported");
+                tracing::warn!(message = %ev.message, "XID reported");
                 Write::Xid(serde_json::from_slice(&ev.data_json).unwrap_or_default())
             }
             Some(agent_message::Msg::Event(ev)) => {
-                tracing::info!(node_id = %node_id, r#type = %ev.r#type, message = %ev.message, "agent event");
+                tracing::info!(r#type = %ev.r#type, message = %ev.message, "agent event");
                 continue;
             }
             Some(agent_message::Msg::Hello(_)) => {
-                tracing::warn!(node_id = %node_id, "second Hello on one session ignored");
+                tracing::warn!("second Hello on one session ignored");
                 continue;
             }
             None => continue,
@@ -220,11 +219,11 @@ async fn serve(
     }
     drop(wtx);
     gw.registry.remove_if(&node_id, epoch);
-    tracing::info!(node_id = %node_id, epoch, clean, "session closed");
+    tracing::info!(clean, "session closed");
     // The writer finishes what the session queued (a CommandUpdate sent just before the stream
     // ended still counts) and then ends.
     if let Err(e) = writer.await {
-        tracing::error!(node_id = %node_id, error = %e, "session writer failed");
+        tracing::error!(error = %e, "session writer failed");
     }
 }
 
@@ -242,32 +241,30 @@ async fn write_loop(
                 let id = node_id.clone();
                 let r = gw
                     .store
-                    .run(move |c| {
-                        reports::record_spec_status(
-                            c,
-                            &id,
-                            epoch,
-                            s.generation,
-                            s.converged,
-                            &s.reason,
-                            &s.message,
-                        )
+                    .write(move |tx| {
+                        let report = SpecReport {
+                            generation: s.generation,
+                            converged: s.converged,
+                            reason: &s.reason,
+                            message: &s.message,
+                        };
+                        reports::record_spec_status(tx, &id, epoch, &report)
                     })
                     .await;
                 if let Err(e) = r {
-                    tracing::error!(node_id = %node_id, error = %e, "recording SpecStatus failed");
+                    tracing::error!(error = %e, "recording SpecStatus failed");
                 }
             }
             Write::Command(u) => gw.commands.update(&node_id, u).await,
-            Write::Xid(data) => crate::health::on_xid(&gw.store, &node_id, &data).await,
+            Write::Xid(data) => cpl_core::health::on_xid(&gw.store, &node_id, &data).await,
             Write::Goodbye(reason) => {
                 let id = node_id.clone();
                 if let Err(e) = gw
                     .store
-                    .run(move |c| sessions::close_clean(c, &id, epoch, &reason))
+                    .write(move |tx| sessions::close_clean(tx, &id, epoch, &reason))
                     .await
                 {
-                    tracing::error!(node_id = %node_id, error = %e, "recording Goodbye failed");
+                    tracing::error!(error = %e, "recording Goodbye failed");
                 }
             }
         }
@@ -283,7 +280,6 @@ async fn handle_inventory(
     use sha2::Digest;
     if inv.document_json.len() > MAX_INVENTORY_BYTES {
         tracing::warn!(
-            node_id,
             bytes = inv.document_json.len(),
             "inventory too large; dropped"
         );
@@ -296,26 +292,24 @@ async fn handle_inventory(
     let started = std::time::Instant::now();
     let r = gw
         .store
-        .run(move |c| {
-            reports::record_inventory(
-                c,
-                &id,
-                epoch,
-                &hw.hardware_key,
-                hw.trusted,
-                &hw.identifier_digests,
-                &doc,
-                &sha256,
-            )
+        .write(move |tx| {
+            let report = InventoryReport {
+                hardware_key: &hw.hardware_key,
+                trusted: hw.trusted,
+                digests: &hw.identifier_digests,
+                document: &doc,
+                sha256: &sha256,
+            };
+            reports::record_inventory(tx, &id, epoch, &report)
         })
         .await;
     gw.metrics.observe_inventory(started.elapsed());
     match r {
-        Ok(Some(state)) => tracing::debug!(node_id, provision_state = %state, "inventory recorded"),
+        Ok(Some(state)) => tracing::debug!(provision_state = %state, "inventory recorded"),
         Ok(None) => {}
-        Err(crate::store::StoreError::Json { source, .. }) => {
-            tracing::warn!(node_id, error = %source, "inventory is not valid JSON; dropped")
+        Err(OpError::Store(StoreError::Json { source, .. })) => {
+            tracing::warn!(error = %source, "inventory is not valid JSON; dropped")
         }
-        Err(e) => tracing::error!(node_id, error = %e, "recording inventory failed"),
+        Err(e) => tracing::error!(error = %e, "recording inventory failed"),
     }
 }

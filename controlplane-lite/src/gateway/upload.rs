@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tonic::{Status, Streaming};
 
-use crate::store::commands;
+use cpl_store::CommandRecord;
 
 /// Largest `data` in one chunk, bytes (1 MiB).
 pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
@@ -50,7 +50,7 @@ pub async fn receive(
     let lookup = cid.clone();
     let cmd = gw
         .store
-        .run(move |c| commands::get(c, &lookup))
+        .read(move |r| r.command(&lookup))
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?
         .ok_or_else(|| Status::not_found(format!("command {cid} not found")))?;
@@ -80,7 +80,7 @@ pub async fn receive(
 }
 
 /// Whether `node_id` may upload a bundle for `cmd`.
-fn check_command(cmd: &commands::CommandRecord, node_id: &str) -> Result<(), Status> {
+fn check_command(cmd: &CommandRecord, node_id: &str) -> Result<(), Status> {
     let cid = &cmd.id;
     if cmd.node_id != node_id {
         return Err(Status::permission_denied(format!(
@@ -192,7 +192,7 @@ async fn write_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::commands::{CommandRecord, CommandState};
+    use cpl_store::CommandState;
 
     fn chunk(offset: u64, data: &[u8], last: Option<(u64, String)>) -> UploadChunk {
         UploadChunk {

@@ -26,9 +26,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Unit;
 use tokio::sync::watch;
 
+use cpl_store::{CommandState, FleetCounts, Store, StoreError};
+
 use crate::gateway::registry::Registry as Sessions;
-use crate::store::commands::CommandState;
-use crate::store::{Store, StoreError};
 
 /// The content type of the exposition (what prometheus-client's text encoder writes).
 pub const CONTENT_TYPE: &str = bc_net::http::OPENMETRICS_CONTENT_TYPE;
@@ -306,14 +306,16 @@ impl Metrics {
                 })
                 .set(count(&f.provision_states, p));
         }
-        i.nodes_gpu_unhealthy.set(f.gpu_unhealthy);
+        i.nodes_gpu_unhealthy.set(f.condition_true);
     }
 
     /// Reads the fleet gauges from `store` and `sessions` (one store call), then encodes every
     /// family as OpenMetrics text (ends with `# EOF`).
     pub async fn scrape(&self, store: &Store, sessions: &Sessions) -> Result<String, MetricsError> {
         let _one = self.inner.scrape.lock().await;
-        let counts = store.run(fleet_counts).await?;
+        let counts = store
+            .read(|r| r.fleet_counts(cpl_core::health::GPU_UNHEALTHY))
+            .await?;
         self.set_fleet(&counts, sessions.len());
         self.encode()
     }
@@ -324,52 +326,6 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)?;
         Ok(out)
     }
-}
-
-/// Fleet gauges as the store has them: (label value, count) rows.
-#[derive(Debug, Default)]
-struct FleetCounts {
-    commands: Vec<(String, i64)>,
-    connectivity: Vec<(String, i64)>,
-    provision_states: Vec<(String, i64)>,
-    gpu_unhealthy: i64,
-}
-
-fn grouped(c: &rusqlite::Connection, sql: &str) -> Result<Vec<(String, i64)>, StoreError> {
-    let mut stmt = c.prepare_cached(sql)?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<Result<_, _>>()?)
-}
-
-fn fleet_counts(c: &mut rusqlite::Connection) -> Result<FleetCounts, StoreError> {
-    // One read transaction: the four answers describe the same moment.
-    let tx = c.transaction()?;
-    let commands = grouped(&tx, "SELECT state, COUNT(*) FROM commands GROUP BY state")?;
-    let connectivity = grouped(
-        &tx,
-        "SELECT connectivity, COUNT(*) FROM nodes GROUP BY connectivity",
-    )?;
-    let provision_states = grouped(
-        &tx,
-        "SELECT provision_state, COUNT(*) FROM nodes GROUP BY provision_state",
-    )?;
-    // Conditions are a JSON array of {type, status, ...} (model::conditions).
-    let gpu_unhealthy: i64 = tx.query_row(
-        "SELECT COUNT(*) FROM nodes WHERE EXISTS (SELECT 1 FROM json_each(nodes.conditions) \
-         WHERE json_extract(value, '$.type') = ?1 AND json_extract(value, '$.status') = ?2)",
-        rusqlite::params![
-            crate::health::GPU_UNHEALTHY,
-            bc_protocol::ConditionStatus::True.as_str()
-        ],
-        |r| r.get(0),
-    )?;
-    tx.commit()?;
-    Ok(FleetCounts {
-        commands,
-        connectivity,
-        provision_states,
-        gpu_unhealthy,
-    })
 }
 
 #[derive(Debug, Clone)]
@@ -405,7 +361,7 @@ pub async fn serve(
     // A scraper needs one connection; a few spare, and idle ones are closed.
     let limits = bc_net::http::Limits {
         max_connections: 32,
-        idle: crate::server::IDLE_TIMEOUT,
+        idle: crate::limits::IDLE_TIMEOUT,
     };
     bc_net::http::serve(addr, app, limits, "bcctl metrics", until)
         .await

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::store::nodes::{self, NewNode};
+use cpl_store::{NewNode, Tx};
 
 fn node(id: &str) -> NewNode {
     NewNode {
@@ -70,65 +70,78 @@ fn counters_and_histograms_encode_with_their_values() {
 
 #[tokio::test]
 async fn fleet_gauges_come_from_the_store_at_scrape_time() {
-    use crate::store::commands::{CommandRecord, insert};
+    use cpl_store::CommandRecord;
+    // Fields other writers own, set without their paths: this test is about the gauges.
+    fn force(
+        c: &Tx<'_>,
+        id: &str,
+        f: impl FnOnce(&mut cpl_store::NodeRecord),
+    ) -> Result<(), StoreError> {
+        let before = c.node(id)?.ok_or_else(|| StoreError::Task(id.to_owned()))?;
+        let mut after = before.clone();
+        f(&mut after);
+        c.update_node(&before, &after, false, 1)?;
+        Ok(())
+    }
     let store = Store::open_in_memory().unwrap();
     store
-        .run(|c| {
+        .write(|c| {
             for id in ["node_a", "node_b", "node_c"] {
-                nodes::insert(c, &node(id), 1)?;
+                c.insert_node(&node(id), 1)?;
             }
-            c.execute(
-                "UPDATE nodes SET connectivity = 'connected' WHERE id IN ('node_a', 'node_b')",
-                [],
-            )?;
-            c.execute(
-                "UPDATE nodes SET provision_state = 'ready' WHERE id = 'node_c'",
-                [],
-            )?;
+            for id in ["node_a", "node_b"] {
+                force(c, id, |n| {
+                    n.connectivity = bc_protocol::Connectivity::Connected
+                })?;
+            }
+            force(c, "node_c", |n| {
+                n.provision_state = bc_protocol::ProvisionState::Ready
+            })?;
             // node_a: GpuUnhealthy true; node_b: GpuUnhealthy false; node_c: another
             // condition true.
-            let cond = |t: &str, s: &str| {
-                format!(
-                    r#"[{{"type":"{t}","status":"{s}","reason":"r","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z","owner":"Health"}}]"#
-                )
+            let cond = |t: &str, s: bc_protocol::ConditionStatus| bc_protocol::Condition {
+                type_: t.to_owned(),
+                status: s,
+                reason: "r".into(),
+                message: "m".into(),
+                last_transition_time: "2026-01-01T00:00:00Z".into(),
+                owner: "Health".into(),
             };
             for (id, t, s) in [
-                ("node_a", "GpuUnhealthy", "true"),
-                ("node_b", "GpuUnhealthy", "false"),
-                ("node_c", "XidCritical", "true"),
+                ("node_a", "GpuUnhealthy", bc_protocol::ConditionStatus::True),
+                (
+                    "node_b",
+                    "GpuUnhealthy",
+                    bc_protocol::ConditionStatus::False,
+                ),
+                ("node_c", "XidCritical", bc_protocol::ConditionStatus::True),
             ] {
-                c.execute(
-                    "UPDATE nodes SET conditions = ?2 WHERE id = ?1",
-                    rusqlite::params![id, cond(t, s)],
-                )?;
+                force(c, id, |n| n.conditions = vec![cond(t, s)])?;
             }
             for (id, state) in [
                 ("cmd_1", CommandState::Succeeded),
                 ("cmd_2", CommandState::Succeeded),
                 ("cmd_3", CommandState::Queued),
             ] {
-                insert(
-                    c,
-                    &CommandRecord {
-                        id: id.into(),
-                        node_id: "node_a".into(),
-                        name: "inventory.refresh".into(),
-                        args: serde_json::json!({}),
-                        state,
-                        progress: 0,
-                        result: None,
-                        error_code: None,
-                        error_message: None,
-                        actor: "operator".into(),
-                        created_at: 1,
-                        sent_at: None,
-                        started_at: None,
-                        finished_at: None,
-                        deadline_at: 10,
-                    },
-                )?;
+                c.insert_command(&CommandRecord {
+                    id: id.into(),
+                    node_id: "node_a".into(),
+                    name: "inventory.refresh".into(),
+                    args: serde_json::json!({}),
+                    state,
+                    progress: 0,
+                    result: None,
+                    error_code: None,
+                    error_message: None,
+                    actor: "operator".into(),
+                    created_at: 1,
+                    sent_at: None,
+                    started_at: None,
+                    finished_at: None,
+                    deadline_at: 10,
+                })?;
             }
-            Ok(())
+            Ok::<_, StoreError>(())
         })
         .await
         .unwrap();
@@ -156,12 +169,9 @@ async fn fleet_gauges_come_from_the_store_at_scrape_time() {
     }
     // Scrape-time values follow the store: the queued command finishes.
     store
-        .run(|c| {
-            c.execute(
-                "UPDATE commands SET state = 'failed' WHERE id = 'cmd_3'",
-                [],
-            )?;
-            Ok(())
+        .write(|c| {
+            c.apply_command_update("cmd_3", "node_a", CommandState::Failed, 0, None, None, 2)?;
+            Ok::<_, StoreError>(())
         })
         .await
         .unwrap();

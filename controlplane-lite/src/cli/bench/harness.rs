@@ -11,21 +11,12 @@ use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use controlplane_lite::store::{Store, now_ms, tokens};
+use cpl_store::{BenchCounts, Store};
 
 use super::BenchArgs;
 
 /// Counts over the nodes table.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Counts {
-    pub(super) total: u64,
-    pub(super) adopted: u64,
-    pub(super) connected: u64,
-    pub(super) converged: u64,
-    pub(super) unreachable: u64,
-    /// Connected with a session opened at or after the `since` passed in (ms since the epoch).
-    pub(super) reconnected: u64,
-}
+pub(super) type Counts = BenchCounts;
 
 /// A running `bcctl serve` plus `bcd sim`.
 pub(super) struct Harness {
@@ -46,7 +37,8 @@ pub(super) struct Harness {
     pub(super) api_token: String,
     pub(super) token: String,
     pub(super) heartbeat: Duration,
-    pub(super) db: rusqlite::Connection,
+    /// The store, read-only beside `bcctl serve`.
+    pub(super) db: Store,
 }
 
 pub(super) fn port_of(url: &str) -> String {
@@ -97,28 +89,16 @@ impl Harness {
         let token = {
             let store = Store::open(&db_path)?;
             crate::cli::dev::ensure_dev_pool(&store)?;
-            let (_, token) = store.with(|c| {
-                tokens::create(
-                    c,
-                    &tokens::NewToken {
-                        pool_id: Some(crate::cli::dev::DEV_POOL.to_owned()),
-                        ttl_ms: 24 * 3_600_000,
-                        // Headroom: a join whose reply was lost retries and re-joins in
-                        // place, which spends a use too.
-                        max_uses: Some((args.nodes as u64).saturating_mul(2)),
-                        description: Some("bcctl bench".to_owned()),
-                        ..Default::default()
-                    },
-                    now_ms(),
-                )
-            })?;
-            token
+            // Headroom: a join whose reply was lost retries and re-joins in place, which spends
+            // a use too.
+            crate::cli::dev::dev_token(
+                &store,
+                24 * 3_600_000,
+                (args.nodes as u64).saturating_mul(2),
+                "bcctl bench",
+            )?
         };
-        let db = rusqlite::Connection::open_with_flags(
-            &db_path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-        )?;
-        db.busy_timeout(Duration::from_secs(10))?;
+        let db = Store::open_read_only(&db_path)?;
         let mut h = Self {
             exe: std::env::current_exe().context("locating bcctl")?,
             dir,
@@ -229,27 +209,7 @@ impl Harness {
     }
 
     pub(super) fn counts(&self, since_ms: i64) -> anyhow::Result<Counts> {
-        let c = self.db.query_row(
-            "SELECT count(*), \
-                coalesce(sum(provision_state = 'adopted'), 0), \
-                coalesce(sum(connectivity = 'connected'), 0), \
-                coalesce(sum(observed_generation >= generation), 0), \
-                coalesce(sum(connectivity IN ('unreachable', 'lost')), 0), \
-                coalesce(sum(connectivity = 'connected' AND connected_at >= ?1), 0) \
-             FROM nodes",
-            [since_ms],
-            |r| {
-                Ok(Counts {
-                    total: r.get(0)?,
-                    adopted: r.get(1)?,
-                    connected: r.get(2)?,
-                    converged: r.get(3)?,
-                    unreachable: r.get(4)?,
-                    reconnected: r.get(5)?,
-                })
-            },
-        )?;
-        Ok(c)
+        Ok(self.db.read_blocking(|r| r.bench_counts(since_ms))?)
     }
 
     /// Polls until `done(counts)`; returns the seconds it took from `t0`.
@@ -301,10 +261,6 @@ impl Harness {
     }
 
     pub(super) fn node_ids(&self) -> anyhow::Result<Vec<(String, u64)>> {
-        let mut st = self
-            .db
-            .prepare("SELECT id, version FROM nodes ORDER BY id")?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(self.db.read_blocking(|r| r.node_versions())?)
     }
 }

@@ -1,12 +1,13 @@
 //! The scenarios: each fills the result object with its figures.
 
+use cpl_core::verbs::Method;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use serde_json::{Value, json};
 
-use controlplane_lite::store::now_ms;
+use cpl_store::now_ms;
 
 use super::harness::{Harness, pid_of, port_of, proc_usage};
 use super::{BenchArgs, round2};
@@ -219,7 +220,7 @@ pub(super) async fn restart(
 async fn per_node(
     h: &Harness,
     ids: Vec<(String, u64)>,
-    call: impl Fn(&str, u64) -> (&'static str, Value),
+    call: impl Fn(&str, u64) -> (Method, Value),
 ) -> (u64, Option<String>) {
     let client = h.client();
     let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
@@ -255,7 +256,7 @@ pub(super) async fn fanout(
     let t0 = Instant::now();
     let (create_errors, _) = per_node(h, ids, |id, _| {
         (
-            "commands.create",
+            Method::CommandsCreate,
             json!({"nodeId": id, "name": "inventory.refresh", "args": {}, "timeoutSeconds": 600}),
         )
     })
@@ -263,11 +264,8 @@ pub(super) async fn fanout(
     let created = t0.elapsed().as_secs_f64();
     let n = args.nodes as u64;
     loop {
-        let done: u64 = h.db.query_row(
-            "SELECT count(*) FROM commands WHERE name = 'inventory.refresh' AND created_at >= ?1 AND state = 'succeeded'",
-            [since],
-            |r| r.get(0),
-        )?;
+        let done: u64 =
+            h.db.read_blocking(|r| r.succeeded_commands_since("inventory.refresh", since))?;
         if done + create_errors >= n {
             break;
         }
@@ -277,12 +275,8 @@ pub(super) async fn fanout(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let all = t0.elapsed().as_secs_f64();
-    let mut st = h.db.prepare(
-        "SELECT finished_at - created_at FROM commands WHERE name = 'inventory.refresh' AND created_at >= ?1 AND finished_at IS NOT NULL ORDER BY 1",
-    )?;
-    let lat: Vec<i64> = st
-        .query_map([since], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+    let lat: Vec<i64> =
+        h.db.read_blocking(|r| r.command_latencies_ms("inventory.refresh", since))?;
     let p = |q: f64| -> i64 {
         #[allow(
             clippy::cast_precision_loss,
@@ -309,7 +303,7 @@ pub(super) async fn rollout(
     let t0 = Instant::now();
     let (update_errors, first_error) = per_node(h, ids, |id, version| {
         (
-            "nodes.updateSpec",
+            Method::NodesUpdateSpec,
             json!({"nodeId": id, "version": version, "spec": {"devices": {"gpus": []}}}),
         )
     })
@@ -326,10 +320,7 @@ pub(super) async fn rollout(
             |c| c.converged >= n,
         )
         .await?;
-    let gens: u64 =
-        h.db.query_row("SELECT coalesce(min(generation), 0) FROM nodes", [], |r| {
-            r.get(0)
-        })?;
+    let gens: u64 = h.db.read_blocking(|r| r.min_generation())?;
     out.insert("rolloutUpdatedS".into(), json!(round2(updated)));
     out.insert("rolloutAllObservedS".into(), json!(round2(all)));
     out.insert("rolloutMinGeneration".into(), json!(gens));

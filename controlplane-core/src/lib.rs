@@ -1,0 +1,70 @@
+//! cpl-core: the control plane's core. The node model of the spec ("Nodes"), the operator verbs
+//! and the controllers, with no HTTP, gRPC or SQL in it.
+//!
+//! # Background
+//! A node's state is several independent axes, each with one owner: `provisionState`
+//! ([`provision`]), `maintenance`, `cordoned`, `power`, `connectivity`, typed [`conditions`], and
+//! `noScheduleReasons`, which mirrors every reason the node must not receive new work and is
+//! written in the same transaction as its cause. The coming bare-metal workflows, the site agent
+//! and a PostgreSQL store all add writers and verbs; they must land in one place each.
+//!
+//! # Design
+//! - [`edit::Edit`] is the one writer of the node row: load under the write lock, check the
+//!   version where the caller gave one, apply, record events, save. Operator verbs ([`ops`]),
+//!   JoinService ([`join`]), session open and close and heartbeat revival ([`sessions`]), agent
+//!   reports ([`reports`]), Liveness ([`liveness`]) and Health ([`health`]) all go through it.
+//!   Conditions are set through one function ([`conditions::apply`]).
+//! - [`provision`]: `PROVISION_STATE_TABLE`, the one table of legal moves; [`schedulable`]: the
+//!   seven checks in Rust (their SQL form is the store's); [`detail`]: NodeDetail, the API view;
+//!   [`ownership`]: role, trust, adapter and drivers of a joining node; [`placer`]: allocations and
+//!   pool capacity.
+//! - [`verbs`]: every operator method as a type ([`verbs::Method`], [`verbs::Request`],
+//!   [`verbs::Response`]), one dispatcher ([`verbs::Core::dispatch`]), and the OpenAPI document
+//!   generated from them ([`verbs::openapi`]).
+//! - [`commands`]: the Commands controller (queue, dispatch, updates, deadlines).
+//! - [`port::AgentSessions`]: how the core reaches a live agent session (push a spec, send a
+//!   command, close a revoked session); the gateway implements it.
+//! - Errors: [`error::OpError`] maps every refusal to one API code ([`error::OpError::code`]);
+//!   which HTTP status a code is, is the adapter's business.
+//!
+//! # Must not depend on
+//! axum, tonic, hyper, http (no transport), rusqlite (no SQL: every query is the store's,
+//! `cpl-store`), or controlplane-lite. `bc-protocol` is used without its `grpc` feature. A test in
+//! controlplane-lite (`tests/layers.rs`) reads `cargo metadata` and fails if that changes.
+//!
+//! # Limitations
+//! `power` has no writer yet (bare-metal power control is not built). Controllers run in every
+//! process; with several replicas they will need a leader (DESIGN.md).
+#![forbid(unsafe_code)]
+
+pub mod commands;
+pub mod conditions;
+pub mod detail;
+pub mod edit;
+pub mod error;
+pub mod health;
+pub mod inventory;
+pub mod join;
+pub mod liveness;
+pub mod ops;
+pub mod ownership;
+pub mod placer;
+pub mod port;
+pub mod provision;
+pub mod push;
+pub mod query;
+pub mod reports;
+pub mod schedulable;
+pub mod sessions;
+pub mod verbs;
+
+#[cfg(test)]
+mod detail_tests;
+#[cfg(test)]
+mod placer_tests;
+#[cfg(test)]
+mod schedulable_tests;
+#[cfg(test)]
+mod test_utils;
+
+pub use error::OpError;

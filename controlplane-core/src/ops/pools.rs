@@ -1,0 +1,124 @@
+//! `pools.*`: create, get, list, update, delete (capacity is in [`crate::placer`]).
+//! Kind, agent, site and owner are fixed at creation: the nodes in the pool derived role,
+//! adapter and trust from them.
+
+use bc_protocol::{PoolAgent, PoolKind, SiteKind};
+use cpl_store::{HardwareProfile, Pool, Reader, Tx, now_ms};
+
+use super::new_id;
+use crate::error::OpError;
+
+/// `pools.create` request.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NewPool {
+    pub name: String,
+    pub kind: PoolKind,
+    #[serde(default = "default_agent")]
+    #[schema(default = "bcd")]
+    pub agent: PoolAgent,
+    #[serde(default)]
+    pub site_id: Option<String>,
+    #[serde(default)]
+    pub owner_tenant_id: Option<String>,
+    #[serde(default)]
+    pub hardware_profile: HardwareProfile,
+}
+
+fn default_agent() -> PoolAgent {
+    PoolAgent::Bcd
+}
+
+/// `pools.create`. A pool on a custom site belongs to the site's tenant (given or not); naming
+/// another owner is `INVALID_ARGUMENT`.
+pub fn create(tx: &Tx<'_>, new: &NewPool) -> Result<Pool, OpError> {
+    if new.name.trim().is_empty() {
+        return Err(OpError::InvalidArgument("pool name is required".into()));
+    }
+    let mut owner = new.owner_tenant_id.clone();
+    if let Some(site_id) = &new.site_id {
+        let site = tx.site(site_id)?.ok_or_else(|| OpError::NotFound {
+            kind: "site",
+            id: site_id.clone(),
+        })?;
+        if site.kind == SiteKind::Custom {
+            if owner.is_some() && owner != site.owner_tenant_id {
+                return Err(OpError::InvalidArgument(format!(
+                    "site {site_id} belongs to another tenant than ownerTenantId"
+                )));
+            }
+            owner = site.owner_tenant_id;
+        }
+    }
+    let pool = Pool {
+        id: new_id("pool"),
+        site_id: new.site_id.clone(),
+        name: new.name.trim().to_owned(),
+        kind: new.kind,
+        agent: new.agent,
+        owner_tenant_id: owner,
+        hardware_profile: new.hardware_profile.clone(),
+        version: 1,
+        created_at: now_ms(),
+    };
+    tx.insert_pool(&pool)?;
+    Ok(pool)
+}
+
+/// `pools.get`.
+pub fn get(conn: &Reader<'_>, id: &str) -> Result<Pool, OpError> {
+    conn.pool(id)?.ok_or_else(|| OpError::NotFound {
+        kind: "pool",
+        id: id.to_owned(),
+    })
+}
+
+/// `pools.list`.
+pub fn list(conn: &Reader<'_>) -> Result<Vec<Pool>, OpError> {
+    Ok(conn.pools()?)
+}
+
+fn check_version(pool: &Pool, expected: u64) -> Result<(), OpError> {
+    if pool.version == expected {
+        Ok(())
+    } else {
+        Err(OpError::Conflict {
+            kind: "pool",
+            id: pool.id.clone(),
+            expected,
+            actual: pool.version,
+        })
+    }
+}
+
+/// `pools.update`: name and hardware profile. Nodes already in the pool keep the drivers they
+/// inherited at join.
+pub fn update(
+    tx: &Tx<'_>,
+    id: &str,
+    expected_version: u64,
+    name: &str,
+    profile: &HardwareProfile,
+) -> Result<Pool, OpError> {
+    if name.trim().is_empty() {
+        return Err(OpError::InvalidArgument("pool name is required".into()));
+    }
+    let pool = get(tx, id)?;
+    check_version(&pool, expected_version)?;
+    tx.update_pool(id, expected_version, name.trim(), profile)?;
+    get(tx, id)
+}
+
+/// `pools.delete`: refused (`INVALID_STATE`) while nodes are in the pool.
+pub fn delete(tx: &Tx<'_>, id: &str, expected_version: u64) -> Result<Pool, OpError> {
+    let pool = get(tx, id)?;
+    check_version(&pool, expected_version)?;
+    let n = tx.pool_node_count(id)?;
+    if n > 0 {
+        return Err(OpError::InvalidState(format!(
+            "pool {id} still has {n} node(s)"
+        )));
+    }
+    tx.delete_pool(id, expected_version)?;
+    Ok(pool)
+}

@@ -1,0 +1,163 @@
+//! The operator API's verbs as a type. [`Method`] names every method once, in one table below,
+//! with its typed request ([`Request`]) and answer ([`Response`]); [`Core::dispatch`] is the one
+//! dispatcher; [`openapi::document`] derives the OpenAPI 3.1 document from the same table. The
+//! HTTP adapter only authenticates, decodes the body ([`Method::decode`]), calls the dispatcher,
+//! and maps an error's code to a status.
+//!
+//! Answers: node verbs return NodeDetail (never the internal record); lists are wrapped
+//! (`{"nodes": [...]}`) so they can grow fields later.
+
+mod dispatch;
+mod handlers;
+pub mod openapi;
+pub mod types;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use dispatch::{
+    Core, DEFAULT_TOKEN_TTL_SECONDS, MAX_TIMEOUT_SECONDS, MAX_TOKEN_TTL_SECONDS, TokenIssuer,
+};
+pub use types::*;
+
+use crate::detail::NodeDetail;
+use crate::error::OpError;
+use crate::ops::pools::NewPool;
+use crate::ops::sites::NewSite;
+use crate::placer::{AllocationRequest, PoolCapacity};
+use crate::query::NodeFilter;
+use cpl_store::{Allocation, Pool, Site};
+
+fn parse<T: DeserializeOwned>(method: &str, body: Value) -> Result<T, OpError> {
+    // An absent body means `{}` for verbs whose fields are all optional.
+    let body = if body.is_null() {
+        Value::Object(Default::default())
+    } else {
+        body
+    };
+    serde_json::from_value(body)
+        .map_err(|e| OpError::InvalidArgument(format!("{method}: invalid request body: {e}")))
+}
+
+/// Declares the method table: `Variant => "wire.name", RequestType, ResponseType, "summary";`.
+macro_rules! verbs {
+    ($($variant:ident => $name:literal, $req:ty, $resp:ty, $summary:literal;)+) => {
+        /// Every method of the operator API (`POST /v1/<name>`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Method {
+            $(#[doc = $summary] $variant),+
+        }
+
+        impl Method {
+            /// Every method, in the order of the API reference.
+            pub const ALL: &'static [Method] = &[$(Method::$variant),+];
+
+            /// The wire name, e.g. `nodes.cordon`.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Method::$variant => $name),+
+                }
+            }
+
+            /// One line saying what the method does.
+            pub const fn summary(self) -> &'static str {
+                match self {
+                    $(Method::$variant => $summary),+
+                }
+            }
+
+            /// The method called `name`, if there is one.
+            pub fn from_name(name: &str) -> Option<Method> {
+                Method::ALL.iter().copied().find(|m| m.name() == name)
+            }
+
+            /// Decodes a JSON body (`null`: no body) into this method's request.
+            /// Errors: `INVALID_ARGUMENT` naming the method and what is wrong with the body.
+            pub fn decode(self, body: Value) -> Result<Request, OpError> {
+                match self {
+                    $(Method::$variant => Ok(Request::$variant(parse(self.name(), body)?))),+
+                }
+            }
+
+            /// The request and answer schemas of this method, for the OpenAPI document.
+            pub(crate) fn schemas(self) -> openapi::MethodSchemas {
+                match self {
+                    $(Method::$variant => openapi::MethodSchemas::of::<$req, $resp>()),+
+                }
+            }
+        }
+
+        /// A decoded request of one method.
+        #[derive(Debug, Clone)]
+        pub enum Request {
+            $(#[doc = $summary] $variant($req)),+
+        }
+
+        impl Request {
+            /// The method this is a request of.
+            pub fn method(&self) -> Method {
+                match self {
+                    $(Request::$variant(_) => Method::$variant),+
+                }
+            }
+        }
+
+        /// The answer of one method; serializes as the answer itself.
+        #[derive(Debug, Clone, Serialize)]
+        #[serde(untagged)]
+        pub enum Response {
+            $(#[doc = $summary] $variant($resp)),+
+        }
+    };
+}
+
+verbs! {
+    NodesList => "nodes.list", NodeFilter, NodeList, "List nodes, filtered by pool, provisionState, connectivity or schedulable.";
+    NodesGet => "nodes.get", NodeRef, NodeDetail, "One node (NodeDetail).";
+    NodesEvents => "nodes.events", NodeRef, EventList, "A node's event log, oldest first.";
+    NodesCordon => "nodes.cordon", NodeMutation, NodeDetail, "Cordon: no new work lands on the node.";
+    NodesUncordon => "nodes.uncordon", NodeMutation, NodeDetail, "Uncordon (also ends a drain).";
+    NodesDrain => "nodes.drain", NodeMutation, NodeDetail, "Cordon, plus `draining` until the node's allocations are released.";
+    NodesTaint => "nodes.taint", TaintRequest, NodeDetail, "Add or replace an operator taint (`taint:<key>` in noScheduleReasons).";
+    NodesUntaint => "nodes.untaint", UntaintRequest, NodeDetail, "Remove an operator taint.";
+    NodesAdopt => "nodes.adopt", NodeMutation, NodeDetail, "Accept an adopting node by hand (`adopting -> adopted`).";
+    NodesRecover => "nodes.recover", NodeMutation, NodeDetail, "Move a failed node back to failedFrom.";
+    NodesSetMaintenance => "nodes.setMaintenance", MaintenanceRequest, NodeDetail, "Turn maintenance on (with a reason) or off.";
+    NodesRevokeIdentity => "nodes.revokeIdentity", NodeMutation, NodeDetail, "identityGeneration + 1: the node's certificates stop working and its session closes.";
+    NodesDelete => "nodes.delete", NodeMutation, NodeDetail, "Delete the node (refused while it holds allocations).";
+    NodesUpdateSpec => "nodes.updateSpec", SpecRequest, NodeDetail, "Replace the desired spec (generation + 1) and push it to the node.";
+    NodesStartDedicatedRoot => "nodes.startDedicatedRoot", LeaseRequest, LeaseStarted, "Start a dedicated-root lease (trust becomes tenant-controlled).";
+    NodesEndDedicatedRoot => "nodes.endDedicatedRoot", NodeMutation, NodeDetail, "End the dedicated-root lease and restore the trust before it.";
+    PoolsCreate => "pools.create", NewPool, Pool, "Create a pool.";
+    PoolsGet => "pools.get", PoolRef, Pool, "One pool.";
+    PoolsList => "pools.list", NoArgs, PoolList, "Every pool.";
+    PoolsUpdate => "pools.update", PoolUpdate, Pool, "Rename a pool or change its hardware profile.";
+    PoolsDelete => "pools.delete", PoolDelete, Pool, "Delete an empty pool.";
+    PoolsCapacity => "pools.capacity", PoolRef, PoolCapacity, "GPU counts of a pool per capacity bucket.";
+    SitesCreate => "sites.create", NewSite, Site, "Create a site.";
+    SitesGet => "sites.get", SiteRef, Site, "One site.";
+    SitesList => "sites.list", NoArgs, SiteList, "Every site.";
+    SitesUpdate => "sites.update", SiteUpdate, Site, "Rename a site.";
+    SitesDelete => "sites.delete", SiteDelete, Site, "Delete a site no pool or node references.";
+    TokensCreate => "tokens.create", TokensCreateRequest, TokensCreateResponse, "Create a join token; the secret is shown once, with the CA pin.";
+    TokensList => "tokens.list", NoArgs, TokenList, "Every join token, without secrets.";
+    TokensRevoke => "tokens.revoke", TokenRef, Empty, "Revoke a join token.";
+    AllocationsCreate => "allocations.create", AllocationRequest, Allocation, "Book GPUs on one schedulable node of a pool.";
+    AllocationsGet => "allocations.get", AllocationRef, Allocation, "One allocation.";
+    AllocationsList => "allocations.list", AllocationListRequest, AllocationList, "Allocations, filtered by pool, node or active.";
+    AllocationsRelease => "allocations.release", AllocationRef, Allocation, "Release an allocation's GPUs.";
+    CommandsCreate => "commands.create", CommandsCreateRequest, CommandView, "Queue a command for a node and send it if the node is connected.";
+    CommandsGet => "commands.get", CommandRef, CommandView, "One command.";
+    CommandsList => "commands.list", CommandsListRequest, CommandList, "Commands, newest first.";
+    CommandsCancel => "commands.cancel", CommandRef, CommandView, "Cancel a command that is not over.";
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod verbs_tests;

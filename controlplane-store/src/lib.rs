@@ -1,0 +1,362 @@
+//! cpl-store: the control plane's store. The only crate of the workspace that knows SQL, SQLite
+//! (rusqlite) or the schema.
+//!
+//! # Background
+//! controlplane-lite keeps the node model of the spec ("Nodes") in one SQLite file (bundled, WAL).
+//! A larger deployment moves it to PostgreSQL (DESIGN.md "More than one control-plane replica"),
+//! so no caller may hold a database connection or write a query: they would all have to change.
+//!
+//! # Design
+//! - [`Store`] is a cheap handle. [`Store::read`] runs a closure in a read transaction and hands it
+//!   a [`Reader`]; [`Store::write`] runs one in a write transaction (SQLite `BEGIN IMMEDIATE`: the
+//!   database write lock is taken before the first read, so a read-check-write cannot interleave
+//!   with another writer) and hands it a [`Tx`], which also reads (`Deref<Target = Reader>`). The
+//!   transaction commits when the closure returns `Ok` and rolls back on `Err`. The async forms
+//!   run on tokio's blocking pool; `*_blocking` run on the calling thread (tests, the CLI).
+//! - [`Reader`] and [`Tx`] carry typed methods only (nodes, events, tokens, taints, pools, sites,
+//!   leases, allocations, commands, heartbeats, sweeps, the identifier index, the placer's locked
+//!   candidates, capacity rows, fleet gauges, bench counts). Each domain module adds its methods
+//!   with its own `impl` blocks; the SQL is inside them.
+//! - Which database is underneath is private: a `Backend` enum with one variant today. A
+//!   PostgreSQL backend is one more variant and one more match arm per method; no caller changes.
+//!   SQLite: one connection behind a mutex, WAL, `synchronous=NORMAL`, foreign keys on, schema
+//!   migrations through `user_version` (rusqlite_migration). Times are integer milliseconds since
+//!   the Unix epoch; JSON columns hold camelCase JSON.
+//! - The store keeps rows consistent (the identifier index follows `identifier_digests`, a node
+//!   row is saved only at the version it was read at); what a change *means* (which axis, which
+//!   event, which `noScheduleReasons`) is the core crate's edit path (`cpl-core`).
+//!
+//! # Must not depend on
+//! The core crate or any adapter (axum, tonic): the store is the bottom of the control plane.
+//!
+//! # Limitations
+//! One process, one SQLite file. The PostgreSQL backend is not written; the queries mark where it
+//! needs `FOR UPDATE`.
+#![forbid(unsafe_code)]
+
+mod allocations;
+mod bench;
+mod commands;
+mod events;
+mod fleet;
+mod leases;
+pub mod migrations;
+mod nodes;
+mod pools;
+mod schedulable;
+mod sessions;
+mod sites;
+mod taints;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
+mod tokens;
+
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+use rusqlite_migration::{M, Migrations};
+
+pub use allocations::{Allocation, AllocationFilter};
+pub use bench::BenchCounts;
+pub use commands::{CommandRecord, CommandState};
+pub use events::{NewEvent, NodeEvent};
+pub use fleet::FleetCounts;
+pub use leases::DedicatedRootLease;
+pub use nodes::{MAX_INDEXED_DIGESTS, NewNode, NodeQuery, NodeRecord};
+pub use pools::{HardwareProfile, Pool};
+pub use sites::Site;
+pub use taints::Taint;
+pub use tokens::{JoinToken, NewToken, TokenRefusal};
+
+/// What went wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed (I/O, a full disk, a constraint).
+    #[error("database: {0}")]
+    Database(#[source] DatabaseError),
+    /// A migration failed; the store is not opened.
+    #[error("schema migration: {0}")]
+    Migration(#[source] DatabaseError),
+    /// A JSON column held something that is not valid JSON of its shape.
+    #[error("corrupt JSON in column {column}: {source}")]
+    Json {
+        column: &'static str,
+        source: serde_json::Error,
+    },
+    /// A text column held a value outside its enum.
+    #[error("corrupt value in column {column}: {source}")]
+    Enum {
+        column: &'static str,
+        source: bc_protocol::ParseEnumError,
+    },
+    /// The blocking task running the query panicked or was cancelled.
+    #[error("store task failed: {0}")]
+    Task(String),
+}
+
+/// The database's own error, kept opaque so no caller matches on a backend's error type.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct DatabaseError(BackendError);
+
+#[derive(Debug, thiserror::Error)]
+enum BackendError {
+    #[error(transparent)]
+    Sqlite(rusqlite::Error),
+    #[error(transparent)]
+    SqliteMigration(rusqlite_migration::Error),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Database(DatabaseError(BackendError::Sqlite(e)))
+    }
+}
+
+impl From<rusqlite_migration::Error> for StoreError {
+    fn from(e: rusqlite_migration::Error) -> Self {
+        StoreError::Migration(DatabaseError(BackendError::SqliteMigration(e)))
+    }
+}
+
+/// The control plane's store. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    backend: Backend,
+}
+
+/// The database underneath. Private: callers see [`Reader`] and [`Tx`] methods only.
+#[derive(Clone, Debug)]
+enum Backend {
+    /// One SQLite connection; the mutex serializes transactions (SQLite has one writer anyway).
+    Sqlite(Arc<Mutex<Connection>>),
+}
+
+/// A connection inside one transaction, as the methods of [`Reader`] and [`Tx`] use it.
+#[derive(Clone, Copy, Debug)]
+enum Conn<'c> {
+    Sqlite(&'c Connection),
+}
+
+/// Read access inside one transaction: every query method of the store.
+#[derive(Debug)]
+pub struct Reader<'c> {
+    conn: Conn<'c>,
+}
+
+impl<'c> Reader<'c> {
+    /// The SQLite connection of this transaction.
+    fn sqlite(&self) -> &'c Connection {
+        match self.conn {
+            Conn::Sqlite(c) => c,
+        }
+    }
+}
+
+/// Write access inside one write transaction (`BEGIN IMMEDIATE` on SQLite); reads through
+/// `Deref<Target = Reader>`.
+#[derive(Debug)]
+pub struct Tx<'c> {
+    reader: Reader<'c>,
+}
+
+impl<'c> Deref for Tx<'c> {
+    type Target = Reader<'c>;
+    fn deref(&self) -> &Reader<'c> {
+        &self.reader
+    }
+}
+
+impl Tx<'_> {
+    /// Runs `f` as a nested transaction (SQLite `SAVEPOINT`): its writes are undone when it
+    /// returns `Err`, while the enclosing transaction goes on.
+    pub fn savepoint<T, E>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let conn = self.sqlite();
+        conn.execute_batch("SAVEPOINT nested")
+            .map_err(StoreError::from)?;
+        match f(self) {
+            Ok(v) => {
+                conn.execute_batch("RELEASE nested")
+                    .map_err(StoreError::from)?;
+                Ok(v)
+            }
+            Err(e) => {
+                conn.execute_batch("ROLLBACK TO nested; RELEASE nested")
+                    .map_err(StoreError::from)?;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![
+        M::up(migrations::M001_NODE_MODEL),
+        M::up(migrations::M002_PLACEMENT),
+        M::up(migrations::M003_COMMANDS),
+        M::up(migrations::M004_SCALE),
+    ])
+}
+
+impl Store {
+    /// Opens (creating if needed) the SQLite file `path`, turns on WAL and foreign keys, applies
+    /// migrations.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::init(Connection::open(path)?)
+    }
+
+    /// An in-memory store, for tests.
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    /// Opens `path` read-only, without migrating: a reader beside the `bcctl serve` that owns the
+    /// file (`bcctl bench`). Writes through it fail.
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        Ok(Self {
+            backend: Backend::Sqlite(Arc::new(Mutex::new(conn))),
+        })
+    }
+
+    fn init(mut conn: Connection) -> Result<Self, StoreError> {
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrations().to_latest(&mut conn)?;
+        Ok(Self {
+            backend: Backend::Sqlite(Arc::new(Mutex::new(conn))),
+        })
+    }
+
+    /// Runs `f` in a read transaction on the calling thread.
+    pub fn read_blocking<T, E>(&self, f: impl FnOnce(&Reader<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        match &self.backend {
+            Backend::Sqlite(conn) => sqlite_read(&mut conn.lock(), f),
+        }
+    }
+
+    /// Runs `f` in a write transaction on the calling thread; commits when it returns `Ok`.
+    pub fn write_blocking<T, E>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        match &self.backend {
+            Backend::Sqlite(conn) => sqlite_write(&mut conn.lock(), f),
+        }
+    }
+
+    /// [`Store::read_blocking`] on tokio's blocking pool, so no request thread waits on the
+    /// database's lock.
+    pub async fn read<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&Reader<'_>) -> Result<T, E> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.read_blocking(f))
+            .await
+            .map_err(|e| E::from(StoreError::Task(e.to_string())))?
+    }
+
+    /// [`Store::write_blocking`] on tokio's blocking pool.
+    pub async fn write<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&Tx<'_>) -> Result<T, E> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.write_blocking(f))
+            .await
+            .map_err(|e| E::from(StoreError::Task(e.to_string())))?
+    }
+}
+
+fn sqlite_read<T, E: From<StoreError>>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Reader<'_>) -> Result<T, E>,
+) -> Result<T, E> {
+    let tx = conn.transaction().map_err(StoreError::from)?;
+    let out = f(&Reader {
+        conn: Conn::Sqlite(&tx),
+    })?;
+    tx.commit().map_err(StoreError::from)?;
+    Ok(out)
+}
+
+fn sqlite_write<T, E: From<StoreError>>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Tx<'_>) -> Result<T, E>,
+) -> Result<T, E> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(StoreError::from)?;
+    let out = f(&Tx {
+        reader: Reader {
+            conn: Conn::Sqlite(&tx),
+        },
+    })?;
+    tx.commit().map_err(StoreError::from)?;
+    Ok(out)
+}
+
+/// `n` random characters of `[a-z0-9]`: ids and secrets (token ids and secrets, `node_…`,
+/// `cmd_…`).
+pub fn random_lowercase(n: usize) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Decodes a JSON column, naming the column in the error.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
+    column: &'static str,
+    text: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|source| StoreError::Json { column, source })
+}
+
+/// Encodes a value for a JSON column. Our own types always serialize.
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_owned())
+}
+
+/// Parses an enum column, naming the column in the error.
+pub(crate) fn parse_enum<T>(column: &'static str, text: &str) -> Result<T, StoreError>
+where
+    T: std::str::FromStr<Err = bc_protocol::ParseEnumError>,
+{
+    text.parse()
+        .map_err(|source| StoreError::Enum { column, source })
+}
+
+/// A `u64` as SQLite's signed 64-bit integer (saturating: no count here comes near `i64::MAX`).
+pub(crate) fn sql_u64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+#[path = "lib_tests.rs"]
+mod lib_tests;

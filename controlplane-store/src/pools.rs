@@ -1,0 +1,161 @@
+//! The `pools` table: a pool's kind decides its nodes' `role`, its `agent` their `adapter`, and
+//! its hardware profile their `drivers` and expected GPUs (spec "Identity, ownership and
+//! generations").
+
+use std::collections::BTreeMap;
+
+use bc_protocol::{PoolAgent, PoolKind};
+use rusqlite::{Row, params};
+use serde::{Deserialize, Serialize};
+
+use super::{Reader, StoreError, Tx, from_json, parse_enum, sql_u64, to_json};
+
+/// What a pool's machines are expected to have, and the drivers they inherit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HardwareProfile {
+    /// GPUs per node; a node reporting another count gets the NoSchedule condition
+    /// `GpuCountMismatch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_gpu_count: Option<u32>,
+    /// GPU model name as NVML reports it (`nvmlDeviceGetName`), e.g. `NVIDIA H100 80GB HBM3`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_gpu_model: Option<String>,
+    /// Driver per concern (`power`, `boot`, `deploy`, ...), e.g. `{"power": "redfish"}`.
+    #[serde(default)]
+    pub drivers: BTreeMap<String, String>,
+}
+
+/// One pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Pool {
+    pub id: String,
+    pub site_id: Option<String>,
+    pub name: String,
+    pub kind: PoolKind,
+    pub agent: PoolAgent,
+    /// The tenant whose pool this is; a `tenant-owned` node adds capacity only here.
+    pub owner_tenant_id: Option<String>,
+    pub hardware_profile: HardwareProfile,
+    pub version: u64,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+}
+
+const POOL_COLUMNS: &str =
+    "id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, version, created_at";
+
+fn from_row(row: &Row<'_>) -> Result<Pool, StoreError> {
+    let kind: String = row.get(3)?;
+    let agent: String = row.get(4)?;
+    let profile: String = row.get(6)?;
+    let version: i64 = row.get(7)?;
+    Ok(Pool {
+        id: row.get(0)?,
+        site_id: row.get(1)?,
+        name: row.get(2)?,
+        kind: parse_enum("pools.kind", &kind)?,
+        agent: parse_enum("pools.agent", &agent)?,
+        owner_tenant_id: row.get(5)?,
+        hardware_profile: from_json("pools.hardware_profile", &profile)?,
+        version: u64::try_from(version).unwrap_or(0),
+        created_at: row.get(8)?,
+    })
+}
+
+impl Tx<'_> {
+    /// Inserts `pool` as given (version 1).
+    pub fn insert_pool(&self, pool: &Pool) -> Result<(), StoreError> {
+        self.insert_pool_sql(pool, "").map(|_| ())
+    }
+
+    /// Inserts `pool` unless a pool with its id exists; returns whether it was inserted (the
+    /// fixed pool `bcctl dev` and `bcctl bench` put their nodes in).
+    pub fn insert_pool_if_absent(&self, pool: &Pool) -> Result<bool, StoreError> {
+        self.insert_pool_sql(pool, " ON CONFLICT (id) DO NOTHING")
+    }
+
+    fn insert_pool_sql(&self, pool: &Pool, on_conflict: &str) -> Result<bool, StoreError> {
+        let n = self.sqlite().execute(
+            &format!(
+                "INSERT INTO pools (id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, \
+                 version, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8){on_conflict}"
+            ),
+            params![
+                pool.id,
+                pool.site_id,
+                pool.name,
+                pool.kind.as_str(),
+                pool.agent.as_str(),
+                pool.owner_tenant_id,
+                to_json(&pool.hardware_profile),
+                pool.created_at
+            ],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Writes name and hardware profile if the pool is still at `version`; returns whether a row
+    /// changed. Kind, agent, site and owner are fixed at creation: nodes derived role, adapter and
+    /// trust from them.
+    pub fn update_pool(
+        &self,
+        id: &str,
+        version: u64,
+        name: &str,
+        profile: &HardwareProfile,
+    ) -> Result<bool, StoreError> {
+        let n = self.sqlite().execute(
+            "UPDATE pools SET name = ?3, hardware_profile = ?4, version = version + 1 \
+             WHERE id = ?1 AND version = ?2",
+            params![id, sql_u64(version), name, to_json(profile)],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Deletes a pool if it is still at `version`; returns whether a row went.
+    pub fn delete_pool(&self, id: &str, version: u64) -> Result<bool, StoreError> {
+        let n = self.sqlite().execute(
+            "DELETE FROM pools WHERE id = ?1 AND version = ?2",
+            params![id, sql_u64(version)],
+        )?;
+        Ok(n == 1)
+    }
+}
+
+impl Reader<'_> {
+    /// One pool by id.
+    pub fn pool(&self, id: &str) -> Result<Option<Pool>, StoreError> {
+        let mut stmt = self
+            .sqlite()
+            .prepare_cached(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE id = ?1"))?;
+        let mut rows = stmt.query(params![id])?;
+        rows.next()?.map(from_row).transpose()
+    }
+
+    /// Every pool, by id.
+    pub fn pools(&self) -> Result<Vec<Pool>, StoreError> {
+        let mut stmt = self
+            .sqlite()
+            .prepare_cached(&format!("SELECT {POOL_COLUMNS} FROM pools ORDER BY id"))?;
+        let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(from_row(row)?);
+        }
+        Ok(out)
+    }
+
+    /// How many nodes are in the pool.
+    pub fn pool_node_count(&self, id: &str) -> Result<u64, StoreError> {
+        let n: i64 = self.sqlite().query_row(
+            "SELECT COUNT(*) FROM nodes WHERE pool_id = ?1",
+            params![id],
+            |r| r.get(0),
+        )?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
