@@ -358,5 +358,4 @@ pub(crate) fn sql_u64(v: u64) -> i64 {
 }
 
 #[cfg(test)]
-#[path = "lib_tests.rs"]
 mod lib_tests;

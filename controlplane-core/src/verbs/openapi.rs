@@ -70,8 +70,19 @@ fn error_response() -> utoipa::openapi::Response {
         .build()
 }
 
+/// Statuses a method answers besides 200 and the default error, each with why.
+fn documented_refusals(m: Method) -> &'static [(&'static str, &'static str)] {
+    match m {
+        Method::AllocationsCreate => &[(
+            "503",
+            "UNAVAILABLE: no schedulable node of the pool has that many free GPUs now; retry once allocations are released",
+        )],
+        _ => &[],
+    }
+}
+
 fn verb_path(m: Method, s: &MethodSchemas) -> PathItem {
-    let op = OperationBuilder::new()
+    let mut op = OperationBuilder::new()
         .operation_id(Some(m.name()))
         .summary(Some(m.summary()))
         .request_body(Some(
@@ -87,9 +98,17 @@ fn verb_path(m: Method, s: &MethodSchemas) -> PathItem {
                 .content("application/json", json_content(&s.response))
                 .build(),
         )
-        .response("default", error_response())
-        .build();
-    PathItem::new(HttpMethod::Post, op)
+        .response("default", error_response());
+    for (status, why) in documented_refusals(m) {
+        op = op.response(
+            *status,
+            ResponseBuilder::new()
+                .description(*why)
+                .content("application/json", json_content(&ErrorBody::name()))
+                .build(),
+        );
+    }
+    PathItem::new(HttpMethod::Post, op.build())
 }
 
 /// `GET /v1/bundles/{commandId}`: a logs.collect bundle.

@@ -165,3 +165,174 @@ fn bad_requests_are_clear_errors() -> Result<(), Box<dyn std::error::Error>> {
     );
     Ok(())
 }
+
+#[test]
+fn tokens_create_is_one_verb_with_the_served_defaults() -> Result<(), Box<dyn std::error::Error>> {
+    let store = Store::open_in_memory()?;
+    let before = cpl_store::now_ms();
+    let tok = call(&store, "tokens.create", json!({}))?;
+    let mut keys: Vec<&str> = tok
+        .as_object()
+        .ok_or("an object")?
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "caPin",
+            "controlPlane",
+            "expiresAt",
+            "id",
+            "maxUses",
+            "poolId",
+            "siteId",
+            "token"
+        ]
+    );
+    assert_eq!(tok["maxUses"], Value::Null, "unlimited by default");
+    assert_eq!(tok["controlPlane"], "https://127.0.0.1:7443");
+    // One hour by default.
+    let listed = call(&store, "tokens.list", Value::Null)?;
+    let expires = listed["tokens"][0]["expiresAt"]
+        .as_i64()
+        .ok_or("expiresAt")?;
+    let ttl = expires - before;
+    assert!((3_600_000..3_660_000).contains(&ttl), "ttl {ttl} ms");
+    for (body, what) in [
+        (json!({"ttlSeconds": 0}), "ttlSeconds"),
+        (
+            json!({"ttlSeconds": MAX_TOKEN_TTL_SECONDS + 1}),
+            "ttlSeconds",
+        ),
+        (json!({"maxUses": 0}), "maxUses"),
+        (json!({"ttl": 5}), "unknown field"),
+    ] {
+        let err = call(&store, "tokens.create", body).err().ok_or("refused")?;
+        assert_eq!(err.code(), bc_protocol::ErrorCode::InvalidArgument);
+        assert!(err.to_string().contains(what), "{err}");
+    }
+    let longest = call(
+        &store,
+        "tokens.create",
+        json!({"ttlSeconds": MAX_TOKEN_TTL_SECONDS, "maxUses": 3}),
+    )?;
+    assert_eq!(longest["maxUses"], 3);
+    Ok(())
+}
+
+#[test]
+fn command_verbs_refuse_with_their_codes() -> Result<(), Box<dyn std::error::Error>> {
+    let store = Store::open_in_memory()?;
+    let code = |r: Result<Value, OpError>| r.err().map(|e| (e.code(), e.to_string()));
+    assert_eq!(
+        code(call(&store, "commands.get", json!({"commandId": "cmd_x"}))),
+        Some((
+            bc_protocol::ErrorCode::NotFound,
+            "command cmd_x not found".to_owned()
+        ))
+    );
+    let create = |body| code(call(&store, "commands.create", body)).map(|(c, _)| c);
+    assert_eq!(
+        create(json!({"nodeId": "node_x", "name": "inventory.refresh"})),
+        Some(bc_protocol::ErrorCode::NotFound)
+    );
+    assert_eq!(
+        create(json!({"nodeId": "node_x", "name": "inventory.refresh", "timeoutSeconds": 0})),
+        Some(bc_protocol::ErrorCode::InvalidArgument)
+    );
+    assert_eq!(
+        create(json!({"nodeId": "node_x", "name": "rm.rf"})),
+        Some(bc_protocol::ErrorCode::InvalidArgument),
+        "the command name is checked before the node"
+    );
+    assert_eq!(
+        call(&store, "commands.list", json!({}))?,
+        json!({"commands": []})
+    );
+    Ok(())
+}
+
+#[test]
+fn every_method_is_named_once_and_decodes() {
+    let mut names: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), Method::ALL.len(), "a name is used twice");
+    for &m in Method::ALL {
+        assert_eq!(Method::from_name(m.name()), Some(m));
+        // A body of the wrong shape is INVALID_ARGUMENT naming the method, never a panic.
+        if let Err(e) = m.decode(json!([1, 2])) {
+            assert_eq!(e.code(), bc_protocol::ErrorCode::InvalidArgument);
+            assert!(e.to_string().starts_with(m.name()), "{e}");
+        }
+    }
+    assert!(Method::from_name("nodes.frobnicate").is_none());
+    assert!(matches!(
+        Method::PoolsList.decode(Value::Null),
+        Ok(Request::PoolsList(_))
+    ));
+}
+
+#[test]
+fn the_openapi_document_has_every_method_and_resolves_every_reference()
+-> Result<(), Box<dyn std::error::Error>> {
+    let doc = serde_json::to_value(openapi::document())?;
+    assert!(
+        doc["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3.1"))
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"][openapi::BEARER_SCHEME]["scheme"],
+        "bearer"
+    );
+    assert!(doc["security"][0].get(openapi::BEARER_SCHEME).is_some());
+    for &m in Method::ALL {
+        let op = &doc["paths"][format!("/v1/{}", m.name())]["post"];
+        assert_eq!(op["operationId"], m.name());
+        assert!(op["responses"]["200"].is_object() && op["responses"]["default"].is_object());
+    }
+    // The document itself is readable without the token.
+    assert_eq!(
+        doc["paths"]["/v1/openapi.json"]["get"]["security"],
+        json!([{}])
+    );
+    // Every $ref points at a schema the document has.
+    let text = serde_json::to_string(&doc)?;
+    let schemas = doc["components"]["schemas"].as_object().ok_or("schemas")?;
+    for part in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = part.split('"').next().unwrap_or_default();
+        assert!(schemas.contains_key(name), "dangling $ref {name}");
+    }
+    Ok(())
+}
+
+/// schemathesis found `allocations.create` answering 503 when the pool has no room: the API's
+/// retryable UNAVAILABLE refusal, kept, and now declared in the document.
+#[test]
+fn the_openapi_document_declares_the_capacity_refusal() -> Result<(), Box<dyn std::error::Error>> {
+    let store = Store::open_in_memory()?;
+    let pool = call(
+        &store,
+        "pools.create",
+        json!({"name": "p", "kind": "metal-host"}),
+    )?;
+    let err = call(
+        &store,
+        "allocations.create",
+        json!({"poolId": pool["id"], "gpus": 2_147_483_648_u64}),
+    )
+    .err()
+    .ok_or("no capacity")?;
+    assert_eq!(err.code(), bc_protocol::ErrorCode::Unavailable);
+    let doc = serde_json::to_value(openapi::document())?;
+    let responses = &doc["paths"]["/v1/allocations.create"]["post"]["responses"];
+    assert!(
+        responses["503"]["description"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("UNAVAILABLE"))
+    );
+    Ok(())
+}

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::ops::{items, mutate, parse_arg, print};
 use super::{ClientArgs, Output, render};
+use controlplane_lite::client::Client;
 
 /// `bcctl nodes ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -152,9 +153,8 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             connectivity,
             schedulable,
         } => {
-            let v: Value = c
-                .call(Method::NodesList, &json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable}))
-                .await?;
+            let filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable});
+            let v: Value = c.call(Method::NodesList, &filter).await?;
             print(args, &v, |v| render::nodes(&items(v, "nodes")))
         }
         NodesCommand::Get { node_id } => {
@@ -163,156 +163,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
                 .await?;
             print(args, &v, render::object)
         }
-        NodesCommand::Events { node_id } => {
-            let v: Value = c
-                .call(Method::NodesEvents, &json!({"nodeId": node_id}))
-                .await?;
-            print(args, &v, |v| {
-                render::list(
-                    &items(v, "events"),
-                    &[
-                        ("AT", "/at"),
-                        ("WHAT", "/kind"),
-                        ("FROM", "/from"),
-                        ("TO", "/to"),
-                        ("WHO", "/actor"),
-                        ("MESSAGE", "/message"),
-                    ],
-                )
-            })
-        }
-        NodesCommand::Cordon { node_id, version } => {
-            mutate(args, &c, Method::NodesCordon, &node_id, version, json!({})).await
-        }
-        NodesCommand::Uncordon { node_id, version } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesUncordon,
-                &node_id,
-                version,
-                json!({}),
-            )
-            .await
-        }
-        NodesCommand::Drain { node_id, version } => {
-            mutate(args, &c, Method::NodesDrain, &node_id, version, json!({})).await
-        }
-        NodesCommand::Adopt { node_id, version } => {
-            mutate(args, &c, Method::NodesAdopt, &node_id, version, json!({})).await
-        }
-        NodesCommand::Recover { node_id, version } => {
-            mutate(args, &c, Method::NodesRecover, &node_id, version, json!({})).await
-        }
-        NodesCommand::RevokeIdentity { node_id, version } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesRevokeIdentity,
-                &node_id,
-                version,
-                json!({}),
-            )
-            .await
-        }
-        NodesCommand::Delete { node_id, version } => {
-            mutate(args, &c, Method::NodesDelete, &node_id, version, json!({})).await
-        }
-        NodesCommand::EndDedicatedRoot { node_id, version } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesEndDedicatedRoot,
-                &node_id,
-                version,
-                json!({}),
-            )
-            .await
-        }
-        NodesCommand::Taint {
-            node_id,
-            key,
-            value,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesTaint,
-                &node_id,
-                version,
-                json!({"key": key, "value": value}),
-            )
-            .await
-        }
-        NodesCommand::Untaint {
-            node_id,
-            key,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesUntaint,
-                &node_id,
-                version,
-                json!({"key": key}),
-            )
-            .await
-        }
-        NodesCommand::SetMaintenance {
-            node_id,
-            maintenance,
-            reason,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesSetMaintenance,
-                &node_id,
-                version,
-                json!({"maintenance": maintenance, "reason": reason}),
-            )
-            .await
-        }
-        NodesCommand::UpdateSpec {
-            node_id,
-            spec,
-            version,
-        } => {
-            let text = match spec.strip_prefix('@') {
-                Some(path) => {
-                    std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?
-                }
-                None => spec,
-            };
-            let spec: Value = serde_json::from_str(&text).context("the spec is not valid JSON")?;
-            mutate(
-                args,
-                &c,
-                Method::NodesUpdateSpec,
-                &node_id,
-                version,
-                json!({"spec": spec}),
-            )
-            .await
-        }
-        NodesCommand::StartDedicatedRoot {
-            node_id,
-            tenant,
-            version,
-        } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesStartDedicatedRoot,
-                &node_id,
-                version,
-                json!({"tenantId": tenant}),
-            )
-            .await
-        }
+        NodesCommand::Events { node_id } => events(args, &c, &node_id).await,
         NodesCommand::Logs {
             node_id,
             command,
@@ -324,51 +175,169 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             args: kvs,
             wait,
             timeout,
-        } => {
-            let mut a = serde_json::Map::new();
-            for kv in &kvs {
-                let (k, v) = parse_arg(kv)?;
-                a.insert(k, v);
-            }
-            let created: Value = c
-                .call(Method::CommandsCreate, &json!({"nodeId": node_id, "name": command, "args": a, "timeoutSeconds": timeout.as_secs().max(1)}))
-                .await?;
-            if !wait {
-                return print(args, &created, render::object);
-            }
-            let id = created
-                .get("id")
-                .and_then(Value::as_str)
-                .context("commands.create returned no id")?
-                .to_owned();
-            let mut last = String::new();
-            loop {
-                let v: Value = c
-                    .call(Method::CommandsGet, &json!({"commandId": id}))
-                    .await?;
-                let state = v
-                    .get("state")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_owned();
-                let progress = v.get("progress").and_then(Value::as_u64).unwrap_or(0);
-                let line = format!("{id} {state} {progress}%");
-                if line != last && args.output == Output::Table {
-                    eprintln!("{line}");
-                    last = line;
-                }
-                if matches!(
-                    state.as_str(),
-                    "succeeded" | "failed" | "cancelled" | "expired"
-                ) {
-                    print(args, &v, render::object)?;
-                    if state != "succeeded" {
-                        bail!("command {id} {state}");
-                    }
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+        } => run(args, &c, &node_id, &command, &kvs, wait, timeout).await,
+        mutation => {
+            let (method, node_id, version, extra) = node_mutation(mutation)?;
+            mutate(args, &c, method, &node_id, version, extra).await
         }
+    }
+}
+
+/// `bcctl nodes events`: the node's event log as a table.
+async fn events(args: &ClientArgs, c: &Client, node_id: &str) -> anyhow::Result<()> {
+    let v: Value = c
+        .call(Method::NodesEvents, &json!({"nodeId": node_id}))
+        .await?;
+    print(args, &v, |v| {
+        render::list(
+            &items(v, "events"),
+            &[
+                ("AT", "/at"),
+                ("WHAT", "/kind"),
+                ("FROM", "/from"),
+                ("TO", "/to"),
+                ("WHO", "/actor"),
+                ("MESSAGE", "/message"),
+            ],
+        )
+    })
+}
+
+/// A node mutation subcommand as its method, node, `--version` and the body's other fields.
+fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u64>, Value)> {
+    use NodesCommand as N;
+    let plain = |m, node_id, version| Ok((m, node_id, version, json!({})));
+    match cmd {
+        N::Cordon { node_id, version } => plain(Method::NodesCordon, node_id, version),
+        N::Uncordon { node_id, version } => plain(Method::NodesUncordon, node_id, version),
+        N::Drain { node_id, version } => plain(Method::NodesDrain, node_id, version),
+        N::Adopt { node_id, version } => plain(Method::NodesAdopt, node_id, version),
+        N::Recover { node_id, version } => plain(Method::NodesRecover, node_id, version),
+        N::RevokeIdentity { node_id, version } => {
+            plain(Method::NodesRevokeIdentity, node_id, version)
+        }
+        N::Delete { node_id, version } => plain(Method::NodesDelete, node_id, version),
+        N::EndDedicatedRoot { node_id, version } => {
+            plain(Method::NodesEndDedicatedRoot, node_id, version)
+        }
+        N::Taint {
+            node_id,
+            key,
+            value,
+            version,
+        } => Ok((
+            Method::NodesTaint,
+            node_id,
+            version,
+            json!({"key": key, "value": value}),
+        )),
+        N::Untaint {
+            node_id,
+            key,
+            version,
+        } => Ok((Method::NodesUntaint, node_id, version, json!({"key": key}))),
+        N::SetMaintenance {
+            node_id,
+            maintenance,
+            reason,
+            version,
+        } => Ok((
+            Method::NodesSetMaintenance,
+            node_id,
+            version,
+            json!({"maintenance": maintenance, "reason": reason}),
+        )),
+        N::UpdateSpec {
+            node_id,
+            spec,
+            version,
+        } => Ok((
+            Method::NodesUpdateSpec,
+            node_id,
+            version,
+            json!({"spec": read_spec(spec)?}),
+        )),
+        N::StartDedicatedRoot {
+            node_id,
+            tenant,
+            version,
+        } => Ok((
+            Method::NodesStartDedicatedRoot,
+            node_id,
+            version,
+            json!({"tenantId": tenant}),
+        )),
+        N::List { .. } | N::Get { .. } | N::Events { .. } | N::Run { .. } | N::Logs { .. } => {
+            bail!("not a node mutation")
+        }
+    }
+}
+
+/// The spec argument: JSON inline or `@file`.
+fn read_spec(spec: String) -> anyhow::Result<Value> {
+    let text = match spec.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?,
+        None => spec,
+    };
+    serde_json::from_str(&text).context("the spec is not valid JSON")
+}
+
+/// `bcctl nodes run`: creates the command; with `--wait`, follows it to its end.
+async fn run(
+    args: &ClientArgs,
+    c: &Client,
+    node_id: &str,
+    command: &str,
+    kvs: &[String],
+    wait: bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let mut a = serde_json::Map::new();
+    for kv in kvs {
+        let (k, v) = parse_arg(kv)?;
+        a.insert(k, v);
+    }
+    let body = json!({"nodeId": node_id, "name": command, "args": a, "timeoutSeconds": timeout.as_secs().max(1)});
+    let created: Value = c.call(Method::CommandsCreate, &body).await?;
+    if !wait {
+        return print(args, &created, render::object);
+    }
+    let id = created
+        .get("id")
+        .and_then(Value::as_str)
+        .context("commands.create returned no id")?
+        .to_owned();
+    follow(args, c, &id).await
+}
+
+/// Polls a command until it is over, printing progress; fails unless it succeeded.
+async fn follow(args: &ClientArgs, c: &Client, id: &str) -> anyhow::Result<()> {
+    let mut last = String::new();
+    loop {
+        let v: Value = c
+            .call(Method::CommandsGet, &json!({"commandId": id}))
+            .await?;
+        let state = v
+            .get("state")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned();
+        let progress = v.get("progress").and_then(Value::as_u64).unwrap_or(0);
+        let line = format!("{id} {state} {progress}%");
+        if line != last && args.output == Output::Table {
+            eprintln!("{line}");
+            last = line;
+        }
+        if matches!(
+            state.as_str(),
+            "succeeded" | "failed" | "cancelled" | "expired"
+        ) {
+            print(args, &v, render::object)?;
+            if state != "succeeded" {
+                bail!("command {id} {state}");
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -369,4 +369,4 @@ pub async fn serve(
 }
 
 #[cfg(test)]
-mod tests;
+mod metrics_tests;

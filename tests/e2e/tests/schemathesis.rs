@@ -3,6 +3,12 @@
 //! answers 5xx, every answer's status, content type and body conform to the document, and the
 //! server stays up. Bounded in examples per operation so it fits CI (a few minutes on 2 cores).
 //!
+//! What it found, and what became of it: `allocations.create` answers 503 (`UNAVAILABLE`) when no
+//! node has the GPUs asked for. That is the API's documented, retryable refusal, kept as it is (no
+//! behaviour change); the OpenAPI document now declares the 503 for that operation
+//! (`verbs_tests::the_openapi_document_declares_the_capacity_refusal`) and `schemathesis.toml`
+//! accepts it there and nowhere else.
+//!
 //! schemathesis is found through `BC_SCHEMATHESIS` (set by `.ci/run`, which installs it into a
 //! virtualenv) or on PATH. Without it the test says so loudly and skips; under `CI=true` it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -50,6 +56,8 @@ fn the_operator_api_conforms_to_its_openapi_document() {
     let started = Instant::now();
     let out = Command::new(&st)
         .current_dir(work.path())
+        .arg("--config-file")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/schemathesis.toml"))
         .arg("run")
         .arg(format!("{}/v1/openapi.json", cp.api_url))
         .args(["--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"])
