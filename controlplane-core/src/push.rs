@@ -4,6 +4,7 @@
 use bc_protocol::Trust;
 use bc_protocol::pb::{GatewayMessage, NodeSpec, Spec, gateway_message::Msg};
 use cpl_store::Store;
+use tracing::Instrument;
 
 use crate::port::AgentSessions;
 
@@ -36,8 +37,15 @@ pub fn spec_message(generation: u64, spec: &serde_json::Value, trust: Trust) -> 
     }
 }
 
-/// Sends the node's current spec to its live session, if it has one.
+/// Sends the node's current spec to its live session, if it has one (in a `node` span).
 pub async fn push_spec(store: &Store, sessions: &dyn AgentSessions, node_id: &str) {
+    let span = tracing::info_span!("node", node_id = %node_id);
+    push_spec_in(store, sessions, node_id)
+        .instrument(span)
+        .await
+}
+
+async fn push_spec_in(store: &Store, sessions: &dyn AgentSessions, node_id: &str) {
     if sessions.live_epoch(node_id).is_none() {
         return;
     }
@@ -46,7 +54,7 @@ pub async fn push_spec(store: &Store, sessions: &dyn AgentSessions, node_id: &st
         Ok(Some(n)) => n,
         Ok(None) => return,
         Err(e) => {
-            tracing::error!(node_id, error = %e, "reading the spec to push failed");
+            tracing::error!(error = %e, "reading the spec to push failed");
             return;
         }
     };

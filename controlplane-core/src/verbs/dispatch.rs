@@ -215,7 +215,10 @@ impl Core {
             .write(move |tx| sessions::close_clean(tx, &id, epoch, "revoked"))
             .await
         {
-            tracing::error!(node_id, error = %e, "recording the revoked session's end failed");
+            let span = tracing::info_span!("node", node_id = %node_id, epoch);
+            span.in_scope(
+                || tracing::error!(error = %e, "recording the revoked session's end failed"),
+            );
         }
     }
 

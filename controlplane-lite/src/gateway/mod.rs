@@ -20,6 +20,7 @@ use bc_protocol::pb::{
 use parking_lot::Mutex;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use cpl_store::Store;
 
@@ -176,7 +177,9 @@ impl Gateway for GatewayService {
         request: Request<Streaming<UploadChunk>>,
     ) -> Result<Response<UploadResult>, Status> {
         let ident = self.authenticate(&request).await?;
+        let span = tracing::info_span!("upload", node_id = %ident.node_id, command_id = tracing::field::Empty);
         upload::receive(self, &ident.node_id, request.into_inner())
+            .instrument(span)
             .await
             .map(Response::new)
     }

@@ -43,6 +43,7 @@ pub async fn receive(
         .await?
         .ok_or_else(|| Status::invalid_argument("empty upload: no chunks"))?;
     let cid = first.command_id.clone();
+    tracing::Span::current().record("command_id", cid.as_str());
     let dir = gw.cfg.bundles_dir.clone();
     let path = bundle_path(&dir, &cid).ok_or_else(|| {
         Status::invalid_argument(format!("command id {cid:?} is not a plain token"))
@@ -69,7 +70,7 @@ pub async fn receive(
             tokio::fs::rename(&part, &path)
                 .await
                 .map_err(|e| internal("renaming", &part, e))?;
-            tracing::info!(command = %cid, node_id, bytes = r.bytes, sha256 = %r.sha256, "bundle stored");
+            tracing::info!(bytes = r.bytes, sha256 = %r.sha256, "bundle stored");
             Ok(r)
         }
         Err(s) => {
