@@ -72,6 +72,7 @@ pub(crate) async fn inventory_message(
                         memory_bytes: Some(g.memory_bytes),
                         driver_version: None,
                         source: "nvml".to_owned(),
+                        ..Default::default()
                     })
                     .collect()
             });
