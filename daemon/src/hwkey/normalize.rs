@@ -193,10 +193,18 @@ fn shared_uuid(b: &[u8; 16]) -> Option<String> {
     for (form, order) in [(*b, ""), (swap_fields(b), " (in the other byte order)")] {
         if let Some(tag) = dell_tag(&form) {
             let n = normalize(&tag);
-            if let Err(why) = check_serial(&n) {
-                return Some(format!(
-                    "Dell UUID with a blank or junk service tag ({why}){order}"
-                ));
+            match check_serial(&n) {
+                Ok(()) => {}
+                Err(Rejection::Empty) => {
+                    return Some(format!(
+                        "Dell UUID with a blank service tag (never programmed){order}"
+                    ));
+                }
+                Err(why) => {
+                    return Some(format!(
+                        "Dell UUID whose service tag {n:?} is junk ({why}){order}"
+                    ));
+                }
             }
         }
         let r = render(&form);
