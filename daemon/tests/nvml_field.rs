@@ -587,3 +587,30 @@ fn mig_devices_are_inventoried_and_diag_checks_the_parent() {
     let r = diag(&node.cfg, Some(&expect8()), &node.root);
     assert_eq!(gpu_check(&r, 1, "migMode").status, CheckStatus::Warn);
 }
+
+// --- item 3 on the NVML path: strings through the one normalisation ----------------------------
+
+#[test]
+fn nvml_strings_are_clean() {
+    if !fixture_present() {
+        return;
+    }
+    let node = FakeNode::new(&h100_node());
+    node.update(|v| {
+        v["gpus"][0]["serial"] = json!("\t 1562821083900   ");
+        v["gpus"][0]["name"] = json!("NVIDIA H100 80GB HBM3\t  ");
+        v["gpus"][0]["uuid"] = json!(" GPU-01000100-0000-0000-0000-000000000000\r\n");
+    });
+    let gpus = inventory_gpus(&node.cfg).unwrap();
+    assert_eq!(gpus[0].serial.as_deref(), Some("1562821083900"));
+    assert_eq!(gpus[0].name, "NVIDIA H100 80GB HBM3");
+    assert_eq!(gpus[0].uuid, "GPU-01000100-0000-0000-0000-000000000000");
+    let r = diag(&node.cfg, Some(&expect8()), &node.root);
+    assert_eq!(
+        (r.gpus[0].name.as_str(), r.gpus[0].uuid.as_str()),
+        (
+            "NVIDIA H100 80GB HBM3",
+            "GPU-01000100-0000-0000-0000-000000000000"
+        )
+    );
+}

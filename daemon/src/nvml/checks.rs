@@ -60,8 +60,8 @@ pub(crate) fn gpu_checks(
     events: &Result<Vec<KmsgEvent>, String>,
     expected: Option<&ExpectedGpus>,
 ) -> GpuReport {
-    let uuid = dev.uuid().unwrap_or_default();
-    let name = dev.name().unwrap_or_default();
+    let uuid = super::nvml_string(dev.uuid().unwrap_or_default());
+    let name = super::nvml_string(dev.name().unwrap_or_default());
     let addr = dev.pci_info().ok().and_then(|p| PciAddr::parse(&p.bus_id));
     let pci_bus_id = addr.map(PciAddr::to_bus_id).unwrap_or_default();
 
@@ -332,6 +332,8 @@ fn mig(dev: &Device) -> Check {
     const NAME: &str = "migMode";
     let mode = match dev.mig_mode() {
         Ok(m) => m,
+        // Drivers older than MIG (before R450) do not export the function at all.
+        Err(WrapperError::FailedToLoadSymbol(_)) => return Check::pass(NAME, "notSupported"),
         Err(e) => return query_failed(NAME, &e),
     };
     let on = |v: u32| v == MIG_ENABLE;

@@ -271,6 +271,12 @@ pub(crate) fn mig_devices(dev: &nvml_wrapper::Device<'_>) -> Vec<MigDeviceInfo> 
         .collect()
 }
 
+/// An NVML string through the one identifier normalisation
+/// ([`crate::hostroot::clean_identifier`]); empty when nothing is left.
+pub(crate) fn nvml_string(s: String) -> String {
+    crate::hostroot::clean_identifier(&s).unwrap_or_default()
+}
+
 /// The GPUs NVML sees, in index order.
 pub fn inventory_gpus(cfg: &NvmlConfig) -> Result<Vec<GpuInfo>, NvmlError> {
     let _gate = shared_access();
@@ -286,11 +292,10 @@ pub fn inventory_gpus(cfg: &NvmlConfig) -> Result<Vec<GpuInfo>, NvmlError> {
             let pci = dev
                 .pci_info()
                 .map_err(NvmlError::call("nvmlDeviceGetPciInfo"))?;
-            let clean = |s: String| crate::hostroot::clean_identifier(&s).unwrap_or_default();
             Ok(GpuInfo {
                 index,
-                uuid: clean(dev.uuid().map_err(NvmlError::call("nvmlDeviceGetUUID"))?),
-                name: clean(dev.name().map_err(NvmlError::call("nvmlDeviceGetName"))?),
+                uuid: nvml_string(dev.uuid().map_err(NvmlError::call("nvmlDeviceGetUUID"))?),
+                name: nvml_string(dev.name().map_err(NvmlError::call("nvmlDeviceGetName"))?),
                 pci_bus_id: PciAddr::parse(&pci.bus_id)
                     .map(PciAddr::to_bus_id)
                     .unwrap_or(pci.bus_id),

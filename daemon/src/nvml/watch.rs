@@ -319,7 +319,7 @@ fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEve
             })
             .flatten();
         let mut ev = XidEvent::new(xid, announced, XidSource::Nvml);
-        ev.uuid = data.device.uuid().ok();
+        ev.uuid = data.device.uuid().ok().map(super::nvml_string);
         ev.pci_bus_id = data
             .device
             .pci_info()
