@@ -113,7 +113,7 @@ pub fn host_gpus(root: &HostRoot) -> Vec<PciAddr> {
 
 /// Names the GPUs NVML could not open: `unopened` are their NVML indices (ascending), `opened`
 /// the addresses of those it did. Returns, per unopened index, its address and how it was found
-/// (`None` where nothing says).
+/// (`None` where nothing says, or the host's list leaves more than one candidate).
 pub fn name_unopened(
     unopened: &[u32],
     opened: &[PciAddr],
@@ -131,9 +131,8 @@ pub fn name_unopened(
         .into_iter()
         .filter(|a| !opened.contains(a) && !smi.iter().any(|l| l.addr == *a))
         .collect();
-    let mut smi_left = smi.clone();
-    let mut host_left = host.into_iter();
-    unopened
+    let mut smi_left = smi;
+    let mut out: Vec<Option<(PciAddr, String)>> = unopened
         .iter()
         .map(|i| {
             // By index where nvidia-smi gave one, else in order.
@@ -141,18 +140,27 @@ pub fn name_unopened(
                 .iter()
                 .position(|l| l.index == Some(*i))
                 .or_else(|| smi_left.iter().position(|l| l.index.is_none()));
-            if let Some(p) = pos {
+            pos.map(|p| {
                 let l = smi_left.remove(p);
-                return Some((l.addr, format!("nvidia-smi: {}", l.line)));
-            }
-            host_left.next().map(|a| {
-                (
-                    a,
-                    "the only NVIDIA GPU the host lists that NVML did not open".to_owned(),
-                )
+                (l.addr, format!("nvidia-smi: {}", l.line))
             })
         })
-        .collect()
+        .collect();
+    // The host's list names the rest only when it is unambiguous: as many candidates as GPUs
+    // left unnamed (a GPU bound to vfio-pci is on the PCI bus but not NVML's either).
+    let unnamed = out.iter().filter(|o| o.is_none()).count();
+    if unnamed > 0 && host.len() == unnamed {
+        let mut host = host.into_iter();
+        for o in out.iter_mut().filter(|o| o.is_none()) {
+            *o = host.next().map(|a| {
+                (
+                    a,
+                    "the NVIDIA GPU the host lists that NVML did not open".to_owned(),
+                )
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -204,6 +212,11 @@ mod tests {
             std::fs::write(d.join("class"), format!("{class}\n"))?;
         }
         assert_eq!(host_gpus(&root), vec![addr(0x18), addr(0x2a)]);
+        // Two candidates for one unopened GPU: nothing is guessed.
+        assert_eq!(
+            name_unopened(&[1], &[], &dir.path().join("no-nvidia-smi"), &root),
+            vec![None]
+        );
         let named = name_unopened(
             &[1],
             &[addr(0x18)],
