@@ -142,11 +142,10 @@ impl HostRoot {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    /// Reads a sysfs-style one-value file: trimmed, `None` when missing, unreadable or empty.
+    /// Reads a sysfs-style one-value file through [`clean_identifier`] (padding, NULs and edge
+    /// whitespace gone): `None` when missing, unreadable or empty.
     pub fn read_trimmed(&self, abs: impl AsRef<Path>) -> Option<String> {
-        let s = self.read_to_string(abs).ok()?;
-        let t = s.trim();
-        (!t.is_empty()).then(|| t.to_owned())
+        clean_identifier_bytes(&self.read(abs).ok()?)
     }
 
     /// Reads and parses a one-value file (`mtu`, `numa_node`); `None` when missing or malformed.
@@ -163,6 +162,32 @@ impl HostRoot {
         names.sort();
         Ok(names)
     }
+}
+
+/// The one normalisation of every identifier string bcd reads from the machine: sysfs files
+/// (`serial`, `wwid`, `address`, `/sys/class/dmi/id/*`), SCSI VPD pages, SMBIOS strings and NVML
+/// strings all pass through it before anything compares, shows or hashes them.
+///
+/// Firmware and devices pad fixed-width fields: SCSI INQUIRY and VPD page 0x80 with spaces and
+/// NULs (SPC-5 §7.7.3), NVMe `serial`/`model` with spaces (NVMe base spec, Identify Controller),
+/// SMBIOS strings with spaces, tabs or NULs, some BIOSes with `0xFF`. So: NUL bytes are dropped
+/// wherever they are (a C string field never holds one on purpose); other control characters
+/// (tab, CR, LF, ...) become a space; whitespace and the replacement character (from bytes that
+/// are not UTF-8, such as `0xFF` padding) are trimmed from both ends. Inner spaces stay (the
+/// hardware key and the inventory report values as written). `None` when nothing is left.
+pub fn clean_identifier(raw: &str) -> Option<String> {
+    let s: String = raw
+        .chars()
+        .filter(|c| *c != '\0')
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let t = s.trim_matches(|c: char| c.is_whitespace() || c == char::REPLACEMENT_CHARACTER);
+    (!t.is_empty()).then(|| t.to_owned())
+}
+
+/// [`clean_identifier`] over bytes (decoded as UTF-8, invalid sequences replaced).
+pub fn clean_identifier_bytes(raw: &[u8]) -> Option<String> {
+    clean_identifier(&String::from_utf8_lossy(raw))
 }
 
 /// The target held by a fixture link file, when `p` is one (a small file whose content is a
@@ -220,6 +245,25 @@ mod tests {
         assert!(r.exists("/sys/class/net/eth0/device"));
         assert!(!r.exists("/sys/class/net/eth0/nope"));
         Ok(())
+    }
+
+    #[test]
+    fn identifiers_lose_padding_nuls_and_control_characters() {
+        for (raw, want) in [
+            ("ZC1AB2CD    \0\0\0\0", Some("ZC1AB2CD")),
+            ("\t  S6XXNA0T900001  \n", Some("S6XXNA0T900001")),
+            ("\0\0AB\0C\0", Some("ABC")),
+            ("7XQ2\tJ93", Some("7XQ2 J93")),
+            (".       .CNFCP0022B0045.", Some(".       .CNFCP0022B0045.")),
+            (" \0\t\r\n", None),
+            ("", None),
+        ] {
+            assert_eq!(clean_identifier(raw).as_deref(), want, "{raw:?}");
+        }
+        assert_eq!(
+            clean_identifier_bytes(b"\xff\xffSN-1\xff\x00").as_deref(),
+            Some("SN-1")
+        );
     }
 
     #[test]

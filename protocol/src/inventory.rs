@@ -191,6 +191,11 @@ pub struct Nic {
     pub pci_address: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<i32>,
+    /// An InfiniBand (IPoIB) interface's port GUID, `0002:c903:000f:abcd`: the last 8 bytes of
+    /// its 20-byte link-layer address, which is not a MAC (`mac` keeps the address as written,
+    /// `permanentMac` stays absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_guid: Option<String>,
 }
 
 /// A PCI function from `/sys/bus/pci/devices`.
@@ -239,6 +244,9 @@ pub struct InfinibandPort {
     pub link_layer: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<String>,
+    /// The port GUID, `0002:c903:000f:abcd`: the low 8 bytes of GID index 0 (`gids/0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port_guid: Option<String>,
 }
 
 /// A GPU. From NVML when present (every field), else from PCI (`pciBusId`, `name` from ids).
@@ -260,6 +268,31 @@ pub struct Gpu {
     pub driver_version: Option<String>,
     /// `nvml` or `pci`: which source filled this entry.
     pub source: String,
+    /// MIG mode is on (`nvmlDeviceGetMigMode` current mode); absent where MIG is not supported
+    /// or the source is `pci`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_enabled: Option<bool>,
+    /// The MIG devices (GPU instances' compute instances) carved out of this GPU, in NVML's
+    /// index order (`nvmlDeviceGetMigDeviceHandleByIndex`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
+}
+
+/// One MIG device of a GPU in MIG mode.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDevice {
+    /// Index under its parent GPU (`nvmlDeviceGetMigDeviceHandleByIndex`).
+    pub index: u32,
+    /// `MIG-xxxxxxxx-...` (`nvmlDeviceGetUUID` on the MIG handle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// e.g. `NVIDIA H100 80GB HBM3 MIG 1g.10gb` (`nvmlDeviceGetName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Memory of the instance, bytes (`nvmlDeviceGetMemoryInfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 /// Operating system facts.

@@ -63,18 +63,7 @@ pub(crate) async fn inventory_message(
         let gpus = crate::nvml::inventory_gpus(&nvml)
             .ok()
             .filter(|g| !g.is_empty())
-            .map(|gs| {
-                gs.into_iter()
-                    .map(|g| bc_protocol::inventory::Gpu {
-                        uuid: Some(g.uuid),
-                        name: Some(g.name),
-                        pci_bus_id: g.pci_bus_id,
-                        memory_bytes: Some(g.memory_bytes),
-                        driver_version: None,
-                        source: "nvml".to_owned(),
-                    })
-                    .collect()
-            });
+            .map(|gs| gs.iter().map(crate::nvml::GpuInfo::to_inventory).collect());
         let inv = crate::inventory::collect_with_gpus(&root, gpus);
         let hw = crate::hwkey::compute(&root);
         crate::metrics::global().observe_inventory(started.elapsed());

@@ -16,9 +16,14 @@
 //! least two. Each survivor's own SHA-256 goes to the control plane too, so a machine whose NIC or
 //! board was swapped is still recognised.
 //!
+//! UUIDs that many machines share are rejected with the rule that caught them: FreeBSD's
+//! hostid deny list, `*-ffff-ffff-ffff-ffffffffffff`, one byte repeated, and Dell's form with a
+//! blank service tag (see [`normalize::check_uuid`]), in either byte order.
+//!
 //! # Limitations
 //! ETHTOOL_GPERMADDR is asked only on a live root (`/`). Dell derives its system UUID from the
-//! service tag (`4c4c4544-…`, "DELL"); it is counted as a separate identifier.
+//! service tag (`4c4c4544-…`, "DELL"); a programmed tag's UUID is counted as a separate
+//! identifier.
 
 mod cli;
 pub mod normalize;
@@ -124,7 +129,7 @@ fn sha256_hex(b: &[u8]) -> String {
 /// One value read from firmware.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Read {
-    /// Read, trimmed, non-empty.
+    /// Read, through [`crate::hostroot::clean_identifier`], non-empty.
     Value(String),
     /// Not there (no such structure, string index 0, empty file).
     #[default]
@@ -167,15 +172,8 @@ impl DmiIds {
         if !root.exists(DIR) {
             return None;
         }
-        let read = |file: &str| match root.read_to_string(format!("{DIR}/{file}")) {
-            Ok(s) => {
-                let t = s.trim();
-                if t.is_empty() {
-                    Read::Absent
-                } else {
-                    Read::Value(t.to_owned())
-                }
-            }
+        let read = |file: &str| match root.read(format!("{DIR}/{file}")) {
+            Ok(b) => Read::from_opt(crate::hostroot::clean_identifier_bytes(&b)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Read::Absent,
             Err(e) => Read::Unreadable(format!("{DIR}/{file}: {e}")),
         };
@@ -385,5 +383,7 @@ fn value_of(v: &Read) -> Option<String> {
     }
 }
 
+#[cfg(test)]
+mod field_tests;
 #[cfg(test)]
 mod tests;

@@ -23,6 +23,9 @@ pub enum Rejection {
     MalformedUuid,
     /// A UUID known to be shipped on many machines.
     PlaceholderUuid,
+    /// A UUID that many machines share, and why bcd knows it: a public deny list, a pattern
+    /// (`*-ffff-ffff-ffff-ffffffffffff`, one byte repeated) or Dell's blank-tag form.
+    SharedUuid(String),
     /// Not six `:`-separated hex bytes.
     MalformedMac,
     /// `00:00:00:00:00:00`.
@@ -55,6 +58,7 @@ impl fmt::Display for Rejection {
             Self::TooShort => write!(f, "fewer than {MIN_ALNUM} letters and digits"),
             Self::MalformedUuid => write!(f, "not a UUID"),
             Self::PlaceholderUuid => write!(f, "well-known placeholder UUID"),
+            Self::SharedUuid(why) => write!(f, "UUID shared by many machines: {why}"),
             Self::MalformedMac => write!(f, "not a 48-bit MAC"),
             Self::ZeroMac => write!(f, "zero MAC"),
             Self::MulticastMac => write!(f, "multicast MAC"),
@@ -114,16 +118,120 @@ const PLACEHOLDER_UUIDS: &[&str] = &[
     "00112233-4455-6677-8899-aabbccddeeff",
 ];
 
+/// FreeBSD's deny list of SMBIOS system UUIDs (`libexec/rc/rc.d/hostid`, `valid_hostid`): values
+/// firmware ships on many boards, which FreeBSD refuses as a host UUID. The all-zero and
+/// one-repeated-byte entries are caught by the repeated-byte rule, `*-ffff-ffff-ffff-ffffffffffff`
+/// by [`TRAILING_FF`].
+const FREEBSD_DENY_LIST: &[&str] = &[
+    "00020003-0004-0005-0006-000700080009",
+    "03000200-0400-0500-0006-000700080009",
+    "07090201-0103-0301-0807-060504030201",
+    "11111111-2222-3333-4444-555555555555",
+    "4c4c4544-0000-2010-8020-80c04f202020",
+    "890e2d14-cacd-45d1-ae66-bc80e8bfeb0f",
+    "8e275844-178f-44a8-aceb-a7d7e5178c63",
+    "dc698397-fa54-4cf2-82c8-b1b5307a6a7f",
+    // Bytes 00 to 0f in order: an unprogrammed board's test pattern (fleet tools' lists).
+    "00010203-0405-0607-0809-0a0b0c0d0e0f",
+];
+
+/// FreeBSD's `*-ffff-ffff-ffff-ffffffffffff` pattern: everything but the first field erased.
+const TRAILING_FF: &str = "-ffff-ffff-ffff-ffffffffffff";
+
+/// Dell's system UUID is "DELL" (`4c4c4544`), the 7-character service tag spread over bytes 5,
+/// 6, 9, 10 (with its high bit set), 13, 14 and 15, and the fixed bytes `c0 4f` at 11-12:
+/// `4c4c4544-00t2-t310-80t4-t1c04ft5t6t7` (the R630 fixture's `4c4c4544-0039-3010-8048-
+/// b7c04f384432` is tag `790H8D2`). A board whose tag was never programmed (a replacement
+/// motherboard) carries blanks (0x20) or zeros there, and every such Dell shares the UUID.
+const DELL_PREFIX: [u8; 4] = [0x4c, 0x4c, 0x45, 0x44];
+/// Byte positions of the service tag's characters, in tag order.
+const DELL_TAG_BYTES: [usize; 7] = [10, 5, 6, 9, 13, 14, 15];
+
+/// The service tag a Dell-layout UUID (rendered byte order) carries, as written (blanks and NULs
+/// included); `None` when `b` is not in Dell's layout.
+fn dell_tag(b: &[u8; 16]) -> Option<String> {
+    // "DELL" is 44 45 4c 4c; stored little-endian as the first field it renders as 4c4c4544.
+    if b[..4] != DELL_PREFIX || b[11..13] != [0xc0, 0x4f] {
+        return None;
+    }
+    Some(
+        DELL_TAG_BYTES
+            .iter()
+            .map(|&i| char::from(b[i] & 0x7f))
+            .collect(),
+    )
+}
+
+/// The first three fields byte-swapped: the other reading of a UUID (SMBIOS before 2.6 stored
+/// them big-endian, from 2.6 little-endian; firmware that claims one and writes the other is
+/// common), so a deny-listed value is caught in either order.
+fn swap_fields(b: &[u8; 16]) -> [u8; 16] {
+    let mut s = *b;
+    s[0..4].reverse();
+    s[4..6].reverse();
+    s[6..8].reverse();
+    s
+}
+
+fn render(b: &[u8; 16]) -> String {
+    let h = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// The rules for UUIDs many machines share, on the 16 bytes in rendered order.
+fn shared_uuid(b: &[u8; 16]) -> Option<String> {
+    if b.iter().all(|x| *x == b[0]) {
+        return Some(format!("one byte repeated (0x{:02x})", b[0]));
+    }
+    for (form, order) in [(*b, ""), (swap_fields(b), " (in the other byte order)")] {
+        if let Some(tag) = dell_tag(&form) {
+            let n = normalize(&tag);
+            match check_serial(&n) {
+                Ok(()) => {}
+                Err(Rejection::Empty) => {
+                    return Some(format!(
+                        "Dell UUID with a blank service tag (never programmed){order}"
+                    ));
+                }
+                Err(why) => {
+                    return Some(format!(
+                        "Dell UUID whose service tag {n:?} is junk ({why}){order}"
+                    ));
+                }
+            }
+        }
+        let r = render(&form);
+        if FREEBSD_DENY_LIST.contains(&r.as_str()) {
+            return Some(format!(
+                "on FreeBSD's hostid deny list (libexec/rc/rc.d/hostid){order}"
+            ));
+        }
+    }
+    render(b)
+        .ends_with(TRAILING_FF)
+        .then(|| "ends in ffff-ffff-ffff-ffffffffffff (FreeBSD's hostid deny list)".to_owned())
+}
+
 /// MACs that BMC USB network functions present on every host (OpenBMC's `usb0` host side).
 const SHARED_MACS: &[&str] = &["02:00:00:00:00:02", "02:00:00:00:00:01"];
 
 /// Drivers of BMC USB network functions: their MAC belongs to a whole product line.
 pub const BMC_USB_DRIVERS: &[&str] = &["cdc_ether", "rndis_host", "cdc_eem", "cdc_ncm"];
 
-/// Trims whitespace and punctuation at both ends and lowercases (`.790H8D2.CN74.` becomes
+/// Cleans (NULs and control characters out, [`crate::hostroot::clean_identifier`]), trims
+/// whitespace and punctuation at both ends and lowercases (`.790H8D2.CN74.` becomes
 /// `790h8d2.cn74`).
 pub fn normalize(raw: &str) -> String {
-    raw.trim_matches(|c: char| !c.is_alphanumeric())
+    crate::hostroot::clean_identifier(raw)
+        .unwrap_or_default()
+        .trim_matches(|c: char| !c.is_alphanumeric())
         .to_lowercase()
 }
 
@@ -201,6 +309,13 @@ pub fn check_uuid(rendered: &str) -> Result<UuidVerdict, Rejection> {
     }
     if PLACEHOLDER_UUIDS.contains(&canon.as_str()) {
         return Err(Rejection::PlaceholderUuid);
+    }
+    let mut bytes = [0u8; 16];
+    for (b, i) in bytes.iter_mut().zip((0..32).step_by(2)) {
+        *b = u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| Rejection::MalformedUuid)?;
+    }
+    if let Some(why) = shared_uuid(&bytes) {
+        return Err(Rejection::SharedUuid(why));
     }
     if hex[..20].chars().all(|c| c == '0') {
         let m = &hex[20..];

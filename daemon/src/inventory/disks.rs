@@ -1,5 +1,10 @@
 //! Block devices from `/sys/block` (kernel ABI `sysfs-block`), and NVMe namespaces from
 //! `/sys/class/nvme` that `/sys/block` does not list (fixture trees).
+//!
+//! With NVMe native multipath the kernel lists, beside each namespace head `nvmeXnY`, one path
+//! device `nvmeXcZnY` per controller; those are hidden (`hidden` is 1, kernel ABI
+//! `sysfs-block`: "the block device is hidden ... e.g. NVMe multipath path devices") and are the
+//! same namespace again. Every way in skips them ([`is_path_device`]), so a disk is counted once.
 
 use bc_protocol::inventory::{Disk, Note};
 
@@ -22,12 +27,16 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
     let mut disks: Vec<Disk> = names
         .into_iter()
         .filter(|n| !NOT_DISKS.iter().any(|p| n.starts_with(p)))
+        .filter(|n| !is_path_device(root, n, &format!("/sys/block/{n}")))
         .map(|name| block_disk(root, name))
         .collect();
     for ctrl in root.list_dir("/sys/class/nvme").unwrap_or_default() {
         let base = format!("/sys/class/nvme/{ctrl}");
         for ns in root.list_dir(&base).unwrap_or_default() {
-            if !ns.starts_with("nvme") || disks.iter().any(|d| d.name == ns) {
+            if !ns.starts_with("nvme")
+                || disks.iter().any(|d| d.name == ns)
+                || is_path_device(root, &ns, &format!("{base}/{ns}"))
+            {
                 continue;
             }
             let Some(sectors) = root.read_parsed::<u64>(format!("{base}/{ns}/size")) else {
@@ -49,6 +58,22 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
     disks
 }
 
+/// True for a block device that is another view of a disk listed elsewhere: an NVMe multipath
+/// path device, by its name (`nvme<subsys>c<ctrl>n<ns>`, the kernel's naming in
+/// `nvme_mpath_set_disk_name`) or by its `hidden` attribute at `dir` being 1 (any hidden device).
+pub fn is_path_device(root: &HostRoot, name: &str, dir: &str) -> bool {
+    is_nvme_path_name(name) || root.read_trimmed(format!("{dir}/hidden")).as_deref() == Some("1")
+}
+
+/// `nvme0c1n2`: `nvme`, digits, `c`, digits, `n`, digits.
+fn is_nvme_path_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    name.strip_prefix("nvme")
+        .and_then(|r| r.split_once('c'))
+        .and_then(|(subsys, r)| r.split_once('n').map(|(ctrl, ns)| (subsys, ctrl, ns)))
+        .is_some_and(|(subsys, ctrl, ns)| digits(subsys) && digits(ctrl) && digits(ns))
+}
+
 fn block_disk(root: &HostRoot, name: String) -> Disk {
     let base = format!("/sys/block/{name}");
     let nvme = name.starts_with("nvme");
@@ -61,7 +86,11 @@ fn block_disk(root: &HostRoot, name: String) -> Disk {
         .or_else(|| vpd_serial(root, &base));
     let wwn = root
         .read_trimmed(format!("{base}/wwid"))
-        .or_else(|| root.read_trimmed(format!("{base}/device/wwid")));
+        .or_else(|| root.read_trimmed(format!("{base}/device/wwid")))
+        .or_else(|| {
+            let page = root.read(format!("{base}/device/vpd_pg83")).ok()?;
+            super::vpd::device_id(&page)
+        });
     Disk {
         size_bytes,
         model: root.read_trimmed(format!("{base}/device/model")),
@@ -76,11 +105,10 @@ fn block_disk(root: &HostRoot, name: String) -> Disk {
     }
 }
 
-/// The unit serial number of SCSI VPD page 0x80 (4-byte header, then ASCII).
+/// The unit serial number of SCSI VPD page 0x80 (its page length honoured, see [`super::vpd`]).
 fn vpd_serial(root: &HostRoot, base: &str) -> Option<String> {
     let b = root.read(format!("{base}/device/vpd_pg80")).ok()?;
-    let s = String::from_utf8_lossy(b.get(4..)?).trim().to_owned();
-    (!s.is_empty()).then_some(s)
+    super::vpd::unit_serial(&b)
 }
 
 /// The bus a disk hangs off, from the path its `/sys/block` link points to.

@@ -15,6 +15,7 @@ pub fn from_pci(pci: &[PciDevice]) -> Vec<Gpu> {
             memory_bytes: None,
             driver_version: None,
             source: "pci".into(),
+            ..Gpu::default()
         })
         .collect()
 }

@@ -20,6 +20,7 @@ pub mod nics;
 pub mod pci;
 mod render;
 pub mod system;
+pub mod vpd;
 
 use bc_protocol::inventory::{self, Gpu, Inventory, Note};
 
@@ -74,5 +75,7 @@ pub(crate) fn note(notes: &mut Vec<Note>, source: &str, message: impl Into<Strin
     });
 }
 
+#[cfg(test)]
+mod field_tests;
 #[cfg(test)]
 mod tests;

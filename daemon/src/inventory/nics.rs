@@ -37,6 +37,31 @@ pub struct NicProbe {
     pub addr_assign_type: Option<u8>,
 }
 
+/// `ARPHRD_INFINIBAND` (`linux/if_arp.h`): the `type` of an IPoIB interface.
+pub const ARPHRD_INFINIBAND: u16 = 32;
+
+/// Bytes in a `:`-separated link-layer address (`address`, `perm_hwaddr`).
+fn address_len(addr: &str) -> usize {
+    addr.split(':').count()
+}
+
+/// The port GUID in an IPoIB hardware address (20 bytes: flags and queue pair number, then the
+/// port's GID, whose last 8 bytes are the port GUID; RFC 4391 §9.1.1), written as sysfs writes
+/// GUIDs (`node_guid`): `0002:c903:000f:abcd`.
+pub fn ipoib_port_guid(addr: &str) -> Option<String> {
+    let bytes: Vec<u8> = addr
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).ok().filter(|_| b.len() == 2))
+        .collect::<Option<_>>()?;
+    let guid = bytes.get(12..20).filter(|_| bytes.len() == 20)?;
+    Some(
+        guid.chunks(2)
+            .map(hex::encode)
+            .collect::<Vec<_>>()
+            .join(":"),
+    )
+}
+
 /// A PCI address (`0000:03:00.0`).
 pub fn is_pci_address(s: &str) -> bool {
     let b = s.as_bytes();
@@ -93,6 +118,7 @@ fn probe_one(root: &HostRoot, name: String) -> NicProbe {
         .read_trimmed(format!("{base}/address"))
         .map(|m| m.to_ascii_lowercase());
     let addr_assign_type = root.read_parsed::<u8>(format!("{base}/addr_assign_type"));
+    let link_type = root.read_parsed::<u16>(format!("{base}/type"));
     let (permanent_mac, perm_source) =
         if let Some(p) = root.read_trimmed(format!("{base}/bonding_slave/perm_hwaddr")) {
             (Some(p.to_ascii_lowercase()), Some(PermSource::BondingSlave))
@@ -106,6 +132,18 @@ fn probe_one(root: &HostRoot, name: String) -> NicProbe {
         } else {
             (None, None)
         };
+    // Only a 48-bit Ethernet address is a MAC. An InfiniBand port's link-layer address is 20
+    // bytes (4 of queue pair number, then its 16-byte GID) and is reported as the port GUID.
+    let port_guid = permanent_mac
+        .as_deref()
+        .or(mac.as_deref())
+        .and_then(ipoib_port_guid);
+    let (permanent_mac, perm_source) = match permanent_mac {
+        Some(p) if address_len(&p) == 6 && link_type != Some(ARPHRD_INFINIBAND) => {
+            (Some(p), perm_source)
+        }
+        _ => (None, None),
+    };
     let speed_mbps = root
         .read_parsed::<i64>(format!("{base}/speed"))
         .filter(|s| *s > 0)
@@ -125,6 +163,7 @@ fn probe_one(root: &HostRoot, name: String) -> NicProbe {
                 .read_parsed::<i32>(format!("{base}/device/numa_node"))
                 .filter(|n| *n >= 0),
             pci_address,
+            port_guid,
             name,
         },
         perm_source,

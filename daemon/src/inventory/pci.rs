@@ -66,6 +66,20 @@ fn without_number(s: String) -> String {
     }
 }
 
+/// The port GUID in a GID as sysfs writes it (`gids/N`: eight groups of four hex digits,
+/// `fe80:0000:0000:0000:0002:c903:000f:abcd`): its last four groups (IBA vol. 1 §4.1.1, the GID
+/// of index 0 is the subnet prefix and the port GUID). `None` for anything else or an all-zero
+/// GUID (a RoCE port without an address).
+fn gid_port_guid(gid: &str) -> Option<String> {
+    let groups: Vec<&str> = gid.split(':').collect();
+    let ok = groups.len() == 8
+        && groups
+            .iter()
+            .all(|g| g.len() == 4 && g.chars().all(|c| c.is_ascii_hexdigit()));
+    let guid = groups.get(4..)?.join(":").to_lowercase();
+    (ok && guid.chars().any(|c| c != '0' && c != ':')).then_some(guid)
+}
+
 /// Every port of every HCA, sorted by device and port.
 pub fn infiniband(root: &HostRoot) -> Vec<InfinibandPort> {
     let mut out = Vec::new();
@@ -91,6 +105,9 @@ pub fn infiniband(root: &HostRoot) -> Vec<InfinibandPort> {
                 rate: root.read_trimmed(format!("{p}/rate")),
                 link_layer: root.read_trimmed(format!("{p}/link_layer")),
                 firmware: firmware.clone(),
+                port_guid: root
+                    .read_trimmed(format!("{p}/gids/0"))
+                    .and_then(|g| gid_port_guid(&g)),
             });
         }
     }

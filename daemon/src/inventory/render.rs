@@ -92,7 +92,7 @@ pub fn render_table(inv: &Inventory) -> String {
     for n in &inv.nics {
         let _ = writeln!(
             s,
-            "  {:<12} {:<17} perm={:<17} {:<8} {:>6} Mb/s link={} mtu={} pci={} {}",
+            "  {:<12} {:<17} perm={:<17} {:<8} {:>6} Mb/s link={} mtu={} pci={} {}{}",
             n.name,
             or_dash(n.mac.as_deref()),
             or_dash(n.permanent_mac.as_deref()),
@@ -101,7 +101,11 @@ pub fn render_table(inv: &Inventory) -> String {
             or_dash(n.link),
             or_dash(n.mtu),
             or_dash(n.pci_address.as_deref()),
-            if n.physical { "physical" } else { "virtual" }
+            if n.physical { "physical" } else { "virtual" },
+            n.port_guid
+                .as_deref()
+                .map(|g| format!(" guid={g}"))
+                .unwrap_or_default()
         );
     }
     let _ = writeln!(s, "pci:       {} functions", inv.pci_devices.len());
@@ -142,11 +146,25 @@ pub fn render_table(inv: &Inventory) -> String {
     for g in &inv.gpus {
         let _ = writeln!(
             s,
-            "  {} {} ({})",
+            "  {} {} ({}){}",
             g.pci_bus_id,
             or_dash(g.name.as_deref()),
-            g.source
+            g.source,
+            if g.mig_enabled == Some(true) {
+                format!(", MIG on, {} MIG devices", g.mig_devices.len())
+            } else {
+                String::new()
+            }
         );
+        for m in &g.mig_devices {
+            let _ = writeln!(
+                s,
+                "    mig {} {} {}",
+                m.index,
+                or_dash(m.name.as_deref()),
+                or_dash(m.uuid.as_deref())
+            );
+        }
     }
     if !inv.notes.is_empty() {
         let _ = writeln!(s, "notes:");

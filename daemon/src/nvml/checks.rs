@@ -20,6 +20,8 @@ use super::xid::{self, RecommendedAction, XidClass};
 pub const TEMPERATURE_MARGIN_C: u32 = 5;
 /// Links NVML can report per GPU (`NVML_NVLINK_MAX_LINKS`).
 pub const NVLINK_MAX_LINKS: u32 = 18;
+/// `NVML_DEVICE_MIG_ENABLE` (`nvml.h`): the MIG mode value "enabled".
+pub const MIG_ENABLE: u32 = 1;
 
 /// Field values (`nvmlDeviceGetFieldValues`) as `u64`, `None` where unsupported or failed.
 pub(crate) fn field_u64s(dev: &Device, ids: &[u32]) -> Vec<Option<u64>> {
@@ -58,8 +60,8 @@ pub(crate) fn gpu_checks(
     events: &Result<Vec<KmsgEvent>, String>,
     expected: Option<&ExpectedGpus>,
 ) -> GpuReport {
-    let uuid = dev.uuid().unwrap_or_default();
-    let name = dev.name().unwrap_or_default();
+    let uuid = super::nvml_string(dev.uuid().unwrap_or_default());
+    let name = super::nvml_string(dev.name().unwrap_or_default());
     let addr = dev.pci_info().ok().and_then(|p| PciAddr::parse(&p.bus_id));
     let pci_bus_id = addr.map(PciAddr::to_bus_id).unwrap_or_default();
 
@@ -71,6 +73,7 @@ pub(crate) fn gpu_checks(
     checks.push(throttle(dev));
     checks.push(pcie(dev));
     checks.push(nvlink(dev));
+    checks.push(mig(dev));
     checks.push(recovery_action(dev));
     checks.push(xids(addr, events));
 
@@ -313,7 +316,46 @@ fn recovery_action(dev: &Device) -> Check {
             xid::recovery_action_name(v),
             RecommendedAction::from_nvml_recovery_action(v),
         )
-        .threshold("none"),
+        .threshold("none")
+        .detail(format!(
+            "the driver announces: {} (field 230 = {v})",
+            xid::recovery_action_description(v)
+        )),
+    }
+}
+
+/// `migMode` (`nvmlDeviceGetMigMode`, `nvmlDeviceGetMigDeviceHandleByIndex`): MIG on or off and
+/// its MIG devices. The other checks run on the parent GPU either way (NVML answers ECC, thermal,
+/// power, PCIe and NVLink queries for the physical GPU). A mode change waiting for a GPU reset
+/// warns.
+fn mig(dev: &Device) -> Check {
+    const NAME: &str = "migMode";
+    let mode = match dev.mig_mode() {
+        Ok(m) => m,
+        // Drivers older than MIG (before R450) do not export the function at all.
+        Err(WrapperError::FailedToLoadSymbol(_)) => return Check::pass(NAME, "notSupported"),
+        Err(e) => return query_failed(NAME, &e),
+    };
+    let on = |v: u32| v == MIG_ENABLE;
+    let value = if on(mode.current) {
+        "enabled"
+    } else {
+        "disabled"
+    };
+    if mode.pending != mode.current {
+        Check::warn(NAME, value).detail(format!(
+            "MIG mode {} after the next GPU reset",
+            if on(mode.pending) {
+                "enabled"
+            } else {
+                "disabled"
+            }
+        ))
+    } else if on(mode.current) {
+        let devices = super::mig_devices(dev).len();
+        Check::pass(NAME, value).detail(format!("{devices} MIG devices"))
+    } else {
+        Check::pass(NAME, value)
     }
 }
 
@@ -332,17 +374,35 @@ fn xids(addr: Option<PciAddr>, events: &Result<Vec<KmsgEvent>, String>) -> Check
     let mut status = CheckStatus::Pass;
     let mut action = RecommendedAction::None;
     let mut notes = Vec::new();
-    for x in &active {
-        let class = XidClass::of(x.xid);
+    // Each XID 154 replaces the recovery action the one before announced: the latest counts.
+    let latest_154 = active
+        .iter()
+        .rposition(|x| x.xid == xid::RECOVERY_ACTION_CHANGED);
+    for (i, x) in active.iter().enumerate() {
+        let announced = (x.xid == xid::RECOVERY_ACTION_CHANGED)
+            .then(|| xid::announced_recovery_action(&x.text))
+            .flatten();
+        if x.xid == xid::RECOVERY_ACTION_CHANGED && Some(i) != latest_154 {
+            notes.push(format!("{} (superseded by a later 154)", x.xid));
+            continue;
+        }
+        let (class, a, description) = xid::judge(x.xid, announced);
         let s = match class {
-            XidClass::ResetRequired | XidClass::RebootRequired => CheckStatus::Fail,
+            XidClass::ResetRequired | XidClass::RebootRequired | XidClass::DrainP2pRequired => {
+                CheckStatus::Fail
+            }
             XidClass::ApplicationFault | XidClass::Unknown => CheckStatus::Warn,
             XidClass::Informational => CheckStatus::Pass,
         };
         status = status.max(s);
-        action = action.max(class.action());
-        notes.push(match xid::describe(x.xid) {
-            Some(d) => format!("{} ({d})", x.xid),
+        action = action.max(a);
+        let origin = if x.driver_message {
+            ", the driver's message without an Xid line"
+        } else {
+            ""
+        };
+        notes.push(match description {
+            Some(d) => format!("{} ({d}{origin})", x.xid),
             None => x.xid.to_string(),
         });
     }

@@ -303,15 +303,39 @@ pub fn diag(cfg: &NvmlConfig, expected: Option<&ExpectedGpus>, root: &HostRoot) 
         }
     };
     let mut seen = Vec::new();
+    let mut unopened = Vec::new();
     for index in 0..count {
         let g = match nvml.device_by_index(index) {
             Ok(dev) => gpu_checks(&dev, index, &events, expected),
-            Err(e) => lost_gpu(index, &e),
+            Err(e) => {
+                unopened.push(index);
+                lost_gpu(index, &e)
+            }
         };
         if let Some(a) = PciAddr::parse(&g.pci_bus_id) {
             seen.push(a);
         }
         report.gpus.push(g);
+    }
+    // NVML cannot say which GPU it failed to open; nvidia-smi and the host's PCI list can.
+    let named = super::lost::name_unopened(&unopened, &seen, &cfg.nvidia_smi, root);
+    for (index, found) in unopened.iter().zip(named) {
+        let (Some((addr, how)), Some(g)) = (found, report.gpus.get_mut(*index as usize)) else {
+            continue;
+        };
+        g.pci_bus_id = addr.to_bus_id();
+        for c in &mut g.checks {
+            c.detail = Some(format!(
+                "{}; the GPU at {} ({how}){}",
+                c.detail.take().unwrap_or_default(),
+                g.pci_bus_id,
+                if c.action == RecommendedAction::RebootNode {
+                    ": reboot the node to recover it"
+                } else {
+                    ""
+                }
+            ));
+        }
     }
     report
         .node_checks
@@ -335,7 +359,8 @@ fn lost_gpu(index: u32, e: &nvml_wrapper::error::NvmlError) -> GpuReport {
 }
 
 /// GPU count against the hardware profile. Fewer GPUs than expected after an XID 79 (fallen off
-/// the bus) on an address NVML no longer lists is a reboot; otherwise a person must look.
+/// the bus) on an address NVML no longer lists is a reboot; the driver's own "fallen off the
+/// bus" message counts as that XID (see [`super::kmsg`]). Otherwise a person must look.
 fn count_check(
     count: u32,
     expected: Option<&ExpectedGpus>,
@@ -346,7 +371,7 @@ fn count_check(
         return Check::pass("gpuCount", count).unit("count");
     };
     let check = if count < exp.count {
-        let fell_off: Vec<String> = events
+        let mut fell_off: Vec<String> = events
             .as_ref()
             .map(|ev| {
                 ev.iter()
@@ -359,12 +384,14 @@ fn count_check(
                     .collect()
             })
             .unwrap_or_default();
+        fell_off.sort();
+        fell_off.dedup();
         if fell_off.is_empty() {
             Check::fail("gpuCount", count, RecommendedAction::Service)
                 .detail(format!("{} GPU(s) missing", exp.count - count))
         } else {
             Check::fail("gpuCount", count, RecommendedAction::RebootNode).detail(format!(
-                "XID 79 (fallen off the bus) logged for {}",
+                "fallen off the bus (Xid 79 or the driver's own message in the kernel log): {}",
                 fell_off.join(", ")
             ))
         }

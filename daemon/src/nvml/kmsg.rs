@@ -6,6 +6,14 @@
 //! dev-kmsg`); continuation lines start with a space. Reading it from the start gives every
 //! record still in the ring buffer, i.e. the XIDs since boot unless the buffer wrapped.
 //!
+//! The driver also reports a GPU that fell off the bus in its own words, without an Xid line:
+//! at probe (`NVRM: The NVIDIA GPU 0000:b3:00.0` / `NVRM: (PCI ID: 10de:2330) installed in this
+//! system has` / `NVRM: fallen off the bus and is not responding to commands.`, one record with
+//! embedded newlines, which `/dev/kmsg` escapes as `\x0a` and `dmesg` prints as three lines) and
+//! at run time (`NVRM: GPU 0000:06:00.0: GPU has fallen off the bus.`). Such a message counts as
+//! XID 79, the catalog's number for it ([`XidLine::driver_message`]); right after an Xid 79 line
+//! of the same GPU it is the same failure and is not counted twice.
+//!
 //! XIDs stay in the log after `gpu.reset` cleared them, so a successful reset writes a marker
 //! record (`bcd: gpu.reset done PCI:0000:1a:00 ...`); XIDs of a GPU logged before its latest
 //! marker count as cleared.
@@ -58,9 +66,15 @@ pub struct XidLine {
     pub pid: Option<u32>,
     /// `name=` (the process) when logged.
     pub process: Option<String>,
-    /// The rest of the message after the XID number.
+    /// The rest of the message after the XID number (for a driver message, the message).
     pub text: String,
+    /// True when no Xid line was logged: the driver's own message said what happened, and
+    /// `xid` is the catalog's number for it (79 for "fallen off the bus").
+    pub driver_message: bool,
 }
+
+/// The XID NVIDIA's catalog gives a GPU that fell off the bus.
+pub const FELL_OFF_THE_BUS: u64 = 79;
 
 /// What a record means to bcd.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,11 +86,21 @@ pub enum KmsgEvent {
 }
 
 /// Parses one line in `/dev/kmsg` record form, `dmesg` form (`[  12.345678] msg`), `<N>msg` (as
-/// written to `/dev/kmsg`) or plain text. `None` for continuation lines and blank lines.
+/// written to `/dev/kmsg`) or plain text. `None` for continuation lines (`/dev/kmsg`'s
+/// ` KEY=value` dictionary) and blank lines; an indented line that carries a driver message
+/// (`dmesg` and `journalctl` indent the later lines of a multi-line record) is that message.
 pub fn parse_record(line: &str) -> Option<KmsgRecord> {
     let line = line.trim_end_matches(['\n', '\r']);
-    if line.trim().is_empty() || line.starts_with(' ') {
+    if line.trim().is_empty() {
         return None;
+    }
+    if line.starts_with(' ') {
+        let t = line.trim_start();
+        return t.starts_with("NVRM:").then(|| KmsgRecord {
+            seq: None,
+            usec: None,
+            message: t.to_owned(),
+        });
     }
     if let Some((head, msg)) = line.split_once(';') {
         let f: Vec<&str> = head.split(',').collect();
@@ -142,17 +166,124 @@ pub fn parse_xid(message: &str) -> Option<XidLine> {
         pid,
         process,
         text: text.to_owned(),
+        driver_message: false,
     })
 }
 
-/// Classifies a message.
+/// Classifies a message on its own (a multi-record driver message needs [`KmsgParser`]).
 pub fn parse_event(message: &str) -> Option<KmsgEvent> {
-    if let Some(x) = parse_xid(message) {
-        return Some(KmsgEvent::Xid(x));
+    KmsgParser::default().feed(message)
+}
+
+/// Undoes `/dev/kmsg`'s escaping of unprintable bytes (`\x0a` for a newline inside a record;
+/// kernel `Documentation/ABI/testing/dev-kmsg`).
+pub fn unescape(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find("\\x") {
+        out.push_str(&rest[..i]);
+        let hex = rest
+            .get(i + 2..i + 4)
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+        match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            Some(b) => {
+                out.push(char::from(b));
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
     }
-    let rest = &message[message.find(RESET_MARKER)? + RESET_MARKER.len()..];
-    let addr = rest.split_whitespace().next()?;
-    PciAddr::parse(addr).map(KmsgEvent::Reset)
+    out.push_str(rest);
+    out
+}
+
+/// The first full PCI address (`0000:b3:00.0`, `PCI:0000:1a:00`; a domain is required, so a
+/// `PCI ID: 10de:2330` or a time is not taken for one) among the words of `text`.
+fn address_in(text: &str) -> Option<PciAddr> {
+    text.split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == ',')
+        .map(|w| w.trim_end_matches([':', '.', ';']))
+        .filter(|w| {
+            // The driver prints the domain with four digits or more (`%04x`).
+            let w = w.trim_start_matches("PCI:");
+            w.matches(':').count() == 2 && w.find(':').is_some_and(|d| d >= 4)
+        })
+        .find_map(PciAddr::parse)
+}
+
+/// What the driver writes when a GPU stopped answering on PCIe (`osHandleGpuLost`, the probe's
+/// `pmc_boot_0` check, `NV_ERR_GPU_IS_LOST`'s text), lowercase.
+const GONE_FROM_THE_BUS: [&str; 2] = ["fallen off the bus", "lost from the bus"];
+
+/// Records a driver message may span (its probe message is three lines).
+const DRIVER_MESSAGE_SPAN: u8 = 3;
+
+/// Turns kernel log messages into [`KmsgEvent`]s, keeping what a message split over several
+/// records needs: the GPU a `The NVIDIA GPU <addr>` line named, and the last Xid 79 seen.
+#[derive(Debug, Default)]
+pub struct KmsgParser {
+    /// A GPU named by the first line of a probe message, and how many more records may finish it.
+    pending: Option<(PciAddr, u8)>,
+    /// The GPU of an Xid 79 in the previous record.
+    last_xid79: Option<PciAddr>,
+}
+
+impl KmsgParser {
+    /// The event in one record's message, if any.
+    pub fn feed(&mut self, message: &str) -> Option<KmsgEvent> {
+        let message = unescape(message);
+        let last_xid79 = self.last_xid79.take();
+        if let Some(x) = parse_xid(&message) {
+            if x.xid == FELL_OFF_THE_BUS {
+                self.last_xid79 = Some(x.addr);
+            }
+            return Some(KmsgEvent::Xid(x));
+        }
+        if let Some(at) = message.find(RESET_MARKER) {
+            let rest = &message[at + RESET_MARKER.len()..];
+            return rest
+                .split_whitespace()
+                .next()
+                .and_then(PciAddr::parse)
+                .map(KmsgEvent::Reset);
+        }
+        if !message.contains("NVRM") {
+            self.pending = self
+                .pending
+                .and_then(|(a, n)| n.checked_sub(1).map(|n| (a, n)));
+            return None;
+        }
+        let lower = message.to_ascii_lowercase();
+        let named = address_in(&message);
+        if !GONE_FROM_THE_BUS.iter().any(|p| lower.contains(p)) {
+            self.pending = match (named, lower.contains("the nvidia gpu")) {
+                (Some(a), true) => Some((a, DRIVER_MESSAGE_SPAN)),
+                _ => self
+                    .pending
+                    .and_then(|(a, n)| n.checked_sub(1).map(|n| (a, n))),
+            };
+            return None;
+        }
+        let addr = named.or(self.pending.map(|(a, _)| a))?;
+        self.pending = None;
+        if last_xid79 == Some(addr) {
+            return None;
+        }
+        Some(KmsgEvent::Xid(XidLine {
+            addr,
+            xid: FELL_OFF_THE_BUS,
+            pid: None,
+            process: None,
+            text: message
+                .split('\n')
+                .map(|l| l.trim().trim_start_matches("NVRM:").trim())
+                .collect::<Vec<_>>()
+                .join(" "),
+            driver_message: true,
+        }))
+    }
 }
 
 /// Splits complete lines off `pending` (bytes read so far) and leaves the partial tail.
@@ -169,11 +300,11 @@ pub(crate) fn drain_lines(pending: &mut Vec<u8>) -> Vec<String> {
 }
 
 /// The events in the complete lines of `pending`.
-fn parse_lines(pending: &mut Vec<u8>) -> Vec<KmsgEvent> {
+fn parse_lines(pending: &mut Vec<u8>, parser: &mut KmsgParser) -> Vec<KmsgEvent> {
     drain_lines(pending)
         .iter()
         .filter_map(|l| parse_record(l))
-        .filter_map(|r| parse_event(&r.message))
+        .filter_map(|r| parser.feed(&r.message))
         .collect()
 }
 
@@ -216,14 +347,15 @@ pub fn read_since_boot(root: &HostRoot) -> Result<Vec<KmsgEvent>, KmsgError> {
     let mut buf = vec![0u8; 8192];
     let mut pending = Vec::new();
     let mut events = Vec::new();
+    let mut parser = KmsgParser::default();
     while let Some(n) = read_chunk(&mut f, &mut buf, root)? {
         // A `/dev/kmsg` read is one record, newline-terminated.
         pending.extend_from_slice(&buf[..n]);
-        events.extend(parse_lines(&mut pending));
+        events.extend(parse_lines(&mut pending, &mut parser));
     }
     // A regular file (a fixture) may end without a newline.
     pending.push(b'\n');
-    events.extend(parse_lines(&mut pending));
+    events.extend(parse_lines(&mut pending, &mut parser));
     Ok(events)
 }
 
@@ -338,6 +470,65 @@ mod tests {
             active_xids(&read_since_boot(&root).unwrap(), A),
             (vec![], 1)
         );
+    }
+
+    #[test]
+    fn the_drivers_own_fell_off_the_bus_messages_count_as_xid_79() {
+        let b3 = PciAddr { bus: 0xb3, ..A };
+        let feed = |lines: &[&str]| -> Vec<KmsgEvent> {
+            let mut p = KmsgParser::default();
+            lines
+                .iter()
+                .filter_map(|l| parse_record(l))
+                .filter_map(|r| p.feed(&r.message))
+                .collect()
+        };
+        let fell = |events: &[KmsgEvent]| -> Vec<(PciAddr, u64, bool)> {
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    KmsgEvent::Xid(x) => Some((x.addr, x.xid, x.driver_message)),
+                    KmsgEvent::Reset(_) => None,
+                })
+                .collect()
+        };
+        let ev = feed(&[
+            "3,2201,1843308145,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:2330) installed in this system has\\x0aNVRM: fallen off the bus and is not responding to commands.",
+        ]);
+        assert_eq!(fell(&ev), vec![(b3, 79, true)]);
+        if let Some(KmsgEvent::Xid(x)) = ev.first() {
+            assert!(
+                x.text.starts_with("The NVIDIA GPU 0000:b3:00.0 (PCI ID"),
+                "{}",
+                x.text
+            );
+        }
+        // Split over records, with an unrelated record in between.
+        let ev = feed(&[
+            "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0",
+            "[ 1843.308146] usb 1-1: new device",
+            "               NVRM: fallen off the bus and is not responding to commands.",
+        ]);
+        assert_eq!(fell(&ev), vec![(b3, 79, true)]);
+        // Too far from the line that named the GPU: nobody to blame.
+        let ev = feed(&[
+            "NVRM: The NVIDIA GPU 0000:b3:00.0",
+            "a",
+            "b",
+            "c",
+            "d",
+            "NVRM: fallen off the bus and is not responding to commands.",
+        ]);
+        assert!(fell(&ev).is_empty());
+        // A time is not a PCI address; an Xid 79 and its companion message are one event.
+        let ev = feed(&[
+            "NVRM: loading NVIDIA UNIX Open Kernel Module  Mon Jun  2 13:13:04 UTC 2025",
+            "3,1,1,-;NVRM: Xid (PCI:0000:1a:00): 79, pid=0, GPU has fallen off the bus.",
+            "3,2,2,-;NVRM: GPU 0000:1a:00.0: GPU has fallen off the bus.",
+            "3,3,3,-;NVRM: GPU 0000:1a:00.0: GPU has fallen off the bus.",
+        ]);
+        assert_eq!(fell(&ev), vec![(A, 79, false), (A, 79, true)]);
+        assert_eq!(unescape("a\\x0ab\\x5cc\\xzz"), "a\nb\\c\\xzz");
     }
 
     #[test]

@@ -29,14 +29,16 @@
 //!
 //! # Limitations
 //!
-//! MIG instances, vGPU and NVSwitch health (fabric manager) are not examined. XIDs "since boot"
-//! are what the kernel ring buffer still holds.
+//! MIG devices are listed (inventory) but not examined one by one: `diag.nvml` checks the
+//! parent GPU. vGPU and NVSwitch health (fabric manager) are not examined. XIDs "since boot" are
+//! what the kernel ring buffer still holds.
 
 mod busid;
 mod checks;
 pub mod cli;
 pub mod diag;
 pub mod kmsg;
+mod lost;
 pub mod reset;
 mod tool;
 pub mod watch;
@@ -192,6 +194,87 @@ pub struct GpuInfo {
     pub memory_bytes: u64,
     /// Board serial (`nvmlDeviceGetSerial`), when the board has an infoROM.
     pub serial: Option<String>,
+    /// MIG mode is on (`nvmlDeviceGetMigMode`, current mode); `None` where MIG is not supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_enabled: Option<bool>,
+    /// The MIG devices of a GPU in MIG mode, in index order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDeviceInfo>,
+}
+
+/// One MIG device (a compute instance of a GPU instance), as NVML reports it through the MIG
+/// device handle (`nvmlDeviceGetMigDeviceHandleByIndex`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDeviceInfo {
+    /// Index under the parent GPU.
+    pub index: u32,
+    /// `MIG-xxxxxxxx-...` (`nvmlDeviceGetUUID`).
+    pub uuid: Option<String>,
+    /// e.g. `NVIDIA H100 80GB HBM3 MIG 1g.10gb` (`nvmlDeviceGetName`).
+    pub name: Option<String>,
+    /// The instance's memory, bytes (`nvmlDeviceGetMemoryInfo_v2`).
+    pub memory_bytes: Option<u64>,
+}
+
+impl GpuInfo {
+    /// The inventory document's entry for this GPU (`source: "nvml"`).
+    pub fn to_inventory(&self) -> bc_protocol::inventory::Gpu {
+        bc_protocol::inventory::Gpu {
+            uuid: Some(self.uuid.clone()),
+            name: Some(self.name.clone()),
+            pci_bus_id: self.pci_bus_id.clone(),
+            memory_bytes: Some(self.memory_bytes),
+            driver_version: None,
+            source: "nvml".to_owned(),
+            mig_enabled: self.mig_enabled,
+            mig_devices: self
+                .mig_devices
+                .iter()
+                .map(|m| bc_protocol::inventory::MigDevice {
+                    index: m.index,
+                    uuid: m.uuid.clone(),
+                    name: m.name.clone(),
+                    memory_bytes: m.memory_bytes,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The MIG devices of `dev` (empty when MIG is off or not supported). Indices without a MIG
+/// device (`NVML_ERROR_NOT_FOUND`) are skipped: instances need not be numbered densely.
+pub(crate) fn mig_devices(dev: &nvml_wrapper::Device<'_>) -> Vec<MigDeviceInfo> {
+    let enabled = dev
+        .mig_mode()
+        .is_ok_and(|m| m.current == checks::MIG_ENABLE);
+    if !enabled {
+        return Vec::new();
+    }
+    let max = dev.mig_device_count().unwrap_or(0);
+    (0..max)
+        .filter_map(|index| {
+            let m = dev.mig_device_by_index(index).ok()?;
+            Some(MigDeviceInfo {
+                index,
+                uuid: m
+                    .uuid()
+                    .ok()
+                    .and_then(|u| crate::hostroot::clean_identifier(&u)),
+                name: m
+                    .name()
+                    .ok()
+                    .and_then(|n| crate::hostroot::clean_identifier(&n)),
+                memory_bytes: m.memory_info().ok().map(|i| i.total),
+            })
+        })
+        .collect()
+}
+
+/// An NVML string through the one identifier normalisation
+/// ([`crate::hostroot::clean_identifier`]); empty when nothing is left.
+pub(crate) fn nvml_string(s: String) -> String {
+    crate::hostroot::clean_identifier(&s).unwrap_or_default()
 }
 
 /// The GPUs NVML sees, in index order.
@@ -211,8 +294,8 @@ pub fn inventory_gpus(cfg: &NvmlConfig) -> Result<Vec<GpuInfo>, NvmlError> {
                 .map_err(NvmlError::call("nvmlDeviceGetPciInfo"))?;
             Ok(GpuInfo {
                 index,
-                uuid: dev.uuid().map_err(NvmlError::call("nvmlDeviceGetUUID"))?,
-                name: dev.name().map_err(NvmlError::call("nvmlDeviceGetName"))?,
+                uuid: nvml_string(dev.uuid().map_err(NvmlError::call("nvmlDeviceGetUUID"))?),
+                name: nvml_string(dev.name().map_err(NvmlError::call("nvmlDeviceGetName"))?),
                 pci_bus_id: PciAddr::parse(&pci.bus_id)
                     .map(PciAddr::to_bus_id)
                     .unwrap_or(pci.bus_id),
@@ -221,7 +304,12 @@ pub fn inventory_gpus(cfg: &NvmlConfig) -> Result<Vec<GpuInfo>, NvmlError> {
                     .memory_info()
                     .map_err(NvmlError::call("nvmlDeviceGetMemoryInfo"))?
                     .total,
-                serial: dev.serial().ok(),
+                serial: dev
+                    .serial()
+                    .ok()
+                    .and_then(|s| crate::hostroot::clean_identifier(&s)),
+                mig_enabled: dev.mig_mode().ok().map(|m| m.current == checks::MIG_ENABLE),
+                mig_devices: mig_devices(&dev),
             })
         })
         .collect()

@@ -228,7 +228,7 @@ fn enumerate(nvml: &Nvml) -> Result<Vec<Gpu>, NvmlError> {
                 .map_err(NvmlError::call("nvmlDeviceGetPciInfo"))?;
             Ok(Gpu {
                 index,
-                uuid: d.uuid().map_err(NvmlError::call("nvmlDeviceGetUUID"))?,
+                uuid: super::nvml_string(d.uuid().map_err(NvmlError::call("nvmlDeviceGetUUID"))?),
                 addr: PciAddr::parse(&pci.bus_id).ok_or(NvmlError::Call {
                     call: "nvmlDeviceGetPciInfo",
                     source: nvml_wrapper::error::NvmlError::GetPciInfoFailed,
@@ -292,7 +292,7 @@ fn add_nvlink_peers(nvml: &Nvml, gpus: &[Gpu], group: &mut Vec<usize>) {
 
 fn snapshot(dev: &Device) -> GpuSnapshot {
     GpuSnapshot {
-        uuid: dev.uuid().unwrap_or_default(),
+        uuid: super::nvml_string(dev.uuid().unwrap_or_default()),
         persistence_mode: dev.is_in_persistent_mode().unwrap_or(false),
         volatile_corrected_ecc: dev
             .total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)

@@ -8,6 +8,14 @@
 //! dropped or [`XidWatch::stop`] is called. It runs on its own thread (NVML blocks). While a
 //! `gpu.reset` runs, the watch shuts its NVML down and registers again afterwards; an XID raised
 //! in that window is not delivered by NVML (events only reach sets registered before them).
+//!
+//! The driver's own kernel messages are evidence too: a GPU that fell off the bus may never get
+//! an Xid line or an NVML event. So with NVML events the watch also follows `/dev/kmsg` (when it
+//! can be opened) for those messages alone, and without NVML it reads them with the Xid lines
+//! (see [`super::kmsg::KmsgParser`]). XID 154 announces a recovery action: the event carries
+//! that action, from the message on the kernel-log path and from NVML field 230 on the NVML
+//! path. A GPU whose handle fails with `GPU_IS_LOST` is left out of the event set (it can raise
+//! no event) rather than keeping the whole set from registering.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,13 +27,14 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError as WrapperError;
+use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::Sender;
 
 use crate::hostroot::HostRoot;
 
 use super::busid::PciAddr;
-use super::kmsg::{self, KmsgError};
+use super::kmsg::{self, KmsgError, KmsgEvent, KmsgParser};
 use super::xid::{self, RecommendedAction, XidClass};
 use super::{NvmlConfig, NvmlError, open};
 
@@ -66,24 +75,40 @@ pub struct XidEvent {
     pub source: XidSource,
     /// When bcd saw it.
     pub observed_at: DateTime<Utc>,
+    /// No Xid was logged: the driver's own message said what happened and `xid` is the
+    /// catalog's number for it (79 for "fallen off the bus").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub driver_message: bool,
 }
 
 impl XidEvent {
-    fn new(xid: u64, source: XidSource) -> Self {
-        let class = XidClass::of(xid);
+    /// An event judged by [`xid::judge`]: the catalog, or for XID 154 the recovery action it
+    /// announces (`announced`, `nvmlDeviceGpuRecoveryAction_t`).
+    fn new(xid: u64, announced: Option<u64>, source: XidSource) -> Self {
+        let (class, action, description) = xid::judge(xid, announced);
         Self {
             xid,
             pci_bus_id: None,
             uuid: None,
             class,
-            action: class.action(),
-            description: xid::describe(xid).map(str::to_owned),
+            action,
+            description,
             message: None,
             pid: None,
             source,
             observed_at: Utc::now(),
+            driver_message: false,
         }
     }
+}
+
+/// What a kernel-log follower passes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KmsgScope {
+    /// Xid lines and the driver's messages: the watch's only source.
+    Everything,
+    /// The driver's messages only: NVML delivers the XIDs.
+    DriverMessages,
 }
 
 /// Neither source could be started.
@@ -102,6 +127,8 @@ pub struct XidWatch {
     source: XidSource,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// With NVML events: the follower of the driver's kernel messages, when `/dev/kmsg` opened.
+    companion: Option<JoinHandle<()>>,
 }
 
 impl XidWatch {
@@ -113,7 +140,10 @@ impl XidWatch {
     /// Stops the watch and waits for its thread (at most about [`POLL_MS`]).
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in [self.thread.take(), self.companion.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
     }
@@ -141,10 +171,16 @@ pub fn spawn_xid_watch(
         .spawn(move || nvml_thread(&nvml_cfg, &stop2, &tx2, ready_tx));
     let nvml_reason = match (thread, ready_rx.recv()) {
         (Ok(t), Ok(Ok(()))) => {
+            let companion = spawn_kmsg(root, &stop, tx, KmsgScope::DriverMessages)
+                .inspect_err(|e| {
+                    tracing::info!(error = %e, "XID watch: the driver's kernel messages are not followed");
+                })
+                .ok();
             return Ok(XidWatch {
                 source: XidSource::Nvml,
                 stop,
                 thread: Some(t),
+                companion,
             });
         }
         (Ok(_), Ok(Err(reason))) => reason,
@@ -152,42 +188,51 @@ pub fn spawn_xid_watch(
         (Err(e), _) => e.to_string(),
     };
     tracing::info!(reason = %nvml_reason, "XID watch: NVML events unavailable, following the kernel log");
-    let mut f = kmsg::open(root).map_err(|kmsg| WatchError {
-        nvml: nvml_reason.clone(),
+    let thread = spawn_kmsg(root, &stop, tx, KmsgScope::Everything).map_err(|kmsg| WatchError {
+        nvml: nvml_reason,
         kmsg,
     })?;
-    if let Err(source) = kmsg::seek_to_end(&mut f) {
-        return Err(WatchError {
-            nvml: nvml_reason,
-            kmsg: KmsgError::Io {
-                path: root.path(kmsg::KMSG),
-                source,
-            },
-        });
-    }
-    let (stop2, root2) = (stop.clone(), root.clone());
-    let thread = std::thread::Builder::new()
-        .name("bcd-xid-kmsg".into())
-        .spawn(move || kmsg_thread(f, &root2, &stop2, &tx))
-        .map_err(|source| WatchError {
-            nvml: nvml_reason,
-            kmsg: KmsgError::Io {
-                path: root.path(kmsg::KMSG),
-                source,
-            },
-        })?;
     Ok(XidWatch {
         source: XidSource::Kmsg,
         stop,
         thread: Some(thread),
+        companion: None,
     })
+}
+
+/// Starts following `/dev/kmsg` under `root` from its end, on its own thread.
+fn spawn_kmsg(
+    root: &HostRoot,
+    stop: &Arc<AtomicBool>,
+    tx: Sender<XidEvent>,
+    scope: KmsgScope,
+) -> Result<JoinHandle<()>, KmsgError> {
+    let io = |source| KmsgError::Io {
+        path: root.path(kmsg::KMSG),
+        source,
+    };
+    let mut f = kmsg::open(root)?;
+    kmsg::seek_to_end(&mut f).map_err(io)?;
+    let (stop2, root2) = (stop.clone(), root.clone());
+    std::thread::Builder::new()
+        .name("bcd-xid-kmsg".into())
+        .spawn(move || kmsg_thread(f, &root2, &stop2, &tx, scope))
+        .map_err(io)
 }
 
 fn register(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, String> {
     let n = nvml.device_count().map_err(|e| e.to_string())?;
     let mut set = nvml.create_event_set().map_err(|e| e.to_string())?;
     for i in 0..n {
-        let dev = nvml.device_by_index(i).map_err(|e| e.to_string())?;
+        let dev = match nvml.device_by_index(i) {
+            Ok(d) => d,
+            // A lost GPU raises no events; the others still can. diag.nvml reports it.
+            Err(WrapperError::GpuLost) => {
+                tracing::warn!(index = i, "XID watch: GPU is lost, not registered");
+                continue;
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         set = dev
             .register_events(EventTypes::CRITICAL_XID_ERROR, set)
             .map_err(|e| format!("GPU {i}: {}", e.error))?;
@@ -267,8 +312,14 @@ fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEve
             Some(XidError::Value(v)) => v,
             _ => continue,
         };
-        let mut ev = XidEvent::new(xid, XidSource::Nvml);
-        ev.uuid = data.device.uuid().ok();
+        // XID 154 says what to do; NVML holds the value it announced in field 230.
+        let announced = (xid == xid::RECOVERY_ACTION_CHANGED)
+            .then(|| {
+                super::checks::field_u64s(&data.device, &[NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
+            })
+            .flatten();
+        let mut ev = XidEvent::new(xid, announced, XidSource::Nvml);
+        ev.uuid = data.device.uuid().ok().map(super::nvml_string);
         ev.pci_bus_id = data
             .device
             .pci_info()
@@ -281,9 +332,16 @@ fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEve
     }
 }
 
-fn kmsg_thread(mut f: std::fs::File, root: &HostRoot, stop: &AtomicBool, tx: &Sender<XidEvent>) {
+fn kmsg_thread(
+    mut f: std::fs::File,
+    root: &HostRoot,
+    stop: &AtomicBool,
+    tx: &Sender<XidEvent>,
+    scope: KmsgScope,
+) {
     let mut buf = vec![0u8; 8192];
     let mut pending = Vec::new();
+    let mut parser = KmsgParser::default();
     while !stop.load(Ordering::SeqCst) && !tx.is_closed() {
         match kmsg::read_chunk(&mut f, &mut buf, root) {
             Ok(Some(n)) => pending.extend_from_slice(&buf[..n]),
@@ -298,13 +356,26 @@ fn kmsg_thread(mut f: std::fs::File, root: &HostRoot, stop: &AtomicBool, tx: &Se
             }
         }
         for line in kmsg::drain_lines(&mut pending) {
-            let Some(x) = kmsg::parse_record(&line).and_then(|r| kmsg::parse_xid(&r.message))
+            let Some(KmsgEvent::Xid(x)) =
+                kmsg::parse_record(&line).and_then(|r| parser.feed(&r.message))
             else {
                 continue;
             };
-            let mut ev = XidEvent::new(x.xid, XidSource::Kmsg);
+            if scope == KmsgScope::DriverMessages && !x.driver_message {
+                continue;
+            }
+            let announced = (x.xid == xid::RECOVERY_ACTION_CHANGED)
+                .then(|| xid::announced_recovery_action(&x.text))
+                .flatten();
+            let mut ev = XidEvent::new(x.xid, announced, XidSource::Kmsg);
             ev.pci_bus_id = Some(x.addr.to_bus_id());
             ev.pid = x.pid;
+            ev.driver_message = x.driver_message;
+            if x.driver_message
+                && let Some(d) = ev.description.as_mut()
+            {
+                d.push_str(" (the driver's message, no Xid line)");
+            }
             ev.message = Some(x.text);
             if tx.blocking_send(ev).is_err() {
                 return;

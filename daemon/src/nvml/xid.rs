@@ -61,9 +61,11 @@ pub enum XidClass {
     RebootRequired,
     /// The application's fault, not the GPU's: 13, 31, 94.
     ApplicationFault,
-    /// Informational: 43, 63, 92, 121.
+    /// Informational: 43, 63, 92, 121; an XID 154 that announces "no action".
     Informational,
-    /// Not in bcd's catalog.
+    /// Peer-to-peer traffic must be drained: an XID 154 that announces "Drain P2P".
+    DrainP2pRequired,
+    /// Not in bcd's catalog (and an XID 154 whose action could not be read).
     Unknown,
 }
 
@@ -84,7 +86,93 @@ impl XidClass {
         match self {
             Self::ResetRequired => RecommendedAction::ResetGpu,
             Self::RebootRequired => RecommendedAction::RebootNode,
+            Self::DrainP2pRequired => RecommendedAction::DrainP2p,
             Self::ApplicationFault | Self::Informational | Self::Unknown => RecommendedAction::None,
+        }
+    }
+
+    /// The class of an XID that announces `action` (XID 154, NVML field 230).
+    pub fn announcing(action: RecommendedAction) -> Self {
+        match action {
+            RecommendedAction::None => Self::Informational,
+            RecommendedAction::DrainP2p => Self::DrainP2pRequired,
+            RecommendedAction::ResetGpu => Self::ResetRequired,
+            RecommendedAction::RebootNode => Self::RebootRequired,
+            RecommendedAction::Service => Self::Unknown,
+        }
+    }
+}
+
+/// XID 154, "GPU recovery action changed" (R550+ drivers): the driver announces what the GPU
+/// needs, the same value NVML reports as field 230 (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`). Its
+/// message reads `GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)`;
+/// drivers word the value differently (`0x2 (OS Reboot)`, `0x1 (PF FLR)`), the number is what
+/// counts.
+pub const RECOVERY_ACTION_CHANGED: u64 = 154;
+
+/// The recovery action value (`nvmlDeviceGpuRecoveryAction_t`, 0-4) an XID 154 message
+/// announces: the number after `to`, else the words of the value. `None` when the text names
+/// none.
+pub fn announced_recovery_action(text: &str) -> Option<u64> {
+    let lower = text.to_ascii_lowercase();
+    // The new value is what follows the last " to ".
+    let after = &lower[lower.rfind(" to ").map_or(0, |i| i + 4)..];
+    let num = after.trim_start();
+    let (digits, radix) = match num.strip_prefix("0x") {
+        Some(h) => (h, 16),
+        None => (num, 10),
+    };
+    let end = digits
+        .find(|c: char| !c.is_digit(radix))
+        .unwrap_or(digits.len());
+    if let Ok(v) = u64::from_str_radix(&digits[..end], radix) {
+        return Some(v);
+    }
+    // No number: the words.
+    [
+        ("drain and reset", 4),
+        ("drain p2p", 3),
+        ("reboot", 2),
+        ("reset", 1),
+        ("flr", 1),
+        ("none", 0),
+    ]
+    .iter()
+    .find(|(w, _)| after.contains(w))
+    .map(|(_, v)| *v)
+}
+
+/// What an NVML recovery action value asks for, in words (NVIDIA's XID catalog, XID 154).
+pub fn recovery_action_description(v: u64) -> &'static str {
+    match v {
+        0 => "no recovery action needed",
+        1 => "GPU reset required",
+        2 => "node reboot required",
+        3 => "drain peer-to-peer traffic",
+        4 => "drain peer-to-peer traffic, then reset the GPU",
+        _ => "unknown recovery action",
+    }
+}
+
+/// Class, action and description of an XID. For XID 154, `announced` is the recovery action it
+/// announces (from its message, or from NVML field 230); any other XID is judged by the
+/// catalog.
+pub fn judge(xid: u64, announced: Option<u64>) -> (XidClass, RecommendedAction, Option<String>) {
+    match (xid, announced) {
+        (RECOVERY_ACTION_CHANGED, Some(v)) => {
+            let action = RecommendedAction::from_nvml_recovery_action(v);
+            (
+                XidClass::announcing(action),
+                action,
+                Some(format!(
+                    "GPU recovery action changed: {} (0x{v:x})",
+                    recovery_action_description(v)
+                )),
+            )
+        }
+        _ => {
+            let class = XidClass::of(xid);
+            (class, class.action(), describe(xid).map(str::to_owned))
         }
     }
 }
@@ -108,6 +196,7 @@ pub fn describe(xid: u64) -> Option<&'static str> {
         119 => "GSP RPC timeout",
         120 => "GSP error",
         121 => "C2C link corrected error",
+        RECOVERY_ACTION_CHANGED => "GPU recovery action changed",
         _ => return None,
     })
 }
@@ -145,5 +234,57 @@ mod tests {
             RecommendedAction::RebootNode
         );
         assert_eq!(recovery_action_name(3), "drainP2p");
+    }
+
+    #[test]
+    fn xid_154_announces_its_action() {
+        for (text, want) in [
+            (
+                "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+                Some(2),
+            ),
+            (
+                "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+                Some(1),
+            ),
+            (
+                "GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)",
+                Some(2),
+            ),
+            (
+                "GPU recovery action changed from 0x0 (None) to 0x1 (PF FLR)",
+                Some(1),
+            ),
+            (
+                "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)",
+                Some(0),
+            ),
+            ("GPU recovery action changed to Drain P2P", Some(3)),
+            (
+                "GPU recovery action changed from None to Drain and Reset",
+                Some(4),
+            ),
+            ("GPU recovery action changed", None),
+        ] {
+            assert_eq!(announced_recovery_action(text), want, "{text}");
+        }
+        let (class, action, desc) = judge(154, Some(2));
+        assert_eq!(
+            (class, action),
+            (XidClass::RebootRequired, RecommendedAction::RebootNode)
+        );
+        assert!(desc.is_some_and(|d| d.contains("node reboot required")));
+        assert_eq!(judge(154, Some(1)).0, XidClass::ResetRequired);
+        assert_eq!(judge(154, Some(3)).1, RecommendedAction::DrainP2p);
+        assert_eq!(judge(154, Some(0)).1, RecommendedAction::None);
+        assert_eq!(
+            judge(154, None),
+            (
+                XidClass::Unknown,
+                RecommendedAction::None,
+                Some("GPU recovery action changed".into())
+            )
+        );
+        assert_eq!(judge(79, Some(1)).1, RecommendedAction::RebootNode);
     }
 }

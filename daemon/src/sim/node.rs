@@ -71,6 +71,7 @@ impl SimNode {
                     memory_bytes: Some(85_520_809_984),
                     driver_version: Some("550.54.15".to_owned()),
                     source: "nvml".to_owned(),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()

@@ -1,5 +1,5 @@
 //! Plain facts from SMBIOS types 0 (BIOS), 1 (System), 2 (Baseboard), 3 (Chassis) and
-//! 17 (Memory Device), DSP0134 §7.
+//! 17 (Memory Device), DSP0134 §7. Of several type 2 structures, the hosting board is read.
 
 use bc_protocol::inventory::Dimm;
 use smbioslib::{
@@ -60,10 +60,28 @@ pub fn render_uuid(raw: &[u8; 16], version: (u8, u8)) -> String {
     )
 }
 
+/// A string of the table through the one identifier normalisation
+/// ([`crate::hostroot::clean_identifier`]); `None` when absent, unreadable or blank.
 fn text(s: SMBiosString) -> Option<String> {
-    let v = s.ok()?;
-    let t = v.trim_matches(|c: char| c.is_whitespace() || c == '\0');
-    (!t.is_empty()).then(|| t.to_owned())
+    crate::hostroot::clean_identifier(&s.ok()?)
+}
+
+/// Feature flags (type 2, offset 09h) bit 0: "the board is a hosting board (for example, a
+/// motherboard)" (DSP0134 §7.3.1, table 14).
+const HOSTING_BOARD: u8 = 0x01;
+
+/// The machine's own board among the type 2 structures: the first whose feature flags say
+/// "hosting board", else the first. Blades and modular systems also list interconnect,
+/// I/O and management boards, in no fixed order; taking the first made the baseboard serial
+/// (and so the hardware key) depend on that order.
+fn hosting_board<'a>(data: &'a SMBiosData) -> Option<SMBiosBaseboardInformation<'a>> {
+    data.defined_struct_iter::<SMBiosBaseboardInformation<'_>>()
+        .find(|b| {
+            b.parts()
+                .get_field_byte(0x09)
+                .is_some_and(|f| f & HOSTING_BOARD != 0)
+        })
+        .or_else(|| data.first::<SMBiosBaseboardInformation<'_>>())
 }
 
 pub(super) fn extract(data: &SMBiosData, version: (u8, u8)) -> SmbiosFacts {
@@ -85,7 +103,7 @@ pub(super) fn extract(data: &SMBiosData, version: (u8, u8)) -> SmbiosFacts {
             .get_field_data(0x08, 0x18)
             .and_then(|r| <[u8; 16]>::try_from(r).ok());
     }
-    if let Some(b) = data.first::<SMBiosBaseboardInformation<'_>>() {
+    if let Some(b) = hosting_board(data) {
         f.board_vendor = text(b.manufacturer());
         f.board_product = text(b.product());
         f.board_serial = text(b.serial_number());

@@ -7,11 +7,16 @@
 //! [`SmbiosFacts`]. Strings that are missing or carry a bad string index become `None`: an
 //! error's text is never a value (it would end up hashed into the hardware key).
 //!
+//! A structure that runs past the length the entry point announced is not decoded and gets a
+//! warning, as dmidecode prints `<TRUNCATED>` for it ([`layout`]).
+//!
 //! # Limitations
-//! Only the first structure of types 0, 1, 2 and 3 is read (multi-board systems list more).
+//! Only the first structure of types 0, 1 and 3 is read; of the type 2 structures (blades list
+//! several), the one whose feature flags say "hosting board", else the first.
 
 pub mod entry;
 mod facts;
+pub mod layout;
 
 use std::path::{Path, PathBuf};
 
@@ -128,6 +133,10 @@ pub fn from_dump_bin(bytes: &[u8]) -> Result<SmbiosTable, SmbiosError> {
     let end = start.saturating_add(ep.table_len).min(bytes.len());
     let mut t = from_raw_table(bytes[start..end].to_vec(), Some(ep.version))?;
     add_entry_warnings(&mut t, &ep, end - start);
+    // The whole rest of the file: a structure that goes on past the announced length is whole
+    // there, and the note can say where it ends.
+    t.warnings
+        .extend(layout::notes(&bytes[start..], Some(ep.table_len)));
     Ok(t)
 }
 
@@ -166,10 +175,15 @@ pub fn load_sysfs(root: &HostRoot) -> Result<SmbiosTable, SmbiosError> {
     };
     let ep_bytes = root.read(SYS_ENTRY_POINT).map_err(io(SYS_ENTRY_POINT))?;
     let ep = entry::parse(&ep_bytes)?;
-    let table = root.read(SYS_TABLE).map_err(io(SYS_TABLE))?;
+    let mut table = root.read(SYS_TABLE).map_err(io(SYS_TABLE))?;
     let got = table.len();
+    let notes = layout::notes(&table, Some(ep.table_len));
+    // The kernel exports exactly the announced length; a longer file (a copied tree) holds
+    // nothing of the table past it.
+    table.truncate(ep.table_len);
     let mut t = from_raw_table(table, Some(ep.version))?;
     add_entry_warnings(&mut t, &ep, got);
+    t.warnings.extend(notes);
     Ok(t)
 }
 

@@ -173,6 +173,60 @@ fn a_truncated_dump_gives_a_partial_table() {
     );
 }
 
+/// A `dmidecode --dump-bin` image: a 64-bit entry point announcing `announced` bytes of table
+/// at 0x20, then `table`.
+fn dump_bin(table: &[u8], announced: u32) -> Vec<u8> {
+    let mut b = vec![0u8; 0x20];
+    b[..5].copy_from_slice(b"_SM3_");
+    b[6] = 0x18;
+    b[7] = 3;
+    b[8] = 3;
+    b[0x0C..0x10].copy_from_slice(&announced.to_le_bytes());
+    b[0x10..0x18].copy_from_slice(&0x20u64.to_le_bytes());
+    b.extend_from_slice(table);
+    b
+}
+
+#[test]
+fn a_structure_past_the_announced_length_gets_a_note() {
+    // Type 0 (18 bytes, one string), type 1 (27 bytes, serial string), end of table.
+    let mut t = vec![0u8, 18, 0, 0, 1, 0, 0, 0];
+    t.resize(18, 0);
+    t.extend_from_slice(b"Made Up BIOS\0\0");
+    let type1_at = t.len();
+    let mut s1 = vec![1u8, 27, 1, 0, 0, 0, 0, 1];
+    s1.resize(27, 0);
+    t.extend_from_slice(&s1);
+    t.extend_from_slice(b"SN-42\0\0");
+    t.extend_from_slice(&[127, 4, 0x7f, 0, 0, 0]);
+    let whole = u32::try_from(t.len()).unwrap_or(0);
+    let fits = from_dump_bin(&dump_bin(&t, whole));
+    assert!(
+        fits.as_ref()
+            .is_ok_and(|t| !t.warnings.iter().any(|w| w.contains("announced length"))),
+        "{:?}",
+        fits.map(|t| t.warnings)
+    );
+    // The entry point announces less than the type 1 structure needs.
+    let short = u32::try_from(type1_at + 10).unwrap_or(0);
+    let t = from_dump_bin(&dump_bin(&t, short));
+    let warnings = t.as_ref().map(|t| t.warnings.clone()).unwrap_or_default();
+    assert!(
+        warnings.iter().any(|w| w.contains(&format!(
+            "structure type 1 (handle 0x0001) at offset {type1_at} ends at byte {}",
+            type1_at + 27 + 7
+        )) && w.contains(&format!("announced length of {short} bytes"))),
+        "{warnings:?}"
+    );
+    // The structures before it are decoded; it is not (dmidecode prints <TRUNCATED>).
+    let f = t.map(|t| t.facts()).ok();
+    assert_eq!(
+        f.as_ref().and_then(|f| f.bios_vendor.as_deref()),
+        Some("Made Up BIOS")
+    );
+    assert_eq!(f.and_then(|f| f.system_serial), None);
+}
+
 /// Everything a table can be put through: load, facts, and the hardware key report.
 fn exercise(bytes: &[u8]) {
     for t in [from_dump_bin(bytes), from_raw_table(bytes.to_vec(), None)]

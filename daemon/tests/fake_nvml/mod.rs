@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
+pub mod field;
+
 use bcd::hostroot::HostRoot;
 use bcd::nvml::NvmlConfig;
 use serde_json::{Value, json};

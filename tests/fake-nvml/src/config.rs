@@ -194,7 +194,38 @@ pub struct FakeGpu {
     pub reset_fails: bool,
     /// How many times the fake `nvidia-smi -r` reset this GPU (written by the fake).
     pub reset_count: u32,
+    /// The GPU fell off the bus: it is counted (`nvmlDeviceGetCount`) but getting its handle
+    /// fails with `NVML_ERROR_GPU_IS_LOST` (15), as does any call on a handle taken before;
+    /// the fake `nvidia-smi` prints "Unable to determine the device handle" for it.
+    pub lost: bool,
+    /// MIG mode (`nvmlDeviceGetMigMode`, current); `None`: the GPU does not support MIG
+    /// (`NVML_ERROR_NOT_SUPPORTED`).
+    pub mig_mode: Option<bool>,
+    /// The mode after the next GPU reset; `None`: the same as `migMode`.
+    pub mig_mode_pending: Option<bool>,
+    /// MIG devices, by index (`nvmlDeviceGetMigDeviceHandleByIndex`); only there in MIG mode.
+    pub mig_devices: Vec<FakeMigDevice>,
 }
+
+/// One MIG device (a compute instance in a GPU instance).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FakeMigDevice {
+    /// `MIG-xxxxxxxx-...`.
+    pub uuid: String,
+    /// e.g. `NVIDIA H100 80GB HBM3 MIG 1g.10gb`.
+    pub name: String,
+    /// The instance's memory, bytes.
+    pub memory_total_bytes: u64,
+    /// `nvmlDeviceGetGpuInstanceId`.
+    pub gpu_instance_id: u32,
+    /// `nvmlDeviceGetComputeInstanceId`.
+    pub compute_instance_id: u32,
+}
+
+/// Most MIG devices an NVML GPU reports (`nvmlDeviceGetMaxMigDeviceCount` on an H100: seven
+/// GPU instances of one compute instance each).
+pub const MAX_MIG_DEVICES: u32 = 7;
 
 impl Default for FakeGpu {
     fn default() -> Self {
@@ -226,6 +257,10 @@ impl Default for FakeGpu {
             xid_events: Vec::new(),
             reset_fails: false,
             reset_count: 0,
+            lost: false,
+            mig_mode: None,
+            mig_mode_pending: None,
+            mig_devices: Vec::new(),
         }
     }
 }

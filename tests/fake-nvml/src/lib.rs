@@ -6,7 +6,9 @@
 //! which `dlopen`s the library and resolves each C function lazily. No test machine has a GPU, so
 //! this crate builds a `cdylib` exporting the NVML functions bcd calls, answering from a JSON
 //! description of a node's GPUs ([`config::FakeConfig`]), and a fake `nvidia-smi` binary whose
-//! `-r -i <ids>` resets GPUs in that description ([`smi`]).
+//! `-r -i <ids>` resets GPUs in that description and whose `-L` / `--query-gpu` list them
+//! ([`smi`]). Besides health counters it can describe a GPU that fell off the bus (`lost`: its
+//! handle fails with `NVML_ERROR_GPU_IS_LOST`) and GPUs in MIG mode with their MIG devices.
 //!
 //! # Design
 //!

@@ -1,10 +1,14 @@
-//! What the fake `nvidia-smi -r -i <ids>` does to the fake's state.
+//! What the fake `nvidia-smi -r -i <ids>` does to the fake's state, and what its queries
+//! (`-L`, `--query-gpu=... --format=csv`) print.
 //!
 //! Like the real tool it refuses when any target GPU is held open: by a compute process, by
 //! persistence mode (`nvidia-persistenced` keeps the device file open), or by another process with
 //! NVML initialized (a monitoring agent). Then it resets every
 //! target: volatile ECC counters, queued XIDs and the recovery action are cleared, and pending
-//! page retirements and row remaps are applied. Messages follow the real tool's wording.
+//! page retirements and row remaps are applied. Messages follow the real tool's wording. A lost
+//! GPU (fell off the bus) gets the real tool's "Unable to determine the device handle for GPU<i>:
+//! <bus id>: GPU is lost. Reboot the system to recover this GPU" wherever it is named, and exit
+//! status 15.
 
 use crate::config::{FakeConfig, parse_bus_id};
 
@@ -12,6 +16,69 @@ use crate::config::{FakeConfig, parse_bus_id};
 pub const EXIT_RESET_FAILED: i32 = 255;
 /// Exit status for a bad `-i` value (`NVML_ERROR_INVALID_ARGUMENT`).
 pub const EXIT_INVALID_ARGUMENT: i32 = 2;
+/// Exit status when a GPU "has fallen off the bus or has otherwise become inaccessible"
+/// (`NVML_ERROR_GPU_IS_LOST`; nvidia-smi(1), RETURN VALUE).
+pub const EXIT_GPU_IS_LOST: i32 = 15;
+
+/// The line the real tool prints for GPU `index` whose handle fails with `GPU_IS_LOST`.
+pub fn lost_line(index: usize, bus_id: &str) -> String {
+    format!(
+        "Unable to determine the device handle for GPU{index}: {}: GPU is lost. Reboot the system to recover this GPU\n",
+        match parse_bus_id(bus_id) {
+            Some((d, b, v, f)) => format!("{d:04X}:{b:02X}:{v:02X}.{f:X}"),
+            None => bus_id.to_owned(),
+        }
+    )
+}
+
+/// What a query prints and the exit status: one line per GPU in index order (`-L`: `GPU <i>:
+/// <name> (UUID: <uuid>)` and its MIG devices; `--query-gpu`: the CSV `fields`), a lost GPU's
+/// line in place of its own.
+pub fn query(cfg: &FakeConfig, fields: Option<&[String]>, header: bool) -> (String, i32) {
+    let mut out = String::new();
+    let mut code = 0;
+    if let (Some(f), true) = (fields, header) {
+        out.push_str(&f.join(", "));
+        out.push('\n');
+    }
+    for (i, g) in cfg.gpus.iter().enumerate() {
+        if g.lost {
+            out.push_str(&lost_line(i, &g.pci_bus_id));
+            code = EXIT_GPU_IS_LOST;
+            continue;
+        }
+        let Some(fields) = fields else {
+            out.push_str(&format!("GPU {i}: {} (UUID: {})\n", g.name, g.uuid));
+            if g.mig_mode == Some(true) {
+                for (m, d) in g.mig_devices.iter().enumerate() {
+                    out.push_str(&format!(
+                        "  {}  Device {m:>2}: (UUID: {})\n",
+                        d.name, d.uuid
+                    ));
+                }
+            }
+            continue;
+        };
+        let row: Vec<String> = fields
+            .iter()
+            .map(|f| match f.as_str() {
+                "index" => i.to_string(),
+                "pci.bus_id" => long_bus_id(&g.pci_bus_id),
+                "uuid" => g.uuid.clone(),
+                "name" => g.name.clone(),
+                "mig.mode.current" => match g.mig_mode {
+                    Some(true) => "Enabled".into(),
+                    Some(false) => "Disabled".into(),
+                    None => "[N/A]".into(),
+                },
+                _ => "[N/A]".into(),
+            })
+            .collect();
+        out.push_str(&row.join(", "));
+        out.push('\n');
+    }
+    (out, code)
+}
 
 /// A failed `nvidia-smi -r`: exit status and the text printed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +111,17 @@ pub fn gpu_reset(cfg: &mut FakeConfig, ids: &[String]) -> Result<String, SmiFail
                 });
             }
         }
+    }
+    let lost: String = targets
+        .iter()
+        .filter(|i| cfg.gpus[**i].lost)
+        .map(|i| lost_line(*i, &cfg.gpus[*i].pci_bus_id))
+        .collect();
+    if !lost.is_empty() {
+        return Err(SmiFailure {
+            exit_code: EXIT_GPU_IS_LOST,
+            message: lost,
+        });
     }
     let mut busy = Vec::new();
     for &i in &targets {
@@ -141,6 +219,35 @@ mod tests {
         let mut cfg = node();
         cfg.gpus[0].persistence_mode = true;
         assert!(gpu_reset(&mut cfg, &["0".into()]).is_err());
+    }
+
+    #[test]
+    fn a_lost_gpu_is_named_with_the_real_tools_words() {
+        let mut cfg = node();
+        cfg.gpus.push(FakeGpu {
+            uuid: "GPU-b".into(),
+            pci_bus_id: "0000:5D:00.0".into(),
+            lost: true,
+            ..FakeGpu::default()
+        });
+        let fields = ["index".to_owned(), "pci.bus_id".to_owned()];
+        let (out, code) = query(&cfg, Some(&fields), false);
+        assert_eq!(code, EXIT_GPU_IS_LOST);
+        assert_eq!(
+            out,
+            "0, 00000000:1A:00.0\nUnable to determine the device handle for GPU1: 0000:5D:00.0: GPU is lost. Reboot the system to recover this GPU\n"
+        );
+        let (out, _) = query(&cfg, None, false);
+        assert!(
+            out.starts_with("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a)\n"),
+            "{out}"
+        );
+        let err = gpu_reset(&mut cfg, &["GPU-b".into()]).unwrap_err();
+        assert_eq!(err.exit_code, EXIT_GPU_IS_LOST);
+        assert!(
+            err.message
+                .contains("Unable to determine the device handle for GPU1")
+        );
     }
 
     #[test]

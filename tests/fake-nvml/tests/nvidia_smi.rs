@@ -65,3 +65,36 @@ fn bad_arguments_exit_2_and_change_nothing() {
     }
     assert_eq!(std::fs::read(&path).unwrap(), before);
 }
+
+#[test]
+fn a_lost_gpu_cannot_be_opened_and_queries_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = node(dir.path());
+    let mut cfg = state::load(&path).unwrap();
+    cfg.gpus.push(FakeGpu {
+        uuid: "GPU-b".into(),
+        pci_bus_id: "0000:5D:00.0".into(),
+        lost: true,
+        ..FakeGpu::default()
+    });
+    state::save(&path, &cfg).unwrap();
+    let out = smi(
+        &path,
+        &["--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
+    );
+    assert_eq!(out.status.code(), Some(15), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "Unable to determine the device handle for GPU1: 0000:5D:00.0: GPU is lost. Reboot the system to recover this GPU"
+        ),
+        "{text}"
+    );
+    assert!(text.starts_with("0, 00000000:1A:00.0\n"), "{text}");
+    let out = smi(&path, &["-L"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-a)")
+    );
+    let out = smi(&path, &["-r", "-i", "GPU-b"]);
+    assert_eq!(out.status.code(), Some(15), "{out:?}");
+}

@@ -16,7 +16,10 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     buf: *mut c_char,
     len: c_uint,
 ) -> Ret {
-    with_gpu(dev, |g| put_str(buf, len, &g.uuid))
+    with_target(dev, |t| match t {
+        Target::Gpu(_, g) => put_str(buf, len, &g.uuid),
+        Target::Mig(.., m) => put_str(buf, len, &m.uuid),
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -25,7 +28,10 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     buf: *mut c_char,
     len: c_uint,
 ) -> Ret {
-    with_gpu(dev, |g| put_str(buf, len, &g.name))
+    with_target(dev, |t| match t {
+        Target::Gpu(_, g) => put_str(buf, len, &g.name),
+        Target::Mig(.., m) => put_str(buf, len, &m.name),
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -45,7 +51,9 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     dev: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> Ret {
-    with_gpu(dev, |g| {
+    // A MIG device answers with its parent's PCI information.
+    with_target(dev, |t| {
+        let (Target::Gpu(_, g) | Target::Mig(_, g, ..)) = t;
         put(
             pci,
             pci_info(&g.pci_bus_id, g.pci_device_id, g.pci_sub_system_id)?,
@@ -58,23 +66,29 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     dev: nvmlDevice_t,
     mem: *mut nvmlMemory_v2_t,
 ) -> Ret {
-    with_gpu(dev, |g| {
+    with_target(dev, |t| {
         if mem.is_null() {
             return Err(INVALID);
         }
         // SAFETY: `mem` is non-null and points at an `nvmlMemory_v2_t` whose `version` the caller
         // set (NVML contract).
         let version = unsafe { (*mem).version };
+        let (total, reserved, used) = match t {
+            Target::Gpu(_, g) => (
+                g.memory_total_bytes,
+                g.memory_reserved_bytes,
+                g.memory_used_bytes,
+            ),
+            Target::Mig(.., m) => (m.memory_total_bytes, 0, 0),
+        };
         put(
             mem,
             nvmlMemory_v2_t {
                 version,
-                total: g.memory_total_bytes,
-                reserved: g.memory_reserved_bytes,
-                free: g
-                    .memory_total_bytes
-                    .saturating_sub(g.memory_reserved_bytes + g.memory_used_bytes),
-                used: g.memory_used_bytes,
+                total,
+                reserved,
+                free: total.saturating_sub(reserved + used),
+                used,
             },
         )
     })

@@ -2,8 +2,9 @@
 //! `nvml-wrapper-sys`'s bindings (generated from NVIDIA's `nvml.h`), so they match what
 //! nvml-wrapper calls.
 //!
-//! Device handles are `index + 1` cast to a pointer and event-set handles are `slot + 1`; neither
-//! is ever dereferenced by callers (NVML handles are opaque).
+//! Device handles are `index + 1` cast to a pointer, MIG device handles add `(mig index + 1) <<
+//! 16` to their parent's, and event-set handles are `slot + 1`; none is ever dereferenced by
+//! callers (NVML handles are opaque).
 //!
 //! Every function is `unsafe extern "C"`: its contract is NVML's own — each pointer argument is
 //! null or valid for the write (or read) the NVML documentation describes, and string buffers hold
@@ -29,6 +30,9 @@ const NOT_FOUND: Ret = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 const INSUFFICIENT: Ret = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
 const TIMEOUT: Ret = nvmlReturn_enum_NVML_ERROR_TIMEOUT;
 const UNKNOWN: Ret = nvmlReturn_enum_NVML_ERROR_UNKNOWN;
+const GPU_IS_LOST: Ret = nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST;
+/// Where a MIG device handle keeps its MIG index (plus one).
+const MIG_SHIFT: usize = 16;
 
 /// `nvmlInit` calls minus `nvmlShutdown` calls, as NVML counts them.
 static INIT_COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -85,9 +89,50 @@ fn gpu_index(device: nvmlDevice_t, cfg: &FakeConfig) -> Result<usize, Ret> {
     }
 }
 
-/// Runs `f` on the GPU behind `device`.
+/// Runs `f` on the GPU behind `device`; a lost GPU answers `NVML_ERROR_GPU_IS_LOST`.
 fn with_gpu(device: nvmlDevice_t, f: impl FnOnce(&FakeGpu) -> Result<(), Ret>) -> Ret {
-    with_cfg(|cfg| f(&cfg.gpus[gpu_index(device, cfg)?]))
+    with_cfg(|cfg| {
+        let g = &cfg.gpus[gpu_index(device, cfg)?];
+        if g.lost {
+            return Err(GPU_IS_LOST);
+        }
+        f(g)
+    })
+}
+
+/// What a device handle names: a GPU, or one of its MIG devices.
+pub(crate) enum Target<'a> {
+    /// A physical GPU and its index.
+    Gpu(usize, &'a FakeGpu),
+    /// A MIG device: parent index, parent, the device.
+    Mig(usize, &'a FakeGpu, &'a crate::config::FakeMigDevice),
+}
+
+/// Decodes a GPU or MIG device handle. A MIG handle is valid while its GPU is in MIG mode.
+pub(crate) fn target(device: nvmlDevice_t, cfg: &FakeConfig) -> Result<Target<'_>, Ret> {
+    let h = device as usize;
+    let i = (h & ((1 << MIG_SHIFT) - 1)).checked_sub(1).ok_or(INVALID)?;
+    let g = cfg.gpus.get(i).ok_or(INVALID)?;
+    if g.lost {
+        return Err(GPU_IS_LOST);
+    }
+    match (h >> MIG_SHIFT).checked_sub(1) {
+        None => Ok(Target::Gpu(i, g)),
+        Some(m) => match g.mig_devices.get(m) {
+            Some(d) if g.mig_mode == Some(true) => Ok(Target::Mig(i, g, d)),
+            _ => Err(INVALID),
+        },
+    }
+}
+
+/// Runs `f` on what `device` names (a GPU or a MIG device).
+fn with_target(device: nvmlDevice_t, f: impl FnOnce(Target<'_>) -> Result<(), Ret>) -> Ret {
+    with_cfg(|cfg| f(target(device, cfg)?))
+}
+
+/// The handle of MIG device `mig` of GPU `index`.
+fn mig_handle(index: usize, mig: usize) -> nvmlDevice_t {
+    std::ptr::without_provenance_mut((index + 1) | ((mig + 1) << MIG_SHIFT))
 }
 
 /// Runs `f` on the GPU behind `device` and writes the change back.
@@ -249,6 +294,7 @@ pub unsafe extern "C" fn nvmlErrorString(result: Ret) -> *const c_char {
         INSUFFICIENT => c"Insufficient Size",
         nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
         TIMEOUT => c"Timeout",
+        GPU_IS_LOST => c"GPU is lost",
         nvmlReturn_enum_NVML_ERROR_LIB_RM_VERSION_MISMATCH => c"Driver/library version mismatch",
         _ => c"Unknown Error",
     };
@@ -289,12 +335,10 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     dev: *mut nvmlDevice_t,
 ) -> Ret {
-    with_cfg(|c| {
-        if (index as usize) < c.gpus.len() {
-            put(dev, handle(index as usize))
-        } else {
-            Err(INVALID)
-        }
+    with_cfg(|c| match c.gpus.get(index as usize) {
+        Some(g) if g.lost => Err(GPU_IS_LOST),
+        Some(_) => put(dev, handle(index as usize)),
+        None => Err(INVALID),
     })
 }
 
@@ -310,6 +354,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .iter()
             .position(|g| g.uuid == want)
             .ok_or(NOT_FOUND)?;
+        if c.gpus[i].lost {
+            return Err(GPU_IS_LOST);
+        }
         put(dev, handle(i))
     })
 }
@@ -326,6 +373,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
             .iter()
             .position(|g| parse_bus_id(&g.pci_bus_id) == Some(want))
             .ok_or(NOT_FOUND)?;
+        if c.gpus[i].lost {
+            return Err(GPU_IS_LOST);
+        }
         put(dev, handle(i))
     })
 }
@@ -337,3 +387,4 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(dev: nvmlDevice_t, index: *mut c_uin
 
 mod device;
 mod events;
+mod mig;
