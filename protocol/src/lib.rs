@@ -12,11 +12,13 @@
 //! - [`types`] holds the string enums of the node model; each renders exactly the spec's spelling
 //!   on the wire, in JSON and in SQL.
 //! - [`inventory`] is the inventory document the agent sends inside `Inventory.document_json`.
+//! - [`commands`] types the arguments and results of every command and the XID event payload.
 //!
 //! # Limitations
 //! No I/O lives here: this crate is pure data.
 #![forbid(unsafe_code)]
 
+pub mod commands;
 pub mod inventory;
 pub mod spec;
 pub mod types;

@@ -14,75 +14,39 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError as WrapperError;
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::Sender;
 
 use crate::hostroot::HostRoot;
 
 use super::busid::PciAddr;
 use super::kmsg::{self, KmsgError};
-use super::xid::{self, RecommendedAction, XidClass};
+use super::xid::{self, XidClass};
+
 use super::{NvmlConfig, NvmlError, open};
+pub use bc_protocol::commands::xid::{XidEvent, XidSource};
 
 /// How long one NVML wait or one empty kernel-log poll lasts, ms.
 pub const POLL_MS: u32 = 250;
 
-/// Where XIDs come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum XidSource {
-    /// An NVML event set.
-    Nvml,
-    /// The kernel log.
-    Kmsg,
-}
-
-/// One XID error.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct XidEvent {
-    /// The XID number.
-    pub xid: u64,
-    /// The GPU, `0000:1a:00.0`.
-    pub pci_bus_id: Option<String>,
-    /// The GPU's UUID (NVML source only).
-    pub uuid: Option<String>,
-    /// Catalog class.
-    pub class: XidClass,
-    /// What the catalog recommends.
-    pub action: RecommendedAction,
-    /// Catalog description, when known.
-    pub description: Option<String>,
-    /// The driver's message (kernel log source only).
-    pub message: Option<String>,
-    /// Process id the driver named, if any.
-    pub pid: Option<u32>,
-    /// Where it was seen.
-    pub source: XidSource,
-    /// When bcd saw it.
-    pub observed_at: DateTime<Utc>,
-}
-
-impl XidEvent {
-    fn new(xid: u64, source: XidSource) -> Self {
-        let class = XidClass::of(xid);
-        Self {
-            xid,
-            pci_bus_id: None,
-            uuid: None,
-            class,
-            action: class.action(),
-            description: xid::describe(xid).map(str::to_owned),
-            message: None,
-            pid: None,
-            source,
-            observed_at: Utc::now(),
-        }
+/// An event for `xid` seen by `source` now, with the catalog's class, action and description.
+fn xid_event(xid: u64, source: XidSource) -> XidEvent {
+    let class = XidClass::of(xid);
+    XidEvent {
+        xid,
+        pci_bus_id: None,
+        uuid: None,
+        class,
+        action: class.action(),
+        description: xid::describe(xid).map(str::to_owned),
+        message: None,
+        pid: None,
+        source,
+        observed_at: Utc::now(),
     }
 }
 
@@ -267,7 +231,7 @@ fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEve
             Some(XidError::Value(v)) => v,
             _ => continue,
         };
-        let mut ev = XidEvent::new(xid, XidSource::Nvml);
+        let mut ev = xid_event(xid, XidSource::Nvml);
         ev.uuid = data.device.uuid().ok();
         ev.pci_bus_id = data
             .device
@@ -302,7 +266,7 @@ fn kmsg_thread(mut f: std::fs::File, root: &HostRoot, stop: &AtomicBool, tx: &Se
             else {
                 continue;
             };
-            let mut ev = XidEvent::new(x.xid, XidSource::Kmsg);
+            let mut ev = xid_event(x.xid, XidSource::Kmsg);
             ev.pci_bus_id = Some(x.addr.to_bus_id());
             ev.pid = x.pid;
             ev.message = Some(x.text);
