@@ -10,14 +10,15 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use bc_protocol::CommandName;
+use bc_protocol::commands::CommandErrorCode;
 
 use crate::agent::journal::{Entry, Journal};
 
 /// The command name this module serves.
-pub const NAME: &str = "node.reboot";
-/// Longest `delaySeconds` accepted, s.
-pub const MAX_DELAY_SECONDS: u64 = 3600;
+pub const NAME: CommandName = CommandName::NodeReboot;
+
+pub use bc_protocol::commands::reboot::{MAX_DELAY_SECONDS, RebootArgs, RebootMode, RebootResult};
 
 /// `--reboot-command` value that calls reboot(2) directly (the ramdisk has no service manager).
 pub const SYSCALL: &str = "reboot(2)";
@@ -56,35 +57,6 @@ impl RebootConfig {
     }
 }
 
-/// `graceful` (stop services first) or `force` (skip the service manager's stop jobs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RebootMode {
-    #[default]
-    Graceful,
-    Force,
-}
-
-impl RebootMode {
-    fn as_str(self) -> &'static str {
-        match self {
-            RebootMode::Graceful => "graceful",
-            RebootMode::Force => "force",
-        }
-    }
-}
-
-/// The args of `node.reboot` (camelCase JSON).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RebootArgs {
-    #[serde(default)]
-    pub mode: RebootMode,
-    /// Wait before rebooting, s (so the Goodbye and the acknowledgement get out).
-    #[serde(default)]
-    pub delay_seconds: u64,
-}
-
 /// Why a reboot could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum RebootError {
@@ -109,12 +81,12 @@ pub enum RebootError {
 
 impl RebootError {
     /// The command error code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> CommandErrorCode {
         match self {
-            RebootError::BadArgs(_) => "INVALID_ARGUMENT",
-            RebootError::NoCommand => "UNSUPPORTED",
+            RebootError::BadArgs(_) => CommandErrorCode::InvalidArgument,
+            RebootError::NoCommand => CommandErrorCode::Unsupported,
             RebootError::Spawn { .. } | RebootError::Failed { .. } | RebootError::Syscall(_) => {
-                "REBOOT_FAILED"
+                CommandErrorCode::RebootFailed
             }
         }
     }
@@ -192,7 +164,7 @@ pub fn goodbye(epoch: u64, boot_id: &str) -> bc_protocol::pb::AgentMessage {
 /// For [`Journal::recover`]'s `keep`: a node.reboot accepted in this same boot is still pending
 /// (the machine has not gone down yet, or the agent restarted before it did).
 pub fn keep_pending(e: &Entry, current_boot_id: &str) -> bool {
-    e.name == NAME && !current_boot_id.is_empty() && e.boot_id == current_boot_id
+    e.name == NAME.as_str() && !current_boot_id.is_empty() && e.boot_id == current_boot_id
 }
 
 /// At agent start, before `recover`: every unfinished node.reboot accepted under another boot id
@@ -203,14 +175,15 @@ pub fn complete_after_boot(journal: &Journal, current_boot_id: &str, now_ms: i64
     }
     let mut done = Vec::new();
     for mut e in journal.entries() {
-        if e.name != NAME || e.is_finished() || e.boot_id == current_boot_id {
+        if e.name != NAME.as_str() || e.is_finished() || e.boot_id == current_boot_id {
             continue;
         }
         e.state = "succeeded".to_owned();
-        e.result = Some(serde_json::json!({
-            "previousBootId": e.boot_id,
-            "bootId": current_boot_id,
-        }));
+        e.result = serde_json::to_value(RebootResult {
+            boot_id: current_boot_id.to_owned(),
+            previous_boot_id: e.boot_id.clone(),
+        })
+        .ok();
         e.finished_at = Some(now_ms);
         match journal.put(&e) {
             Ok(()) => done.push(e),
@@ -245,8 +218,8 @@ mod tests {
     fn reboot_completes_only_under_a_new_boot_id() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let j = Journal::open(dir.path())?;
-        j.put(&entry("cmd_same", NAME, "boot-a"))?;
-        j.put(&entry("cmd_old", NAME, "boot-old"))?;
+        j.put(&entry("cmd_same", NAME.as_str(), "boot-a"))?;
+        j.put(&entry("cmd_old", NAME.as_str(), "boot-old"))?;
         j.put(&entry("cmd_other", "inventory.refresh", "boot-old"))?;
         let done = complete_after_boot(&j, "boot-a", 20);
         assert_eq!(done.len(), 1);
@@ -260,8 +233,8 @@ mod tests {
             Some(serde_json::json!({"previousBootId": "boot-old", "bootId": "boot-a"}))
         );
         assert_eq!(j.get("cmd_same").map(|e| e.state), Some("accepted".into()));
-        assert!(keep_pending(&entry("x", NAME, "boot-a"), "boot-a"));
-        assert!(!keep_pending(&entry("x", NAME, "boot-a"), ""));
+        assert!(keep_pending(&entry("x", NAME.as_str(), "boot-a"), "boot-a"));
+        assert!(!keep_pending(&entry("x", NAME.as_str(), "boot-a"), ""));
         assert!(!keep_pending(&entry("x", "gpu.reset", "boot-a"), "boot-a"));
         Ok(())
     }

@@ -404,7 +404,7 @@ fn a_reset_with_running_processes_is_refused() {
     inventory_gpus(&node.cfg).unwrap();
     let before = node.read();
     let err = reset(&node.cfg, &ResetTarget::All, &node.root).unwrap_err();
-    assert_eq!(err.code(), "GPU_BUSY");
+    assert_eq!(err.code().as_str(), "GPU_BUSY");
     assert!(err.to_string().contains("4242"), "{err}");
     assert_eq!(err.details().unwrap()[0]["pids"], json!([4242]));
     assert_eq!(err.details().unwrap()[0]["pciBusId"], "0000:8b:00.0");
@@ -420,7 +420,7 @@ fn a_failed_reset_still_restores_persistence_mode() {
     node.update(|v| v["gpus"][1]["resetFails"] = json!(true));
     let target = ResetTarget::Gpus(vec!["0000:1B:00.0".into()]);
     let err = reset(&node.cfg, &target, &node.root).unwrap_err();
-    assert_eq!(err.code(), "RESET_FAILED", "{err}");
+    assert_eq!(err.code().as_str(), "RESET_FAILED", "{err}");
     let details = err.details().unwrap();
     assert_eq!(details["gpus"][0]["persistenceModeRestored"], true);
     assert!(
@@ -493,7 +493,7 @@ fn unknown_gpus_are_not_found() {
         &node.root,
     )
     .unwrap_err();
-    assert_eq!(err.code(), "NOT_FOUND");
+    assert_eq!(err.code().as_str(), "NOT_FOUND");
 }
 
 #[test]

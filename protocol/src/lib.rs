@@ -17,11 +17,13 @@
 //! - Features: `grpc` (default) generates the tonic clients and servers; without it [`pb`] is the
 //!   messages alone and nothing here depends on tonic. `openapi` derives utoipa schemas for the
 //!   types the operator API returns (same serde shape).
+//! - [`commands`] types the arguments and results of every command and the XID event payload.
 //!
 //! # Limitations
 //! No I/O lives here: this crate is pure data.
 #![forbid(unsafe_code)]
 
+pub mod commands;
 pub mod inventory;
 pub mod kinds;
 #[cfg(feature = "openapi")]

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_protocol::CommandName;
+use bc_protocol::commands::CommandErrorCode;
+use bc_protocol::commands::inventory::InventoryRefreshResult;
 use bc_protocol::pb::{AgentMessage, Command, CommandState, CommandUpdate, agent_message};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -15,7 +17,7 @@ use super::journal::{Entry, Journal};
 use crate::hostroot::HostRoot;
 
 /// A failed command: `(code, message)`.
-pub type CommandFailure = (String, String);
+pub type CommandFailure = (CommandErrorCode, String);
 
 /// Runs commands for the session.
 #[derive(Debug)]
@@ -118,7 +120,7 @@ impl Executor {
                     progress: 0,
                     result_json: Vec::new(),
                     error: Some(bc_protocol::pb::ErrorInfo {
-                        code: "JOURNAL_UNWRITABLE".into(),
+                        code: CommandErrorCode::JournalUnwritable.as_str().to_owned(),
                         message: e.to_string(),
                     }),
                 },
@@ -145,7 +147,7 @@ impl Executor {
             let outcome = match tokio::time::timeout(Duration::from_millis(remaining), run).await {
                 Ok(r) => r,
                 Err(_) => Err((
-                    "DEADLINE_EXCEEDED".to_owned(),
+                    CommandErrorCode::DeadlineExceeded,
                     "the command ran past its deadline".to_owned(),
                 )),
             };
@@ -157,7 +159,7 @@ impl Executor {
                 }
                 Err((code, message)) => {
                     entry.state = "failed".to_owned();
-                    entry.error_code = Some(code);
+                    entry.error_code = Some(code.as_str().to_owned());
                     entry.error_message = Some(message);
                 }
             }
@@ -185,7 +187,7 @@ impl Executor {
             && !e.is_finished()
         {
             e.state = "cancelled".to_owned();
-            e.error_code = Some("CANCELLED".to_owned());
+            e.error_code = Some(CommandErrorCode::Cancelled.as_str().to_owned());
             e.error_message = Some("cancelled by the control plane".to_owned());
             e.finished_at = Some(now_ms());
             let _ = self.journal.put(&e);
@@ -193,6 +195,11 @@ impl Executor {
             send(out, epoch, e.update());
         }
     }
+}
+
+/// A typed result as the JSON value the journal keeps and the update carries.
+fn to_result(v: &impl serde::Serialize) -> Result<Value, CommandFailure> {
+    serde_json::to_value(v).map_err(|e| (CommandErrorCode::Internal, e.to_string()))
 }
 
 /// Runs one command. Unknown or not-yet-supported commands fail with `UNSUPPORTED`.
@@ -207,14 +214,18 @@ async fn execute(
     let (root, nvml) = (&ex.root, &ex.nvml);
     let parsed: CommandName = name
         .parse()
-        .map_err(|e: bc_protocol::ParseEnumError| ("UNSUPPORTED".to_owned(), e.to_string()))?;
+        .map_err(|e: bc_protocol::ParseEnumError| (CommandErrorCode::Unsupported, e.to_string()))?;
     match parsed {
         CommandName::InventoryRefresh => {
             let inv = super::session::inventory_message(root, nvml)
                 .await
-                .map_err(|e| ("INVENTORY_FAILED".to_owned(), e))?;
-            let doc: Value = serde_json::from_slice(&inv.document_json).unwrap_or(Value::Null);
+                .map_err(|e| (CommandErrorCode::InventoryFailed, e))?;
             let hw = inv.hardware.clone().unwrap_or_default();
+            let summary = InventoryRefreshResult::summarize(
+                &inv.document_json,
+                hw.trusted,
+                hw.identifier_digests.len(),
+            );
             out.send(AgentMessage {
                 epoch,
                 msg: Some(agent_message::Msg::Inventory(inv)),
@@ -222,24 +233,16 @@ async fn execute(
             .await
             .map_err(|_| {
                 (
-                    "SESSION_CLOSED".to_owned(),
+                    CommandErrorCode::SessionClosed,
                     "the session closed before the inventory was sent".to_owned(),
                 )
             })?;
-            Ok(json!({
-                "hardwareKeyTrusted": hw.trusted,
-                "identifiers": hw.identifier_digests.len(),
-                "cpuThreads": doc.pointer("/cpu/threads"),
-                "memoryBytes": doc.pointer("/memory/totalBytes"),
-                "nics": doc.get("nics").and_then(Value::as_array).map(Vec::len),
-                "disks": doc.get("disks").and_then(Value::as_array).map(Vec::len),
-                "notes": doc.get("notes").and_then(Value::as_array).map(Vec::len),
-            }))
+            to_result(&summary)
         }
         CommandName::DiagNvml => {
             let a: crate::nvml::DiagArgs = serde_json::from_value(args.clone()).map_err(|e| {
                 (
-                    "INVALID_ARGUMENT".to_owned(),
+                    CommandErrorCode::InvalidArgument,
                     format!("diag.nvml args: {e}"),
                 )
             })?;
@@ -248,14 +251,14 @@ async fn execute(
                 crate::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)
             })
             .await
-            .map_err(|e| ("INTERNAL".to_owned(), e.to_string()))?;
+            .map_err(|e| (CommandErrorCode::Internal, e.to_string()))?;
             crate::metrics::global().record_diag(&report);
-            serde_json::to_value(report).map_err(|e| ("INTERNAL".to_owned(), e.to_string()))
+            to_result(&report)
         }
         CommandName::GpuReset => {
             let a: crate::nvml::ResetArgs = serde_json::from_value(args.clone()).map_err(|e| {
                 (
-                    "INVALID_ARGUMENT".to_owned(),
+                    CommandErrorCode::InvalidArgument,
                     format!("gpu.reset args: {e}"),
                 )
             })?;
@@ -263,17 +266,15 @@ async fn execute(
             let outcome =
                 tokio::task::spawn_blocking(move || crate::nvml::reset(&cfg, &a.gpus, &root))
                     .await
-                    .map_err(|e| ("INTERNAL".to_owned(), e.to_string()))?;
+                    .map_err(|e| (CommandErrorCode::Internal, e.to_string()))?;
             match outcome {
-                Ok(report) => {
-                    serde_json::to_value(report).map_err(|e| ("INTERNAL".to_owned(), e.to_string()))
-                }
+                Ok(report) => to_result(&report),
                 Err(e) => {
                     let details = e
                         .details()
                         .map(|d| format!(" details: {d}"))
                         .unwrap_or_default();
-                    Err((e.code().to_owned(), format!("{e}{details}")))
+                    Err((e.code(), format!("{e}{details}")))
                 }
             }
         }
@@ -282,13 +283,13 @@ async fn execute(
             if ops.upload.is_none() {
                 ops.upload = ex.uploader.lock().clone();
             }
-            crate::logs::run_command(&ops, root, id, args, out, epoch)
+            let result = crate::logs::run_command(&ops, root, id, args, out, epoch)
                 .await
-                .map_err(|e| (e.code().to_owned(), e.to_string()))
+                .map_err(|e| (e.code(), e.to_string()))?;
+            to_result(&result)
         }
         CommandName::NodeReboot => {
-            let a = crate::reboot::parse_args(args)
-                .map_err(|e| (e.code().to_owned(), e.to_string()))?;
+            let a = crate::reboot::parse_args(args).map_err(|e| (e.code(), e.to_string()))?;
             let bye = crate::reboot::goodbye(epoch, &ex.boot_id);
             // reboot(2) does not return: say Goodbye first. A program (systemctl) returns once
             // the reboot is under way, so a failure can still be reported on this session.
@@ -297,7 +298,7 @@ async fn execute(
             }
             crate::reboot::start(&ex.ops.reboot, &a)
                 .await
-                .map_err(|e| (e.code().to_owned(), e.to_string()))?;
+                .map_err(|e| (e.code(), e.to_string()))?;
             let _ = out.send(bye).await;
             // The result comes with the next boot (`reboot::complete_after_boot`), or the
             // control plane expires the command if the machine never comes back.
@@ -306,7 +307,7 @@ async fn execute(
         // Every name is served today; a new one fails clearly until it has an arm.
         #[allow(unreachable_patterns)]
         other => Err((
-            "UNSUPPORTED".to_owned(),
+            CommandErrorCode::Unsupported,
             format!("{} is not supported by this agent build", other.as_str()),
         )),
     }

@@ -6,6 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use bc_protocol::commands::CommandErrorCode;
 use bc_protocol::pb::{CommandState, CommandUpdate, ErrorInfo};
 use serde::{Deserialize, Serialize};
 
@@ -146,7 +147,7 @@ impl Journal {
             }
             if !e.is_finished() && !keep(&e) {
                 e.state = "failed".to_owned();
-                e.error_code = Some("AGENT_RESTARTED".to_owned());
+                e.error_code = Some(CommandErrorCode::AgentRestarted.as_str().to_owned());
                 e.error_message = Some(
                     "the agent stopped while this command ran; it is not run again".to_owned(),
                 );

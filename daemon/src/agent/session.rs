@@ -262,7 +262,7 @@ pub async fn run_once(ctx: &SessionContext, sh: Shared<'_>) -> SessionEnd {
             Some(x) = sh.xids.recv() => {
                 tracing::warn!(xid = x.xid, gpu = ?x.pci_bus_id, class = ?x.class, "XID");
                 let ev = bc_protocol::pb::Event {
-                    r#type: "xid".to_owned(),
+                    r#type: bc_protocol::commands::EventType::Xid.as_str().to_owned(),
                     message: format!("Xid {} on {}", x.xid, x.pci_bus_id.as_deref().unwrap_or("an unknown GPU")),
                     data_json: serde_json::to_vec(&x).unwrap_or_default(),
                     at_ms: x.observed_at.timestamp_millis(),

@@ -14,112 +14,15 @@ pub mod upload;
 
 pub use collect::{Bundle, collect};
 
-use serde::{Deserialize, Serialize};
+use bc_protocol::commands::CommandErrorCode;
 
-/// The command name.
-pub const NAME: &str = "logs.collect";
-/// `maxBytes` when not given, bytes (64 MiB).
-pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// Longest line kept as one; longer lines are split, bytes.
 pub const MAX_LINE_BYTES: u64 = 64 * 1024;
 
-/// A log source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Source {
-    /// systemd's journal through `journalctl` (`--journalctl`).
-    Journal,
-    /// The kernel ring buffer, `/dev/kmsg` under the host root.
-    Kernel,
-    /// The agent's own log file (`--log-file`).
-    Agent,
-    /// `nvidia-bug-report.sh` (`--nvidia-bug-report`); opt-in, never in the default set.
-    NvidiaBugReport,
-}
-
-impl Source {
-    /// The file name inside the tar.
-    pub fn file_name(self) -> &'static str {
-        match self {
-            Source::Journal => "journal.log",
-            Source::Kernel => "kernel.log",
-            Source::Agent => "agent.log",
-            Source::NvidiaBugReport => "nvidia-bug-report.log.gz",
-        }
-    }
-
-    /// The camelCase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Journal => "journal",
-            Source::Kernel => "kernel",
-            Source::Agent => "agent",
-            Source::NvidiaBugReport => "nvidiaBugReport",
-        }
-    }
-}
-
-/// Sources collected when `sources` is not given.
-pub const DEFAULT_SOURCES: &[Source] = &[Source::Journal, Source::Kernel, Source::Agent];
-
-/// The args of logs.collect (camelCase JSON).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CollectArgs {
-    /// A duration back from now (`"2h"`, humantime) or an RFC 3339 time.
-    pub since: Option<String>,
-    /// Which sources; default [`DEFAULT_SOURCES`].
-    pub sources: Option<Vec<Source>>,
-    /// Cap on the collected bytes (uncompressed, after redaction); default [`DEFAULT_MAX_BYTES`].
-    pub max_bytes: Option<u64>,
-}
-
-/// What happened to one source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum SourceStatus {
-    /// Collected in full.
-    Collected,
-    /// Collected up to the `maxBytes` budget.
-    Truncated,
-    /// Not there (no binary, no file, no permission): noted, not a failure.
-    Missing,
-    /// Ran but failed; what it wrote before failing is kept.
-    Failed,
-}
-
-/// One source in the manifest.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SourceReport {
-    pub source: Source,
-    /// Path inside the tar; `None` when nothing was collected.
-    pub file: Option<String>,
-    pub status: SourceStatus,
-    /// Bytes in the tar, after redaction.
-    pub bytes: u64,
-    /// Secrets replaced.
-    pub redactions: u64,
-    /// Why it is missing, failed or truncated.
-    pub reason: Option<String>,
-}
-
-/// `manifest.json`, the first entry of the tar and part of the command result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Manifest {
-    /// Format version, 1.
-    pub version: u32,
-    /// RFC 3339.
-    pub created_at: String,
-    /// The `since` bound applied (RFC 3339), if any. The kernel ring buffer is not filtered: its
-    /// records carry time since boot, not wall time.
-    pub since: Option<String>,
-    pub max_bytes: u64,
-    /// Whether any source was cut at `maxBytes`.
-    pub truncated: bool,
-    pub sources: Vec<SourceReport>,
-}
+pub use bc_protocol::commands::logs::{
+    CollectArgs, CollectResult, DEFAULT_MAX_BYTES, DEFAULT_SOURCES, Manifest, Source, SourceReport,
+    SourceStatus,
+};
 
 /// Why logs.collect failed (a missing source is not a failure).
 #[derive(Debug, thiserror::Error)]
@@ -138,11 +41,11 @@ pub enum LogsError {
 
 impl LogsError {
     /// The command error code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> CommandErrorCode {
         match self {
-            LogsError::BadArgs(_) => "INVALID_ARGUMENT",
-            LogsError::Io { .. } => "COLLECT_FAILED",
-            LogsError::Upload(_) => "UPLOAD_FAILED",
+            LogsError::BadArgs(_) => CommandErrorCode::InvalidArgument,
+            LogsError::Io { .. } => CommandErrorCode::CollectFailed,
+            LogsError::Upload(_) => CommandErrorCode::UploadFailed,
         }
     }
 }
@@ -178,7 +81,7 @@ pub fn parse_args(
 }
 
 /// Runs logs.collect for command `command_id`: collects on a blocking thread, reports progress 50,
-/// uploads, and returns the result `{bundleBytes, sha256, truncated, manifest}`.
+/// uploads, and returns the result.
 pub async fn run_command(
     ops: &crate::ops::OpsConfig,
     root: &crate::hostroot::HostRoot,
@@ -186,7 +89,7 @@ pub async fn run_command(
     args: &serde_json::Value,
     out: &tokio::sync::mpsc::Sender<bc_protocol::pb::AgentMessage>,
     epoch: u64,
-) -> Result<serde_json::Value, LogsError> {
+) -> Result<CollectResult, LogsError> {
     let (a, since) = parse_args(args, chrono::Utc::now())?;
     let up = ops
         .upload
@@ -220,12 +123,12 @@ pub async fn run_command(
             bundle.bytes, bundle.sha256
         )));
     }
-    Ok(serde_json::json!({
-        "bundleBytes": bundle.bytes,
-        "sha256": bundle.sha256,
-        "truncated": bundle.manifest.truncated,
-        "manifest": bundle.manifest,
-    }))
+    Ok(CollectResult {
+        bundle_bytes: bundle.bytes,
+        truncated: bundle.manifest.truncated,
+        sha256: bundle.sha256,
+        manifest: bundle.manifest,
+    })
 }
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ pub enum GpuCliError {
     #[error("{code}: {source}{}", details.as_ref().map(|d| format!("\n{d:#}")).unwrap_or_default())]
     Reset {
         /// `ResetError::code()`.
-        code: &'static str,
+        code: bc_protocol::commands::CommandErrorCode,
         /// The error.
         source: ResetError,
         /// `ResetError::details()`.

@@ -4,228 +4,55 @@
 //! threshold it was held against. A check whose NVML query the GPU does not support passes with
 //! the value `"notSupported"`. The per-GPU checks live in `checks.rs`.
 
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::hostroot::HostRoot;
 
 use super::busid::PciAddr;
 use super::checks::gpu_checks;
 use super::kmsg::{self, KmsgEvent};
-use super::xid::RecommendedAction;
 use super::{NvmlConfig, NvmlError, open};
 
-/// A check's outcome, from best to worst (the derived order picks the worst of several).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum CheckStatus {
-    /// Healthy.
-    Pass,
-    /// Worth a look; does not make the GPU unusable.
-    Warn,
-    /// Unhealthy: the control plane's Health controller turns this into a condition.
-    Fail,
-}
+pub use bc_protocol::commands::diag::{
+    Check, CheckStatus, DiagArgs, DiagReport, ExpectedGpus, GpuReport, worst,
+};
+pub use bc_protocol::commands::xid::RecommendedAction;
 
-/// One check.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Check {
-    /// camelCase check id, e.g. `volatileUncorrectedEcc`.
-    pub name: String,
-    /// Outcome.
-    pub status: CheckStatus,
-    /// What was measured (a number in `unit`, a string, a bool or a list).
-    pub value: Value,
-    /// What `value` was held against, when there is a threshold.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub threshold: Option<Value>,
-    /// Unit of `value` and `threshold`: `C` (°C), `W`, `count`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unit: Option<String>,
-    /// Explanation for people.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    /// What this check alone recommends.
-    pub action: RecommendedAction,
-}
-
-impl Check {
-    fn new(name: &str, status: CheckStatus, value: impl Into<Value>) -> Self {
-        Self {
-            name: name.to_owned(),
-            status,
-            value: value.into(),
-            threshold: None,
-            unit: None,
-            detail: None,
-            action: RecommendedAction::None,
-        }
-    }
-
-    /// A passing check.
-    pub fn pass(name: &str, value: impl Into<Value>) -> Self {
-        Self::new(name, CheckStatus::Pass, value)
-    }
-
-    /// A warning.
-    pub fn warn(name: &str, value: impl Into<Value>) -> Self {
-        Self::new(name, CheckStatus::Warn, value)
-    }
-
-    /// A failure that calls for `action`.
-    pub fn fail(name: &str, value: impl Into<Value>, action: RecommendedAction) -> Self {
-        Self {
-            action,
-            ..Self::new(name, CheckStatus::Fail, value)
-        }
-    }
-
-    /// Pass, warn or fail by `status` (`action` only applies to a failure).
-    pub fn with_status(
-        name: &str,
-        status: CheckStatus,
-        value: impl Into<Value>,
-        action: RecommendedAction,
-    ) -> Self {
-        match status {
-            CheckStatus::Fail => Self::fail(name, value, action),
-            s => Self::new(name, s, value),
-        }
-    }
-
-    /// Sets the threshold.
-    pub fn threshold(mut self, t: impl Into<Value>) -> Self {
-        self.threshold = Some(t.into());
-        self
-    }
-
-    /// Sets the unit.
-    pub fn unit(mut self, u: &str) -> Self {
-        self.unit = Some(u.to_owned());
-        self
-    }
-
-    /// Sets the detail.
-    pub fn detail(mut self, d: impl Into<String>) -> Self {
-        self.detail = Some(d.into());
-        self
-    }
-}
-
-/// What the pool's hardware profile says the node has.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExpectedGpus {
-    /// Number of GPUs.
-    pub count: u32,
-    /// A substring every GPU's NVML name must contain, e.g. `H100`.
-    #[serde(default)]
-    pub name: Option<String>,
-}
-
-/// The arguments of the `diag.nvml` command: `{"expectedGpus": {"count": 8, "name": "H100"}}`
-/// (optional; from the pool's hardware profile).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DiagArgs {
-    /// What the node should have.
-    #[serde(default)]
-    pub expected_gpus: Option<ExpectedGpus>,
-}
-
-/// One GPU's results.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GpuReport {
-    /// NVML index.
-    pub index: u32,
-    /// `GPU-...`, empty when NVML could not say.
-    pub uuid: String,
-    /// `0000:1a:00.0`.
-    pub pci_bus_id: String,
-    /// Product name.
-    pub name: String,
-    /// Every check, in a fixed order.
-    pub checks: Vec<Check>,
-    /// The worst check status.
-    pub verdict: CheckStatus,
-    /// The strongest action the checks call for.
-    pub action: RecommendedAction,
-}
-
-/// The result of `diag.nvml`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DiagReport {
-    /// NVML loaded and initialized.
-    pub nvml_available: bool,
-    /// `NVML unavailable: <reason>` when it did not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unavailable_reason: Option<String>,
-    /// `nvmlSystemGetDriverVersion`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver_version: Option<String>,
-    /// `nvmlSystemGetNVMLVersion`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nvml_version: Option<String>,
-    /// Node-wide checks: `nvml`, `driverVersion`, `nvmlVersion`, `gpuCount`.
-    pub node_checks: Vec<Check>,
-    /// Per GPU, in NVML index order.
-    pub gpus: Vec<GpuReport>,
-    /// The worst status of all checks.
-    pub verdict: CheckStatus,
-    /// The strongest action of all checks.
-    pub action: RecommendedAction,
-    /// One line for people.
-    pub summary: String,
-}
-
-impl DiagReport {
-    fn finish(mut self) -> Self {
-        let all = self
+/// Fills in the verdict, the action and (unless set) the summary of a report from its checks.
+fn finish(mut report: DiagReport) -> DiagReport {
+    let all = report
+        .node_checks
+        .iter()
+        .chain(report.gpus.iter().flat_map(|g| g.checks.iter()));
+    let (verdict, action) = worst(all);
+    report.verdict = verdict;
+    report.action = action;
+    if report.summary.is_empty() {
+        let failing: Vec<String> = report
             .node_checks
             .iter()
-            .chain(self.gpus.iter().flat_map(|g| g.checks.iter()));
-        let (verdict, action) = worst(all);
-        self.verdict = verdict;
-        self.action = action;
-        if self.summary.is_empty() {
-            let failing: Vec<String> = self
-                .node_checks
-                .iter()
-                .filter(|c| c.status == CheckStatus::Fail)
-                .map(|c| c.name.clone())
-                .chain(self.gpus.iter().flat_map(|g| {
-                    g.checks
-                        .iter()
-                        .filter(|c| c.status == CheckStatus::Fail)
-                        .map(move |c| format!("GPU {} {}: {}", g.index, g.pci_bus_id, c.name))
-                }))
-                .collect();
-            let status = serde_json::to_value(verdict)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            let action = serde_json::to_value(action)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            self.summary = format!("{} GPUs: {status}; action: {action}", self.gpus.len());
-            if !failing.is_empty() {
-                self.summary
-                    .push_str(&format!("; failing: {}", failing.join(", ")));
-            }
+            .filter(|c| c.status == CheckStatus::Fail)
+            .map(|c| c.name.clone())
+            .chain(report.gpus.iter().flat_map(|g| {
+                g.checks
+                    .iter()
+                    .filter(|c| c.status == CheckStatus::Fail)
+                    .map(move |c| format!("GPU {} {}: {}", g.index, g.pci_bus_id, c.name))
+            }))
+            .collect();
+        report.summary = format!(
+            "{} GPUs: {}; action: {}",
+            report.gpus.len(),
+            verdict.as_str(),
+            action.as_str()
+        );
+        if !failing.is_empty() {
+            report
+                .summary
+                .push_str(&format!("; failing: {}", failing.join(", ")));
         }
-        self
     }
-}
-
-/// The worst status and strongest action among `checks`.
-pub fn worst<'a>(checks: impl Iterator<Item = &'a Check>) -> (CheckStatus, RecommendedAction) {
-    checks.fold((CheckStatus::Pass, RecommendedAction::None), |(s, a), c| {
-        (s.max(c.status), a.max(c.action))
-    })
+    report
 }
 
 /// Runs every check. Never fails: an unusable NVML is itself a result ("NVML unavailable").
@@ -258,7 +85,7 @@ pub fn diag(cfg: &NvmlConfig, expected: Option<&ExpectedGpus>, root: &HostRoot) 
             report.node_checks.push(check.detail(reason.clone()));
             report.unavailable_reason = Some(reason.clone());
             report.summary = reason;
-            return report.finish();
+            return finish(report);
         }
     };
     report.nvml_available = true;
@@ -299,7 +126,7 @@ pub fn diag(cfg: &NvmlConfig, expected: Option<&ExpectedGpus>, root: &HostRoot) 
                 RecommendedAction::Service,
             ));
             report.summary = format!("nvmlDeviceGetCount failed: {e}");
-            return report.finish();
+            return finish(report);
         }
     };
     let mut seen = Vec::new();
@@ -340,7 +167,7 @@ pub fn diag(cfg: &NvmlConfig, expected: Option<&ExpectedGpus>, root: &HostRoot) 
     report
         .node_checks
         .push(count_check(count, expected, &events, &seen));
-    report.finish()
+    finish(report)
 }
 
 /// A GPU NVML lists but cannot open.

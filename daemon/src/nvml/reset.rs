@@ -17,7 +17,6 @@ use std::time::Duration;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 use nvml_wrapper::{Device, Nvml};
-use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::hostroot::HostRoot;
 
@@ -26,104 +25,14 @@ use super::checks::{NVLINK_MAX_LINKS, field_u64s};
 use super::tool::run_with_timeout;
 use super::{NvmlConfig, NvmlError, kmsg, open, xid};
 
-/// Which GPUs to reset: `"all"` or a list of UUIDs / PCI bus ids.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum ResetTarget {
-    /// Every GPU on the node.
-    All,
-    /// These GPUs (`GPU-...` or `0000:1a:00.0`).
-    Gpus(Vec<String>),
-}
-
-impl<'de> Deserialize<'de> for ResetTarget {
-    /// Accepts `"all"` or `["GPU-...", "0000:1a:00.0"]`.
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Word(String),
-            List(Vec<String>),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Word(w) if w == "all" => Ok(Self::All),
-            Raw::Word(w) => Err(serde::de::Error::custom(format!(
-                "gpus must be \"all\" or a list, got {w:?}"
-            ))),
-            Raw::List(l) => Ok(Self::Gpus(l)),
-        }
-    }
-}
-
-/// The arguments of the `gpu.reset` command: `{"gpus": "all" | ["GPU-…", "0000:1a:00.0"]}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ResetArgs {
-    /// Which GPUs.
-    pub gpus: ResetTarget,
-}
+use bc_protocol::commands::CommandErrorCode;
+pub use bc_protocol::commands::reset::{
+    BusyGpu, GpuResetResult, GpuSnapshot, ResetArgs, ResetReport, ResetTarget,
+};
 
 /// How long `nvidia-smi -r` may run before it is killed and the reset counts as failed. NVIDIA
 /// documents resets taking seconds; a hung tool must not hold the NVML gate forever.
 pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// A GPU that holds compute processes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BusyGpu {
-    /// `0000:1a:00.0`.
-    pub pci_bus_id: String,
-    /// `GPU-...`.
-    pub uuid: String,
-    /// Process ids (`nvmlDeviceGetComputeRunningProcesses_v3`).
-    pub pids: Vec<u32>,
-}
-
-/// A GPU's resettable state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GpuSnapshot {
-    /// `GPU-...`; empty when the GPU was not found at its bus id.
-    pub uuid: String,
-    /// Persistence mode on.
-    pub persistence_mode: bool,
-    /// Volatile corrected ECC errors (`None`: not supported).
-    pub volatile_corrected_ecc: Option<u64>,
-    /// Volatile uncorrected ECC errors.
-    pub volatile_uncorrected_ecc: Option<u64>,
-    /// NVML recovery action name (field 230; `None`: not supported).
-    pub recovery_action: Option<String>,
-}
-
-/// One reset GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GpuResetResult {
-    /// `0000:1a:00.0`.
-    pub pci_bus_id: String,
-    /// Asked for (false: added as an NVLink peer).
-    pub requested: bool,
-    /// Before the reset.
-    pub before: GpuSnapshot,
-    /// After the reset (and persistence restore).
-    pub after: Option<GpuSnapshot>,
-    /// Persistence mode was on before and is on again.
-    pub persistence_mode_restored: Option<bool>,
-    /// What verification found wrong; empty when verified.
-    pub problems: Vec<String>,
-}
-
-/// The result of `gpu.reset`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ResetReport {
-    /// Every GPU reset, requested ones first.
-    pub gpus: Vec<GpuResetResult>,
-    /// What `nvidia-smi` printed (stdout then stderr).
-    pub nvidia_smi_output: String,
-    /// All GPUs verified.
-    pub verified: bool,
-}
 
 /// `gpu.reset` failed.
 #[derive(Debug, thiserror::Error)]
@@ -181,16 +90,16 @@ fn describe_busy(b: &[BusyGpu]) -> String {
 
 impl ResetError {
     /// The command error code the agent reports.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> CommandErrorCode {
         match self {
-            Self::Nvml(_) => "NVML_UNAVAILABLE",
-            Self::InvalidArgument(_) => "INVALID_ARGUMENT",
-            Self::NotFound(_) => "NOT_FOUND",
-            Self::GpuBusy(_) => "GPU_BUSY",
+            Self::Nvml(_) => CommandErrorCode::NvmlUnavailable,
+            Self::InvalidArgument(_) => CommandErrorCode::InvalidArgument,
+            Self::NotFound(_) => CommandErrorCode::NotFound,
+            Self::GpuBusy(_) => CommandErrorCode::GpuBusy,
             Self::Persistence { .. } | Self::Spawn { .. } | Self::ResetFailed { .. } => {
-                "RESET_FAILED"
+                CommandErrorCode::ResetFailed
             }
-            Self::VerifyFailed { .. } => "RESET_NOT_VERIFIED",
+            Self::VerifyFailed { .. } => CommandErrorCode::ResetNotVerified,
         }
     }
 
@@ -502,25 +411,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn targets_parse_from_all_or_a_list() {
-        let all: ResetTarget = serde_json::from_str(r#""all""#).unwrap();
-        assert_eq!(all, ResetTarget::All);
-        let l: ResetTarget = serde_json::from_str(r#"["GPU-1","0000:1a:00.0"]"#).unwrap();
-        assert_eq!(
-            l,
-            ResetTarget::Gpus(vec!["GPU-1".into(), "0000:1a:00.0".into()])
-        );
-        assert!(serde_json::from_str::<ResetTarget>(r#""some""#).is_err());
-    }
-
-    #[test]
-    fn command_args_parse() {
-        let a: ResetArgs = serde_json::from_str(r#"{"gpus":"all"}"#).unwrap();
-        assert_eq!(a.gpus, ResetTarget::All);
-        assert!(serde_json::from_str::<ResetArgs>(r#"{"gpus":"all","x":1}"#).is_err());
-    }
-
-    #[test]
     fn targets_resolve_by_uuid_or_bus_id() {
         let g = |i: u32, bus: u8| Gpu {
             index: i,
@@ -535,8 +425,11 @@ mod tests {
         let t = ResetTarget::Gpus(vec!["00000000:1B:00.0".into(), "gpu-0".into()]);
         assert_eq!(resolve(&gpus, &t).unwrap(), vec![1, 0]);
         let t = ResetTarget::Gpus(vec!["GPU-9".into()]);
-        assert_eq!(resolve(&gpus, &t).unwrap_err().code(), "NOT_FOUND");
+        assert_eq!(resolve(&gpus, &t).unwrap_err().code().as_str(), "NOT_FOUND");
         let t = ResetTarget::Gpus(vec![]);
-        assert_eq!(resolve(&gpus, &t).unwrap_err().code(), "INVALID_ARGUMENT");
+        assert_eq!(
+            resolve(&gpus, &t).unwrap_err().code().as_str(),
+            "INVALID_ARGUMENT"
+        );
     }
 }

@@ -22,83 +22,42 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::Sender;
 
 use crate::hostroot::HostRoot;
 
 use super::busid::PciAddr;
 use super::kmsg::{self, KmsgError, KmsgEvent, KmsgParser};
-use super::xid::{self, RecommendedAction, XidClass};
+use super::xid;
+
 use super::{NvmlConfig, NvmlError, open};
+pub use bc_protocol::commands::xid::{XidEvent, XidSource};
 
 /// How long one NVML wait or one empty kernel-log poll lasts, ms.
 pub const POLL_MS: u32 = 250;
 
-/// Where XIDs come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum XidSource {
-    /// An NVML event set.
-    Nvml,
-    /// The kernel log.
-    Kmsg,
-}
-
-/// One XID error.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct XidEvent {
-    /// The XID number.
-    pub xid: u64,
-    /// The GPU, `0000:1a:00.0`.
-    pub pci_bus_id: Option<String>,
-    /// The GPU's UUID (NVML source only).
-    pub uuid: Option<String>,
-    /// Catalog class.
-    pub class: XidClass,
-    /// What the catalog recommends.
-    pub action: RecommendedAction,
-    /// Catalog description, when known.
-    pub description: Option<String>,
-    /// The driver's message (kernel log source only).
-    pub message: Option<String>,
-    /// Process id the driver named, if any.
-    pub pid: Option<u32>,
-    /// Where it was seen.
-    pub source: XidSource,
-    /// When bcd saw it.
-    pub observed_at: DateTime<Utc>,
-    /// No Xid was logged: the driver's own message said what happened and `xid` is the
-    /// catalog's number for it (79 for "fallen off the bus").
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub driver_message: bool,
-}
-
-impl XidEvent {
-    /// An event judged by [`xid::judge`]: the catalog, or for XID 154 the recovery action it
-    /// announces (`announced`, `nvmlDeviceGpuRecoveryAction_t`).
-    fn new(xid: u64, announced: Option<u64>, source: XidSource) -> Self {
-        let (class, action, description) = xid::judge(xid, announced);
-        Self {
-            xid,
-            pci_bus_id: None,
-            uuid: None,
-            class,
-            action,
-            description,
-            message: None,
-            pid: None,
-            source,
-            observed_at: Utc::now(),
-            driver_message: false,
-        }
+/// An event for `xid` seen by `source` now, judged by [`xid::judge`]: the catalog, or for XID
+/// 154 the recovery action it announces (`announced`, `nvmlDeviceGpuRecoveryAction_t`).
+fn xid_event(xid: u64, announced: Option<u64>, source: XidSource) -> XidEvent {
+    let (class, action, description) = xid::judge(xid, announced);
+    XidEvent {
+        xid,
+        pci_bus_id: None,
+        uuid: None,
+        class,
+        action,
+        description,
+        message: None,
+        pid: None,
+        source,
+        observed_at: Utc::now(),
+        driver_message: false,
     }
 }
 
@@ -318,7 +277,7 @@ fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEve
                 super::checks::field_u64s(&data.device, &[NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
             })
             .flatten();
-        let mut ev = XidEvent::new(xid, announced, XidSource::Nvml);
+        let mut ev = xid_event(xid, announced, XidSource::Nvml);
         ev.uuid = data.device.uuid().ok().map(super::nvml_string);
         ev.pci_bus_id = data
             .device
@@ -367,7 +326,7 @@ fn kmsg_thread(
             let announced = (x.xid == xid::RECOVERY_ACTION_CHANGED)
                 .then(|| xid::announced_recovery_action(&x.text))
                 .flatten();
-            let mut ev = XidEvent::new(x.xid, announced, XidSource::Kmsg);
+            let mut ev = xid_event(x.xid, announced, XidSource::Kmsg);
             ev.pci_bus_id = Some(x.addr.to_bus_id());
             ev.pid = x.pid;
             ev.driver_message = x.driver_message;

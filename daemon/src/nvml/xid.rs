@@ -1,43 +1,13 @@
-//! The XID catalog and the recommended actions bcd derives from it and from NVML's recovery
-//! action (field 230, `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`).
+//! The XID catalog's descriptions and the names of NVML's recovery actions (field 230,
+//! `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`). The classes and recommended actions themselves are
+//! contract types in `bc_protocol::commands::xid`, re-exported here.
 //!
 //! Classes follow NVIDIA's XID catalog ("XID Errors", GPU deployment and management
 //! documentation) and its recovery-action table: the XIDs whose documented resolution is a GPU
 //! reset, the one that needs a node reboot (79, fallen off the bus), the ones caused by the
 //! application rather than the GPU, and the purely informational ones.
 
-use serde::{Deserialize, Serialize};
-
-/// What to do about a GPU or node, from least to most disruptive (the derived order is used to
-/// pick the strongest action of several).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum RecommendedAction {
-    /// Nothing to do.
-    None,
-    /// Stop peer-to-peer (NVLink) traffic: drain the node's multi-GPU jobs.
-    DrainP2p,
-    /// Reset the GPU (`gpu.reset`).
-    ResetGpu,
-    /// Reboot the node.
-    RebootNode,
-    /// A person must look at the hardware or the driver installation.
-    Service,
-}
-
-impl RecommendedAction {
-    /// From NVML's `nvmlDeviceGpuRecoveryAction_t` (field 230): 0 none, 1 GPU reset, 2 node
-    /// reboot, 3 drain P2P, 4 drain and reset (reset is the stronger half).
-    pub fn from_nvml_recovery_action(v: u64) -> Self {
-        match v {
-            0 => Self::None,
-            1 | 4 => Self::ResetGpu,
-            2 => Self::RebootNode,
-            3 => Self::DrainP2p,
-            _ => Self::Service,
-        }
-    }
-}
+pub use bc_protocol::commands::xid::{RecommendedAction, XidClass};
 
 /// The name of an NVML recovery action value, as reported.
 pub fn recovery_action_name(v: u64) -> &'static str {
@@ -48,58 +18,6 @@ pub fn recovery_action_name(v: u64) -> &'static str {
         3 => "drainP2p",
         4 => "drainAndReset",
         _ => "unknown",
-    }
-}
-
-/// How the catalog classes an XID.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum XidClass {
-    /// Resolved by a GPU reset: 62, 64, 95, 109, 119, 120, 136, 140, 143, 155.
-    ResetRequired,
-    /// Needs a node reboot: 79.
-    RebootRequired,
-    /// The application's fault, not the GPU's: 13, 31, 94.
-    ApplicationFault,
-    /// Informational: 43, 63, 92, 121; an XID 154 that announces "no action".
-    Informational,
-    /// Peer-to-peer traffic must be drained: an XID 154 that announces "Drain P2P".
-    DrainP2pRequired,
-    /// Not in bcd's catalog (and an XID 154 whose action could not be read).
-    Unknown,
-}
-
-impl XidClass {
-    /// The catalog class of `xid`.
-    pub fn of(xid: u64) -> Self {
-        match xid {
-            62 | 64 | 95 | 109 | 119 | 120 | 136 | 140 | 143 | 155 => Self::ResetRequired,
-            79 => Self::RebootRequired,
-            13 | 31 | 94 => Self::ApplicationFault,
-            43 | 63 | 92 | 121 => Self::Informational,
-            _ => Self::Unknown,
-        }
-    }
-
-    /// The action this class calls for.
-    pub fn action(self) -> RecommendedAction {
-        match self {
-            Self::ResetRequired => RecommendedAction::ResetGpu,
-            Self::RebootRequired => RecommendedAction::RebootNode,
-            Self::DrainP2pRequired => RecommendedAction::DrainP2p,
-            Self::ApplicationFault | Self::Informational | Self::Unknown => RecommendedAction::None,
-        }
-    }
-
-    /// The class of an XID that announces `action` (XID 154, NVML field 230).
-    pub fn announcing(action: RecommendedAction) -> Self {
-        match action {
-            RecommendedAction::None => Self::Informational,
-            RecommendedAction::DrainP2p => Self::DrainP2pRequired,
-            RecommendedAction::ResetGpu => Self::ResetRequired,
-            RecommendedAction::RebootNode => Self::RebootRequired,
-            RecommendedAction::Service => Self::Unknown,
-        }
     }
 }
 
@@ -205,35 +123,15 @@ pub fn describe(xid: u64) -> Option<&'static str> {
 mod tests {
     use super::*;
 
+    // The catalog's classes and the order of actions are tested with their types in
+    // bc-protocol (`commands_tests.rs`).
     #[test]
-    fn catalog_classes_match_the_issue_lists() {
-        for x in [62, 64, 95, 109, 119, 120, 136, 140, 143, 155] {
-            assert_eq!(XidClass::of(x).action(), RecommendedAction::ResetGpu, "{x}");
-        }
-        assert_eq!(XidClass::of(79).action(), RecommendedAction::RebootNode);
-        for x in [13, 31, 94] {
-            assert_eq!(XidClass::of(x), XidClass::ApplicationFault);
-        }
-        for x in [43, 63, 92, 121] {
-            assert_eq!(XidClass::of(x), XidClass::Informational);
-        }
-        assert_eq!(XidClass::of(48), XidClass::Unknown);
-    }
-
-    #[test]
-    fn actions_order_by_disruption_and_map_from_nvml() {
-        assert!(RecommendedAction::Service > RecommendedAction::RebootNode);
-        assert!(RecommendedAction::RebootNode > RecommendedAction::ResetGpu);
-        assert!(RecommendedAction::ResetGpu > RecommendedAction::DrainP2p);
-        assert_eq!(
-            RecommendedAction::from_nvml_recovery_action(4),
-            RecommendedAction::ResetGpu
-        );
-        assert_eq!(
-            RecommendedAction::from_nvml_recovery_action(2),
-            RecommendedAction::RebootNode
-        );
+    fn recovery_actions_have_names_and_known_xids_descriptions() {
         assert_eq!(recovery_action_name(3), "drainP2p");
+        assert_eq!(recovery_action_name(0), "none");
+        assert_eq!(recovery_action_name(9), "unknown");
+        assert_eq!(describe(79), Some("GPU has fallen off the bus"));
+        assert_eq!(describe(1), None);
     }
 
     #[test]
