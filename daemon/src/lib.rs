@@ -15,7 +15,7 @@
 //!   [`hostroot::HostRoot`] so tests point them at fixture trees.
 //! - [`nvml`]: diag.nvml, gpu.reset and the XID watch through nvml-wrapper.
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
-//! - [`config`], [`notify`]: `/etc/bcd/bcd.toml` and systemd's notify protocol.
+//! - [`config`]: `/etc/bcd/bcd.toml` (systemd's notify protocol is `bc_sys::notify`).
 //! - [`logs`], [`reboot`], [`ops`]: logs.collect bundles and node.reboot.
 //! - [`sim`]: simulated node agents for `bcctl bench` and `bcctl dev --sim`.
 //!
@@ -32,7 +32,6 @@ pub mod hwkey;
 pub mod inventory;
 pub mod logs;
 pub mod metrics;
-pub mod notify;
 pub mod nvml;
 pub mod ops;
 pub mod reboot;

@@ -10,7 +10,7 @@ use bc_protocol::commands::CommandErrorCode;
 use bc_protocol::pb::{CommandState, CommandUpdate, ErrorInfo};
 use serde::{Deserialize, Serialize};
 
-use crate::state::{StateError, write_atomic};
+use crate::state::StateError;
 
 /// Results older than this are not re-sent in Hello, ms (24 h).
 pub const RESEND_WINDOW_MS: i64 = 24 * 3600 * 1000;
@@ -115,7 +115,7 @@ impl Journal {
             path: path.clone(),
             source,
         })?;
-        write_atomic(&path, &data, 0o600)
+        Ok(bc_sys::atomic::write(&path, &data, 0o600)?)
     }
 
     /// Every readable entry.

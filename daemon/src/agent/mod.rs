@@ -205,12 +205,12 @@ fn renew_at(cert_pem: &str) -> Option<tokio::time::Instant> {
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let cfg = resolve_config(&args)?;
-    let notifier = Arc::new(crate::notify::Notifier::from_env().unwrap_or_else(|e| {
+    let notifier = Arc::new(bc_sys::notify::Notifier::from_env().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; not talking to systemd");
-        crate::notify::Notifier::disabled()
+        bc_sys::notify::Notifier::disabled()
     }));
-    if let Some(every) = crate::notify::watchdog_interval_from_env() {
-        crate::notify::spawn_watchdog(Arc::clone(&notifier), every);
+    if let Some(every) = bc_sys::notify::watchdog_interval_from_env() {
+        bc_sys::notify::spawn_watchdog(Arc::clone(&notifier), every);
     }
     let (stop_tx, mut stop) = watch::channel(false);
     watch_signals(stop_tx).await?;

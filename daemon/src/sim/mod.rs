@@ -59,7 +59,7 @@ pub enum SimError {
     #[error("writing stats to {path}: {source}")]
     Stats {
         path: PathBuf,
-        source: std::io::Error,
+        source: bc_sys::atomic::AtomicWriteError,
     },
     #[error("installing the signal handler: {0}")]
     Signal(std::io::Error),
@@ -138,11 +138,8 @@ fn write_stats(args: &SimArgs, stats: &stats::Stats) -> Result<(), SimError> {
     };
     let snap = stats.snapshot(args.nodes);
     let text = serde_json::to_vec(&snap).unwrap_or_default();
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|source| SimError::Stats {
-            path: path.clone(),
-            source,
-        })
+    bc_sys::atomic::write(path, &text, 0o644).map_err(|source| SimError::Stats {
+        path: path.clone(),
+        source,
+    })
 }
