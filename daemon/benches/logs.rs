@@ -8,9 +8,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
-use bcd::hostroot::HostRoot;
 use bcd::logs::{CollectArgs, collect};
 use bcd::ops::OpsConfig;
+use bcd_probes::hostroot::HostRoot;
 
 fn vm_hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")

@@ -11,9 +11,8 @@
 //! - [`agent`]: join, the session loop (heartbeats, inventory, specs, commands), reconnect with
 //!   jittered backoff, revocation and certificate rotation, the command journal, `status.json`.
 //! - [`tls`] and [`state`]: CA-pinned TLS, mutual TLS, the state dir with atomic writes.
-//! - [`hwkey`], [`smbios`], [`inventory`]: hardware identity and inventory, all read through a
-//!   [`hostroot::HostRoot`] so tests point them at fixture trees.
-//! - [`nvml`]: diag.nvml, gpu.reset and the XID watch through nvml-wrapper.
+//! - Hardware identity, inventory and NVML (diag.nvml, gpu.reset, the XID watch) are in
+//!   `bcd-probes`.
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
 //! - [`config`]: `/etc/bcd/bcd.toml` (systemd's notify protocol is `bc_sys::notify`).
 //! - [`logs`], [`reboot`], [`ops`]: logs.collect bundles and node.reboot.
@@ -22,20 +21,14 @@
 //! # Limitations
 //! The site and ramdisk modes are documented in their crates but not implemented; the agent has
 //! no local control socket (`bcd status` reads `status.json`).
-// `unsafe` is denied everywhere but `inventory::ethtool` (one ioctl, see there).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 pub mod agent;
 pub mod config;
 pub mod converge;
-pub mod hostroot;
-pub mod hwkey;
-pub mod inventory;
 pub mod logs;
 pub mod metrics;
-pub mod nvml;
 pub mod ops;
 pub mod reboot;
 pub mod sim;
-pub mod smbios;
 pub mod state;
 pub mod tls;

@@ -25,7 +25,7 @@ enum Command {
     /// Run the ramdisk agent (inspection, burn-in, erase, image write).
     Ramdisk,
     /// Print this machine's hardware key and every candidate identifier.
-    HardwareKey(bcd::hwkey::HardwareKeyArgs),
+    HardwareKey(bcd_probes::hwkey::HardwareKeyArgs),
     /// Show what the agent of a state dir says about itself (status.json, node.json).
     Status {
         /// The agent's state dir.
@@ -36,9 +36,9 @@ enum Command {
         output: String,
     },
     /// GPU checks through NVML: list, diag, reset, watch XIDs (JSON output).
-    Gpu(bcd::nvml::cli::GpuArgs),
+    Gpu(bcd_probes::nvml::cli::GpuArgs),
     /// Print this machine's inventory.
-    Inventory(bcd::inventory::InventoryArgs),
+    Inventory(bcd_probes::inventory::InventoryArgs),
     /// Simulate N node agents (synthetic hardware, real join and session protocol) for benchmarks.
     Sim(bcd::sim::SimArgs),
 }
@@ -56,9 +56,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Site => anyhow::bail!(bcd_site::NOT_YET),
         Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),
-        Command::HardwareKey(args) => print!("{}", bcd::hwkey::run(&args)?),
-        Command::Inventory(args) => print!("{}", bcd::inventory::run(&args)?),
-        Command::Gpu(args) => bcd::nvml::cli::run(args)?,
+        Command::HardwareKey(args) => print!("{}", bcd_probes::hwkey::run(&args)?),
+        Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
+        Command::Gpu(args) => bcd_probes::nvml::cli::run(args)?,
         Command::Status { state_dir, output } => {
             let st = bcd::agent::status::StatusFile::read(&state_dir).ok_or_else(|| {
                 anyhow::anyhow!(

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::journal::{Entry, Journal};
-use crate::hostroot::HostRoot;
+use bcd_probes::hostroot::HostRoot;
 
 /// A failed command: `(code, message)`.
 pub type CommandFailure = (CommandErrorCode, String);
@@ -26,7 +26,7 @@ pub struct Executor {
     pub root: HostRoot,
     pub boot_id: String,
     /// Where NVML and `nvidia-smi` are (diag.nvml, gpu.reset, GPU inventory).
-    pub nvml: crate::nvml::NvmlConfig,
+    pub nvml: bcd_probes::nvml::NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: crate::ops::OpsConfig,
     running: Mutex<HashMap<String, tokio::task::AbortHandle>>,
@@ -56,7 +56,7 @@ impl Executor {
         journal: Journal,
         root: HostRoot,
         boot_id: String,
-        nvml: crate::nvml::NvmlConfig,
+        nvml: bcd_probes::nvml::NvmlConfig,
     ) -> Self {
         Self {
             journal,
@@ -240,15 +240,16 @@ async fn execute(
             to_result(&summary)
         }
         CommandName::DiagNvml => {
-            let a: crate::nvml::DiagArgs = serde_json::from_value(args.clone()).map_err(|e| {
-                (
-                    CommandErrorCode::InvalidArgument,
-                    format!("diag.nvml args: {e}"),
-                )
-            })?;
+            let a: bcd_probes::nvml::DiagArgs =
+                serde_json::from_value(args.clone()).map_err(|e| {
+                    (
+                        CommandErrorCode::InvalidArgument,
+                        format!("diag.nvml args: {e}"),
+                    )
+                })?;
             let (cfg, root) = (nvml.clone(), root.clone());
             let report = tokio::task::spawn_blocking(move || {
-                crate::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)
+                bcd_probes::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)
             })
             .await
             .map_err(|e| (CommandErrorCode::Internal, e.to_string()))?;
@@ -256,15 +257,16 @@ async fn execute(
             to_result(&report)
         }
         CommandName::GpuReset => {
-            let a: crate::nvml::ResetArgs = serde_json::from_value(args.clone()).map_err(|e| {
-                (
-                    CommandErrorCode::InvalidArgument,
-                    format!("gpu.reset args: {e}"),
-                )
-            })?;
+            let a: bcd_probes::nvml::ResetArgs =
+                serde_json::from_value(args.clone()).map_err(|e| {
+                    (
+                        CommandErrorCode::InvalidArgument,
+                        format!("gpu.reset args: {e}"),
+                    )
+                })?;
             let (cfg, root) = (nvml.clone(), root.clone());
             let outcome =
-                tokio::task::spawn_blocking(move || crate::nvml::reset(&cfg, &a.gpus, &root))
+                tokio::task::spawn_blocking(move || bcd_probes::nvml::reset(&cfg, &a.gpus, &root))
                     .await
                     .map_err(|e| (CommandErrorCode::Internal, e.to_string()))?;
             match outcome {

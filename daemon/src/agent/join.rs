@@ -6,9 +6,9 @@ use bc_protocol::pb::join_client::JoinClient;
 use rcgen::{CertificateParams, DnType, KeyPair};
 
 use super::AgentError;
-use crate::hostroot::HostRoot;
 use crate::state::{Identity, NodeFile, StateDir};
 use crate::tls;
+use bcd_probes::hostroot::HostRoot;
 
 /// What the agent needs to join.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ pub async fn join(state: &StateDir, p: &JoinParams<'_>) -> Result<Identity, Agen
     let csr = params.serialize_request(&key).map_err(AgentError::Key)?;
     let csr_pem = csr.pem().map_err(AgentError::Key)?;
     let root = p.root.clone();
-    let hardware = tokio::task::spawn_blocking(move || crate::hwkey::compute(&root))
+    let hardware = tokio::task::spawn_blocking(move || bcd_probes::hwkey::compute(&root))
         .await
         .map_err(|e| AgentError::Task(e.to_string()))?;
 

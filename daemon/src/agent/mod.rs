@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::hostroot::HostRoot;
 use crate::state::{StateDir, StateError};
 use crate::tls::{ChannelError, TlsError};
+use bcd_probes::hostroot::HostRoot;
 
 pub use backoff::Backoff;
 
@@ -58,7 +58,7 @@ pub struct AgentArgs {
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
-    pub nvml: crate::nvml::cli::NvmlArgs,
+    pub nvml: bcd_probes::nvml::cli::NvmlArgs,
     #[command(flatten)]
     pub ops: crate::ops::OpsArgs,
 }
@@ -227,7 +227,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let boot_id = root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
-    let nvml = crate::nvml::NvmlConfig {
+    let nvml = bcd_probes::nvml::NvmlConfig {
         lib_path: cfg.nvml_lib.clone(),
         nvidia_smi: cfg.nvidia_smi.clone(),
     };
@@ -260,7 +260,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let (xid_tx, mut xids) = tokio::sync::mpsc::channel(256);
     let (watch_cfg, watch_root) = (executor.nvml.clone(), root.clone());
     let _xid_watch = tokio::task::spawn_blocking(move || {
-        crate::nvml::spawn_xid_watch(&watch_cfg, &watch_root, xid_tx)
+        bcd_probes::nvml::spawn_xid_watch(&watch_cfg, &watch_root, xid_tx)
     })
     .await
     .map_err(|e| AgentError::Task(e.to_string()))?

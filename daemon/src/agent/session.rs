@@ -13,8 +13,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::Backoff;
-use crate::hostroot::HostRoot;
 use crate::state::Identity;
+use bcd_probes::hostroot::HostRoot;
 
 /// What a session needs.
 #[derive(Debug)]
@@ -53,14 +53,14 @@ fn msg(epoch: u64, m: agent_message::Msg) -> AgentMessage {
 
 pub(crate) async fn inventory_message(
     root: &HostRoot,
-    nvml: &crate::nvml::NvmlConfig,
+    nvml: &bcd_probes::nvml::NvmlConfig,
 ) -> Result<Inventory, String> {
     let root = root.clone();
     let nvml = nvml.clone();
     tokio::task::spawn_blocking(move || {
         let started = std::time::Instant::now();
         // GPUs through NVML when it is there; the PCI list otherwise.
-        let gpus = crate::nvml::inventory_gpus(&nvml)
+        let gpus = bcd_probes::nvml::inventory_gpus(&nvml)
             .ok()
             .filter(|g| !g.is_empty())
             .map(|gs| {
@@ -75,8 +75,8 @@ pub(crate) async fn inventory_message(
                     })
                     .collect()
             });
-        let inv = crate::inventory::collect_with_gpus(&root, gpus);
-        let hw = crate::hwkey::compute(&root);
+        let inv = bcd_probes::inventory::collect_with_gpus(&root, gpus);
+        let hw = bcd_probes::hwkey::compute(&root);
         crate::metrics::global().observe_inventory(started.elapsed());
         // The gateway stores at most MAX_INVENTORY_BYTES; a bigger document is shrunk here (with
         // notes saying what was left out) rather than refused there.
@@ -111,7 +111,7 @@ pub struct Shared<'a> {
     pub last_status: &'a mut Option<SpecStatus>,
     pub status: &'a super::status::StatusFile,
     /// XID events from the watch, forwarded as they happen.
-    pub xids: &'a mut mpsc::Receiver<crate::nvml::XidEvent>,
+    pub xids: &'a mut mpsc::Receiver<bcd_probes::nvml::XidEvent>,
     /// When to renew the certificate.
     pub renew_at: Option<tokio::time::Instant>,
     /// A just-renewed (key, certificate) this session uses: stored once it opened a session (the

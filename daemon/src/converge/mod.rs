@@ -41,7 +41,7 @@ use bc_protocol::spec::{BreakGlassSsh, NodeSpec, valid_user_name};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::hostroot::HostRoot;
+use bcd_probes::hostroot::HostRoot;
 use devices::{DeviceBinder, GpuProcessProbe, PciBus, SysfsPci};
 
 /// File in the state dir that holds [`AppliedState`].
@@ -485,5 +485,5 @@ fn failed(generation: u64, reason: &str, message: &str) -> pb::SpecStatus {
 }
 
 #[cfg(test)]
-#[path = "mod_tests.rs"]
+#[path = "converge_tests.rs"]
 mod tests;

@@ -13,8 +13,8 @@ use super::{
     CollectArgs, DEFAULT_MAX_BYTES, DEFAULT_SOURCES, LogsError, MAX_LINE_BYTES, Manifest, Source,
     SourceReport, SourceStatus,
 };
-use crate::hostroot::HostRoot;
 use crate::ops::OpsConfig;
+use bcd_probes::hostroot::HostRoot;
 
 /// A finished bundle: a `.tar.gz` in a temp dir that is removed when the bundle is dropped.
 #[derive(Debug)]
@@ -201,7 +201,7 @@ fn stage_process(
 }
 
 fn stage_kernel(root: &HostRoot, stage: &Path, budget: &mut u64) -> Result<Staged, LogsError> {
-    let path = root.path(crate::nvml::kmsg::KMSG);
+    let path = root.path(bcd_probes::nvml::kmsg::KMSG);
     // Non-blocking: reading /dev/kmsg blocks at the end of the buffer otherwise.
     let file = std::fs::OpenOptions::new()
         .read(true)

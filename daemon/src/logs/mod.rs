@@ -84,7 +84,7 @@ pub fn parse_args(
 /// uploads, and returns the result.
 pub async fn run_command(
     ops: &crate::ops::OpsConfig,
-    root: &crate::hostroot::HostRoot,
+    root: &bcd_probes::hostroot::HostRoot,
     command_id: &str,
     args: &serde_json::Value,
     out: &tokio::sync::mpsc::Sender<bc_protocol::pb::AgentMessage>,

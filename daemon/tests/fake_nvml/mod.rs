@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use bcd::hostroot::HostRoot;
-use bcd::nvml::NvmlConfig;
+use bcd_probes::hostroot::HostRoot;
+use bcd_probes::nvml::NvmlConfig;
 use serde_json::{Value, json};
 
 const GPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/gpus");
