@@ -25,10 +25,6 @@
 pub mod agent;
 pub mod config;
 pub mod converge;
-pub mod logs;
 pub mod metrics;
 pub mod ops;
-pub mod reboot;
 pub mod sim;
-pub mod state;
-pub mod tls;

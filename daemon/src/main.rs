@@ -60,7 +60,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
         Command::Gpu(args) => bcd_probes::nvml::cli::run(args)?,
         Command::Status { state_dir, output } => {
-            let st = bcd::agent::status::StatusFile::read(&state_dir).ok_or_else(|| {
+            let st = bcd_core::status::StatusFile::read(&state_dir).ok_or_else(|| {
                 anyhow::anyhow!(
                     "no status in {}: has `bcd agent --state-dir {}` run?",
                     state_dir.display(),
