@@ -159,40 +159,10 @@ impl<M: Machine> Executor<M> {
 
     /// Handles a Command from the gateway: re-reports a journaled one, else journals and runs it.
     pub fn on_command(self: &Arc<Self>, cmd: Command, link: SessionLink) {
-        if let Some(e) = self.journal.get(&cmd.id) {
-            if e.is_finished() {
-                tracing::info!(command = %cmd.id, "command already ran; re-sending its result");
-                link.update(e.update());
-            }
-            return;
-        }
         let args: Value = serde_json::from_slice(&cmd.args_json).unwrap_or_else(|_| json!({}));
-        let mut entry = Entry {
-            id: cmd.id.clone(),
-            name: cmd.name.clone(),
-            args: args.clone(),
-            state: "accepted".to_owned(),
-            result: None,
-            error_code: None,
-            error_message: None,
-            accepted_at: now_ms(),
-            finished_at: None,
-            boot_id: self.machine.boot_id().to_owned(),
-        };
-        if let Err(e) = self.journal.put(&entry) {
-            // Without a journal entry we cannot promise not to run twice: refuse.
-            tracing::error!(command = %cmd.id, error = %e, "cannot journal command; refusing it");
-            link.update(CommandUpdate {
-                id: cmd.id,
-                state: CommandState::Failed.into(),
-                progress: 0,
-                result_json: Vec::new(),
-                error: Some(
-                    CommandFailure::new(CommandErrorCode::JournalUnwritable, e.to_string()).into(),
-                ),
-            });
+        let Some(entry) = self.accept(&cmd, &args, &link) else {
             return;
-        }
+        };
         link.update(CommandUpdate {
             id: cmd.id.clone(),
             state: CommandState::Running.into(),
@@ -216,32 +186,75 @@ impl<M: Machine> Executor<M> {
                             "the command ran past its deadline",
                         )),
                     };
-                entry.finished_at = Some(now_ms());
-                match outcome {
-                    Ok(v) => {
-                        entry.state = "succeeded".to_owned();
-                        entry.result = Some(v);
-                    }
-                    Err(f) => {
-                        entry.state = "failed".to_owned();
-                        entry.error_code = Some(f.code.as_str().to_owned());
-                        entry.error_message = Some(f.message);
-                    }
-                }
-                if let Err(e) = this.journal.put(&entry) {
-                    tracing::error!(error = %e, "cannot journal the result");
-                }
-                tracing::info!(state = %entry.state, "command finished");
-                (this.on_finished)(&entry.name, &entry.state);
-                // Report on the session live now; a closed one leaves the result in the journal
-                // for the next Hello.
-                let live = this.session.lock().clone().unwrap_or(link);
-                live.update(entry.update());
-                this.running.lock().remove(&entry.id);
+                this.finish(entry, outcome, link);
             }
             .instrument(span),
         );
         self.running.lock().insert(id, task.abort_handle());
+    }
+
+    /// Journals `cmd` as accepted; `None` when it must not run: already journaled (a finished one
+    /// has its result re-sent), or the journal cannot be written (then it is refused, since
+    /// nothing could stop it from running twice).
+    fn accept(&self, cmd: &Command, args: &Value, link: &SessionLink) -> Option<Entry> {
+        if let Some(e) = self.journal.get(&cmd.id) {
+            if e.is_finished() {
+                tracing::info!(command_id = %cmd.id, "command already ran; re-sending its result");
+                link.update(e.update());
+            }
+            return None;
+        }
+        let entry = Entry {
+            id: cmd.id.clone(),
+            name: cmd.name.clone(),
+            args: args.clone(),
+            state: "accepted".to_owned(),
+            result: None,
+            error_code: None,
+            error_message: None,
+            accepted_at: now_ms(),
+            finished_at: None,
+            boot_id: self.machine.boot_id().to_owned(),
+        };
+        if let Err(e) = self.journal.put(&entry) {
+            tracing::error!(command_id = %cmd.id, error = %e, "cannot journal command; refusing it");
+            link.update(CommandUpdate {
+                id: cmd.id.clone(),
+                state: CommandState::Failed.into(),
+                progress: 0,
+                result_json: Vec::new(),
+                error: Some(
+                    CommandFailure::new(CommandErrorCode::JournalUnwritable, e.to_string()).into(),
+                ),
+            });
+            return None;
+        }
+        Some(entry)
+    }
+
+    /// Journals the outcome of a run, then reports it on the session live now (a closed one
+    /// leaves the result in the journal for the next Hello).
+    fn finish(&self, mut entry: Entry, outcome: Result<Value, CommandFailure>, link: SessionLink) {
+        entry.finished_at = Some(now_ms());
+        match outcome {
+            Ok(v) => {
+                entry.state = "succeeded".to_owned();
+                entry.result = Some(v);
+            }
+            Err(f) => {
+                entry.state = "failed".to_owned();
+                entry.error_code = Some(f.code.as_str().to_owned());
+                entry.error_message = Some(f.message);
+            }
+        }
+        if let Err(e) = self.journal.put(&entry) {
+            tracing::error!(error = %e, "cannot journal the result");
+        }
+        tracing::info!(state = %entry.state, "command finished");
+        (self.on_finished)(&entry.name, &entry.state);
+        let live = self.session.lock().clone().unwrap_or(link);
+        live.update(entry.update());
+        self.running.lock().remove(&entry.id);
     }
 
     /// Handles Cancel: stops a running command and journals it cancelled.

@@ -236,40 +236,13 @@ where
 
     /// Sessions with `current` until it dies or a stop.
     async fn sessions(&mut self, mut current: Identity) -> Result<Next, LifecycleError> {
-        let mut tls =
-            crate::tls::session_config(&current.ca_pem, &current.cert_pem, &current.key_pem)?;
+        let tls_for = |id: &Identity, key: &str, cert: &str| {
+            crate::tls::session_config(&id.ca_pem, cert, key)
+        };
+        let mut tls = tls_for(&current, &current.key_pem, &current.cert_pem)?;
         let mut pending: Option<(String, String)> = None;
         loop {
-            if let Some((key, cert)) = &pending {
-                tls = crate::tls::session_config(&current.ca_pem, cert, key)?;
-            }
-            let renew_at = renew_at(pending.as_ref().map_or(&current.cert_pem, |(_, c)| c));
-            self.lc
-                .executor
-                .set_upload(current.node.control_plane.clone(), Arc::clone(&tls));
-            let mut welcomed = false;
-            let end = {
-                let params = SessionParams {
-                    identity: &current,
-                    tls: Arc::clone(&tls),
-                    executor: self.lc.executor,
-                    outbound_capacity: self.lc.config.outbound_capacity,
-                    renew_at,
-                    promote: pending.as_ref().map(|(k, c)| {
-                        (self.lc.store as &dyn IdentityStore, k.as_str(), c.as_str())
-                    }),
-                };
-                let state = SessionState {
-                    stop: &mut self.stop,
-                    backoff: &mut self.backoff,
-                    welcomed: &mut welcomed,
-                };
-                let span = tracing::info_span!("session", epoch = tracing::field::Empty);
-                crate::session::run_once(params, state, self.hooks)
-                    .instrument(span)
-                    .await
-            };
-            self.hooks.session_closed(&end, welcomed);
+            let (end, welcomed) = self.attempt(&current, &tls, pending.as_ref()).await;
             // A renewed certificate that opened a session is now the one; one that did not is
             // dropped and the old one (still valid) is used again.
             if let Some((k, c)) = pending.take() {
@@ -278,11 +251,7 @@ where
                     current.cert_pem = c;
                     tracing::info!("renewed certificate in use and stored");
                 } else {
-                    tls = crate::tls::session_config(
-                        &current.ca_pem,
-                        &current.cert_pem,
-                        &current.key_pem,
-                    )?;
+                    tls = tls_for(&current, &current.key_pem, &current.cert_pem)?;
                     tracing::warn!(
                         "the renewed certificate did not open a session; keeping the old one"
                     );
@@ -291,15 +260,12 @@ where
             match end {
                 SessionEnd::Shutdown => return Ok(Next::Stop),
                 SessionEnd::Revoked(why) => {
-                    // Retire first: once the log says so, the identity files are already gone.
-                    self.lc.store.retire(&why)?;
-                    self.hooks.revoked(&why);
-                    tracing::error!(reason = %why, "this node's identity was revoked: it is retired and never used again; a new join token is needed");
-                    self.stale_token = self.lc.tokens.token();
+                    self.retire_revoked(&why)?;
                     return Ok(Next::Rejoin);
                 }
                 SessionEnd::Rotate { key_pem, cert_pem } => {
                     tracing::info!("certificate renewed; reconnecting with it");
+                    tls = tls_for(&current, &key_pem, &cert_pem)?;
                     pending = Some((key_pem, cert_pem));
                 }
                 SessionEnd::Retry(reason) => {
@@ -312,6 +278,52 @@ where
                 }
             }
         }
+    }
+
+    /// One session attempt with `current` (or the just-renewed `pending` key and certificate,
+    /// which `tls` carries); returns how it ended and whether it had opened.
+    async fn attempt(
+        &mut self,
+        current: &Identity,
+        tls: &Arc<rustls::ClientConfig>,
+        pending: Option<&(String, String)>,
+    ) -> (SessionEnd, bool) {
+        let renew_at = renew_at(pending.map_or(&current.cert_pem, |(_, c)| c));
+        self.lc
+            .executor
+            .set_upload(current.node.control_plane.clone(), Arc::clone(tls));
+        let mut welcomed = false;
+        let params = SessionParams {
+            identity: current,
+            tls: Arc::clone(tls),
+            executor: self.lc.executor,
+            outbound_capacity: self.lc.config.outbound_capacity,
+            renew_at,
+            promote: pending
+                .map(|(k, c)| (self.lc.store as &dyn IdentityStore, k.as_str(), c.as_str())),
+        };
+        let state = SessionState {
+            stop: &mut self.stop,
+            backoff: &mut self.backoff,
+            welcomed: &mut welcomed,
+        };
+        let span = tracing::info_span!("session", epoch = tracing::field::Empty);
+        let end = crate::session::run_once(params, state, self.hooks)
+            .instrument(span)
+            .await;
+        self.hooks.session_closed(&end, welcomed);
+        (end, welcomed)
+    }
+
+    /// The gateway said this identity is revoked (or the node deleted): it is retired and never
+    /// used again, and the token that made it is never tried again.
+    fn retire_revoked(&mut self, why: &str) -> Result<(), LifecycleError> {
+        // Retire first: once the log says so, the identity files are already gone.
+        self.lc.store.retire(why)?;
+        self.hooks.revoked(why);
+        tracing::error!(reason = %why, "this node's identity was revoked: it is retired and never used again; a new join token is needed");
+        self.stale_token = self.lc.tokens.token();
+        Ok(())
     }
 }
 

@@ -59,58 +59,62 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::HardwareKey(args) => print!("{}", bcd_probes::hwkey::run(&args)?),
         Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
         Command::Gpu(args) => bcd_probes::nvml::cli::run(args)?,
-        Command::Status { state_dir, output } => {
-            let st = bcd_core::status::StatusFile::read(&state_dir).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "no status in {}: has `bcd agent --state-dir {}` run?",
-                    state_dir.display(),
-                    state_dir.display()
-                )
-            })?;
-            let alive = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(0)),
-                None,
-            )
-            .is_ok();
-            if output == "json" {
-                let mut v = serde_json::to_value(&st)?;
-                v["running"] = serde_json::Value::Bool(alive);
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                let d = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".to_owned());
-                println!(
-                    "state:               {}{}",
-                    st.state,
-                    if alive { "" } else { " (agent not running)" }
-                );
-                println!("nodeId:              {}", d(&st.node_id));
-                println!(
-                    "identityGeneration:  {}",
-                    st.identity_generation
-                        .map(|g| g.to_string())
-                        .unwrap_or_else(|| "-".into())
-                );
-                println!("controlPlane:        {}", d(&st.control_plane));
-                println!(
-                    "sessionEpoch:        {}",
-                    st.session_epoch
-                        .map(|g| g.to_string())
-                        .unwrap_or_else(|| "-".into())
-                );
-                println!("lastHeartbeatAck:    {}", d(&st.last_heartbeat_ack));
-                println!("certificateNotAfter: {}", d(&st.certificate_not_after));
-                println!(
-                    "observedGeneration:  {}",
-                    st.observed_generation
-                        .map(|g| g.to_string())
-                        .unwrap_or_else(|| "-".into())
-                );
-                if !st.message.is_empty() {
-                    println!("message:             {}", st.message);
-                }
-                println!("updatedAt:           {}", st.updated_at);
-            }
+        Command::Status { state_dir, output } => print_status(&state_dir, &output)?,
+    }
+    Ok(())
+}
+
+/// `bcd status`: what the agent of `state_dir` says about itself, as a table or JSON.
+fn print_status(state_dir: &std::path::Path, output: &str) -> anyhow::Result<()> {
+    let st = bcd_core::status::StatusFile::read(state_dir).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no status in {}: has `bcd agent --state-dir {}` run?",
+            state_dir.display(),
+            state_dir.display()
+        )
+    })?;
+    let alive = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(0)),
+        None,
+    )
+    .is_ok();
+    if output == "json" {
+        let mut v = serde_json::to_value(&st)?;
+        v["running"] = serde_json::Value::Bool(alive);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let d = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".to_owned());
+        println!(
+            "state:               {}{}",
+            st.state,
+            if alive { "" } else { " (agent not running)" }
+        );
+        println!("nodeId:              {}", d(&st.node_id));
+        println!(
+            "identityGeneration:  {}",
+            st.identity_generation
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        println!("controlPlane:        {}", d(&st.control_plane));
+        println!(
+            "sessionEpoch:        {}",
+            st.session_epoch
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        println!("lastHeartbeatAck:    {}", d(&st.last_heartbeat_ack));
+        println!("certificateNotAfter: {}", d(&st.certificate_not_after));
+        println!(
+            "observedGeneration:  {}",
+            st.observed_generation
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        if !st.message.is_empty() {
+            println!("message:             {}", st.message);
         }
+        println!("updatedAt:           {}", st.updated_at);
     }
     Ok(())
 }

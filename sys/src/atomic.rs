@@ -33,7 +33,7 @@ pub struct AtomicWriteError {
     pub source: std::io::Error,
 }
 
-/// The steps of [`write`], for error messages.
+/// The steps of [`write()`], for error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Creating the temp file beside the target.

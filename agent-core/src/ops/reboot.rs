@@ -210,7 +210,7 @@ pub fn complete_after_boot(journal: &Journal, current_boot_id: &str, now_ms: i64
         match journal.put(&e) {
             Ok(()) => done.push(e),
             Err(err) => {
-                tracing::error!(command = %e.id, error = %err, "cannot journal the reboot result")
+                tracing::error!(command_id = %e.id, error = %err, "cannot journal the reboot result")
             }
         }
     }

@@ -4,7 +4,7 @@
 //! session with the gateway, reconnecting with exponential backoff and full jitter, until
 //! SIGTERM/SIGINT, when it says Goodbye.
 
-mod hooks;
+pub mod hooks;
 pub mod machine;
 
 use std::path::PathBuf;
@@ -23,7 +23,6 @@ use bcd_probes::hostroot::HostRoot;
 use bcd_probes::nvml::NvmlConfig;
 use tokio::sync::{mpsc, watch};
 
-pub use hooks::xid_event;
 use machine::NodeMachine;
 
 /// Outbound messages a session queues at most.
@@ -235,19 +234,9 @@ async fn run_until(
             .on_finished(|name, state| crate::metrics::global().command_finished(name, state)),
     );
 
-    // Convergence runs from the start, connected or not: it re-applies the last spec and expires
-    // break-glass keys on time.
-    let (desired, desired_rx) = watch::channel::<crate::converge::Desired>(None);
-    let (status_tx, statuses) = mpsc::channel(16);
-    let probe: Arc<dyn crate::converge::devices::GpuProcessProbe> = Arc::new(
-        crate::converge::devices::ProcfsProbe::new(machine.root.clone()),
-    );
-    let _converge =
-        crate::converge::Applier::new(machine.root.clone(), cfg.state_dir.clone(), probe)
-            .spawn(desired_rx, status_tx);
+    let (desired, statuses, _converge) = start_converge(&machine, &cfg.state_dir);
     let (xid_tx, xids) = mpsc::channel(256);
     let _xid_watch = start_xid_watch(&machine, xid_tx).await;
-
     let mut hooks = hooks::AgentHooks {
         status,
         notifier: Arc::clone(&notifier),
@@ -310,6 +299,26 @@ fn ops_config(
         bcd_core::ops::reboot::RebootConfig::from_command_line(&cfg.reboot_command.join(" "));
     ops.journalctl = cfg.journalctl.clone();
     ops
+}
+
+/// Convergence runs from the start, connected or not: it re-applies the last spec and expires
+/// break-glass keys on time. Returns its input, its output and the task.
+fn start_converge(
+    machine: &NodeMachine,
+    state_dir: &std::path::Path,
+) -> (
+    watch::Sender<crate::converge::Desired>,
+    mpsc::Receiver<bc_protocol::pb::SpecStatus>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (desired, desired_rx) = watch::channel::<crate::converge::Desired>(None);
+    let (status_tx, statuses) = mpsc::channel(16);
+    let probe: Arc<dyn crate::converge::devices::GpuProcessProbe> = Arc::new(
+        crate::converge::devices::ProcfsProbe::new(machine.root.clone()),
+    );
+    let task = crate::converge::Applier::new(machine.root.clone(), state_dir.to_owned(), probe)
+        .spawn(desired_rx, status_tx);
+    (desired, statuses, task)
 }
 
 /// XIDs as they happen: NVML events, or the kernel log under the root prefix. `None` (logged)

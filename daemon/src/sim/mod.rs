@@ -3,7 +3,7 @@
 //! ([`bcd_core::lifecycle::run`]): its own ECDSA P-256 key, CSR and certificate from the Join RPC
 //! (verified through the CA pin), its own mutual-TLS session, and the same Hello, Welcome,
 //! Inventory, heartbeats, Spec handling and command executor as `bcd agent`. Only the machine is
-//! synthetic ([`node::SimMachine`]: a distinct hardware key per node, fake GPUs, specs converged
+//! synthetic (`node::SimMachine`: a distinct hardware key per node, fake GPUs, specs converged
 //! at once, commands answered at once) and the identity and journal live in memory: no state
 //! dir, no converge task, one task per node (plus one per command while it runs).
 //!
