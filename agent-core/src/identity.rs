@@ -1,6 +1,9 @@
 //! Where a mode keeps its identity: on disk in the state dir (`bcd agent`, `bcd site`), or in
 //! memory (`bcd sim`, whose thousands of nodes must not each own a state dir; a ramdisk whose
-//! identity dies with the boot).
+//! identity dies with the boot). Identities are shared (`Arc`): the memory store and the session
+//! loop hold the same one, not two copies of its PEMs per node.
+
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -9,9 +12,9 @@ use crate::state::{Identity, StateDir, StateError};
 /// Storage of one node identity.
 pub trait IdentityStore: Send + Sync + std::fmt::Debug {
     /// The stored identity; `None` when the node has not joined (or its identity was retired).
-    fn load(&self) -> Result<Option<Identity>, StateError>;
+    fn load(&self) -> Result<Option<Arc<Identity>>, StateError>;
     /// Stores an identity after a join.
-    fn save(&self, identity: &Identity) -> Result<(), StateError>;
+    fn save(&self, identity: &Arc<Identity>) -> Result<(), StateError>;
     /// Replaces the key and certificate after a renewal (node id and generation stay).
     fn replace_certificate(&self, key_pem: &str, cert_pem: &str) -> Result<(), StateError>;
     /// Retires a dead identity (revoked, deleted, expired) so it is never used again; `why` is
@@ -20,11 +23,11 @@ pub trait IdentityStore: Send + Sync + std::fmt::Debug {
 }
 
 impl IdentityStore for StateDir {
-    fn load(&self) -> Result<Option<Identity>, StateError> {
-        self.load_identity()
+    fn load(&self) -> Result<Option<Arc<Identity>>, StateError> {
+        Ok(self.load_identity()?.map(Arc::new))
     }
 
-    fn save(&self, identity: &Identity) -> Result<(), StateError> {
+    fn save(&self, identity: &Arc<Identity>) -> Result<(), StateError> {
         self.save_identity(identity)
     }
 
@@ -40,21 +43,22 @@ impl IdentityStore for StateDir {
 /// An identity held in memory only: lost with the process.
 #[derive(Debug, Default)]
 pub struct MemoryIdentity {
-    slot: Mutex<Option<Identity>>,
+    slot: Mutex<Option<Arc<Identity>>>,
 }
 
 impl IdentityStore for MemoryIdentity {
-    fn load(&self) -> Result<Option<Identity>, StateError> {
+    fn load(&self) -> Result<Option<Arc<Identity>>, StateError> {
         Ok(self.slot.lock().clone())
     }
 
-    fn save(&self, identity: &Identity) -> Result<(), StateError> {
-        *self.slot.lock() = Some(identity.clone());
+    fn save(&self, identity: &Arc<Identity>) -> Result<(), StateError> {
+        *self.slot.lock() = Some(Arc::clone(identity));
         Ok(())
     }
 
     fn replace_certificate(&self, key_pem: &str, cert_pem: &str) -> Result<(), StateError> {
         if let Some(id) = self.slot.lock().as_mut() {
+            let id = Arc::make_mut(id);
             key_pem.clone_into(&mut id.key_pem);
             cert_pem.clone_into(&mut id.cert_pem);
         }
@@ -94,7 +98,7 @@ mod tests {
         let stores: [&dyn IdentityStore; 2] = [&MemoryIdentity::default(), &disk];
         for store in stores {
             assert!(store.load()?.is_none());
-            store.save(&identity())?;
+            store.save(&Arc::new(identity()))?;
             store.replace_certificate("KEY2", "CERT2")?;
             let back = store.load()?.ok_or("identity missing")?;
             assert_eq!(back.node, identity().node);

@@ -24,6 +24,7 @@
 //!   mode serves as they are.
 //! - [`tls`] (CA-pin verifier, mutual TLS, the tonic connector), [`state`] (the state dir's
 //!   files), [`status`] (`status.json`).
+//! - `test_utils` (feature `test-utils`): a scripted fake control plane for protocol tests.
 //!
 //! # Limitations
 //! Depends on `bc-protocol` and `bc-sys` only: never on `bcd-probes` (hardware is the mode's
@@ -43,6 +44,8 @@ pub mod ops;
 pub mod session;
 pub mod state;
 pub mod status;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_utils;
 pub mod tls;
 
 pub use backoff::Backoff;

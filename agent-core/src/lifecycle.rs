@@ -155,7 +155,7 @@ where
     }
 
     /// The stored identity, or a new one from a join; `None` when a stop came first.
-    async fn identity(&mut self) -> Result<Option<Identity>, LifecycleError> {
+    async fn identity(&mut self) -> Result<Option<Arc<Identity>>, LifecycleError> {
         loop {
             if let Some(id) = self.lc.store.load()? {
                 tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "using stored identity");
@@ -192,6 +192,7 @@ where
             };
             match crate::join::join(self.lc.executor.machine().as_ref(), &params).await {
                 Ok(id) => {
+                    let id = Arc::new(id);
                     self.lc.store.save(&id)?;
                     tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "joined");
                     self.hooks.joined(&id);
@@ -235,23 +236,27 @@ where
     }
 
     /// Sessions with `current` until it dies or a stop.
-    async fn sessions(&mut self, mut current: Identity) -> Result<Next, LifecycleError> {
+    async fn sessions(&mut self, mut current: Arc<Identity>) -> Result<Next, LifecycleError> {
         let tls_for = |id: &Identity, key: &str, cert: &str| {
             crate::tls::session_config(&id.ca_pem, cert, key)
         };
         let mut tls = tls_for(&current, &current.key_pem, &current.cert_pem)?;
+        // Drawn once per certificate, not per session: a reconnect storm parses no certificates.
+        let mut renew = renew_at(&current.cert_pem);
         let mut pending: Option<(String, String)> = None;
         loop {
-            let (end, welcomed) = self.attempt(&current, &tls, pending.as_ref()).await;
+            let (end, welcomed) = self.attempt(&current, &tls, renew, pending.as_ref()).await;
             // A renewed certificate that opened a session is now the one; one that did not is
             // dropped and the old one (still valid) is used again.
             if let Some((k, c)) = pending.take() {
                 if welcomed {
-                    current.key_pem = k;
-                    current.cert_pem = c;
+                    let id = Arc::make_mut(&mut current);
+                    id.key_pem = k;
+                    id.cert_pem = c;
                     tracing::info!("renewed certificate in use and stored");
                 } else {
                     tls = tls_for(&current, &current.key_pem, &current.cert_pem)?;
+                    renew = renew_at(&current.cert_pem);
                     tracing::warn!(
                         "the renewed certificate did not open a session; keeping the old one"
                     );
@@ -266,6 +271,7 @@ where
                 SessionEnd::Rotate { key_pem, cert_pem } => {
                     tracing::info!("certificate renewed; reconnecting with it");
                     tls = tls_for(&current, &key_pem, &cert_pem)?;
+                    renew = renew_at(&cert_pem);
                     pending = Some((key_pem, cert_pem));
                 }
                 SessionEnd::Retry(reason) => {
@@ -281,14 +287,15 @@ where
     }
 
     /// One session attempt with `current` (or the just-renewed `pending` key and certificate,
-    /// which `tls` carries); returns how it ended and whether it had opened.
+    /// which `tls` carries), renewing at `renew_at`; returns how it ended and whether it had
+    /// opened.
     async fn attempt(
         &mut self,
         current: &Identity,
         tls: &Arc<rustls::ClientConfig>,
+        renew_at: Option<tokio::time::Instant>,
         pending: Option<&(String, String)>,
     ) -> (SessionEnd, bool) {
-        let renew_at = renew_at(pending.map_or(&current.cert_pem, |(_, c)| c));
         self.lc
             .executor
             .set_upload(current.node.control_plane.clone(), Arc::clone(tls));
@@ -339,3 +346,7 @@ pub fn renew_at(cert_pem: &str) -> Option<tokio::time::Instant> {
     let wait = at_ms - chrono::Utc::now().timestamp_millis();
     Some(tokio::time::Instant::now() + Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
 }
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod tests;

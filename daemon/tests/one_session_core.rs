@@ -1,9 +1,9 @@
 //! `bcd agent` and `bcd sim` speak through one session core (`bcd-core`): a protocol field added
 //! there reaches both without touching either mode.
 //!
-//! A scripted fake control plane (Join and Gateway over TLS, in this test) records what a real
-//! `bcd agent` process and a `bcd sim` process send: the JoinRequest, then each session's
-//! messages. It answers Welcome, then a Spec and an `inventory.refresh` command, and acknowledges
+//! A scripted fake control plane (`bcd_core::test_utils`: Join and Gateway over TLS) records
+//! what a real `bcd agent` process and a `bcd sim` process send: the JoinRequest, then each
+//! session's messages. It answers Welcome, then a Spec and an `inventory.refresh` command, and acknowledges
 //! heartbeats. The test asserts that both modes fill the same fields of JoinRequest and Hello
 //! (read off the protobuf encoding, so a field nobody here knows of yet counts too), send the
 //! same sequence of messages, and answer the Spec and the command with the same shapes. A mode
@@ -13,197 +13,29 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bc_protocol::pb::gateway_server::{Gateway, GatewayServer};
-use bc_protocol::pb::join_server::{Join, JoinServer};
-use bc_protocol::pb::{
-    AgentMessage, Command as PbCommand, GatewayMessage, HeartbeatAck, JoinRequest, JoinResponse,
-    RenewRequest, RenewResponse, Spec, UploadChunk, UploadResult, Welcome, agent_message,
-    gateway_message,
-};
-use parking_lot::Mutex;
+use bc_protocol::pb::{AgentMessage, Command as PbCommand, Spec, agent_message, gateway_message};
+use bcd_core::test_utils::{EPOCH, FakeControlPlane};
 use prost::Message;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, IsCa, Issuer, KeyPair,
-    SanType,
-};
-use tokio_stream::Stream;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
-use tonic::{Request, Response, Status, Streaming};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// What the fake control plane saw, per node (in join order).
-#[derive(Debug, Default)]
-struct Seen {
-    joins: Vec<JoinRequest>,
-    /// `(node id, messages in arrival order)` of each node's first session.
-    sessions: Vec<(String, Vec<AgentMessage>)>,
-}
-
-#[derive(Clone)]
-struct FakeControlPlane {
-    ca_pem: String,
-    issuer: Arc<Issuer<'static, KeyPair>>,
-    seen: Arc<Mutex<Seen>>,
-}
-
-#[tonic::async_trait]
-impl Join for FakeControlPlane {
-    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let req = request.into_inner();
-        let csr = CertificateSigningRequestParams::from_pem(&req.csr_pem)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let cert = CertificateParams::default()
-            .signed_by(&csr.public_key, self.issuer.as_ref())
-            .map_err(|e| Status::internal(e.to_string()))?;
-        let mut seen = self.seen.lock();
-        let node_id = format!("node_{}", seen.joins.len());
-        seen.joins.push(req);
-        Ok(Response::new(JoinResponse {
-            node_id,
-            certificate_pem: cert.pem(),
-            ca_pem: self.ca_pem.clone(),
-            identity_generation: 1,
-            heartbeat_interval_ms: 100,
-            trust_domain: "bc.test".to_owned(),
-        }))
-    }
-}
-
-type SessionStream = Pin<Box<dyn Stream<Item = Result<GatewayMessage, Status>> + Send>>;
-
-fn gw(m: gateway_message::Msg) -> Result<GatewayMessage, Status> {
-    Ok(GatewayMessage { msg: Some(m) })
-}
-
-#[tonic::async_trait]
-impl Gateway for FakeControlPlane {
-    type SessionStream = SessionStream;
-
-    async fn session(
-        &self,
-        request: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<SessionStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let seen = Arc::clone(&self.seen);
-        tokio::spawn(async move {
-            let Ok(Some(hello)) = inbound.message().await else {
-                return;
-            };
-            let Some(agent_message::Msg::Hello(h)) = &hello.msg else {
-                return;
-            };
-            let slot = {
-                let mut seen = seen.lock();
-                if seen.sessions.iter().any(|(id, _)| *id == h.node_id) {
-                    None // a reconnect: only first sessions are compared
-                } else {
-                    seen.sessions.push((h.node_id.clone(), vec![hello.clone()]));
-                    Some(seen.sessions.len() - 1)
-                }
-            };
-            let now = chrono::Utc::now().timestamp_millis();
-            let script = [
-                gateway_message::Msg::Welcome(Welcome {
-                    epoch: 7,
-                    gateway_id: "fake".to_owned(),
-                    heartbeat_interval_ms: 100,
-                    server_time_ms: now,
-                }),
-                gateway_message::Msg::Spec(Spec {
-                    generation: 1,
-                    spec: Some(Default::default()),
-                }),
-                gateway_message::Msg::Command(PbCommand {
-                    id: "cmd_refresh".to_owned(),
-                    name: "inventory.refresh".to_owned(),
-                    args_json: b"{}".to_vec(),
-                    deadline_ms: now + 60_000,
-                }),
-            ];
-            for m in script {
-                if tx.send(gw(m)).await.is_err() {
-                    return;
-                }
-            }
-            while let Ok(Some(m)) = inbound.message().await {
-                if let Some(agent_message::Msg::Heartbeat(hb)) = &m.msg {
-                    let _ = tx
-                        .send(gw(gateway_message::Msg::HeartbeatAck(HeartbeatAck {
-                            seq: hb.seq,
-                        })))
-                        .await;
-                }
-                if let Some(i) = slot {
-                    seen.lock().sessions[i].1.push(m);
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
-    }
-
-    async fn renew(&self, _: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
-        Err(Status::unimplemented("not in this test"))
-    }
-
-    async fn upload(
-        &self,
-        _: Request<Streaming<UploadChunk>>,
-    ) -> Result<Response<UploadResult>, Status> {
-        Err(Status::unimplemented("not in this test"))
-    }
-}
-
-/// Starts the fake on a loopback port; returns (gateway URL, CA pin, what it saw).
-async fn start_fake() -> (String, String, Arc<Mutex<Seen>>) {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let pin = format!(
-        "sha256:{}",
-        hex::encode(bcd_core::tls::spki_sha256(ca_cert.der()).unwrap())
-    );
-    let issuer = Issuer::new(ca_params, ca_key);
-    let leaf_key = KeyPair::generate().unwrap();
-    let mut leaf_params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-    leaf_params
-        .subject_alt_names
-        .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
-    let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
-
-    let fake = FakeControlPlane {
-        ca_pem: ca_cert.pem(),
-        issuer: Arc::new(issuer),
-        seen: Arc::default(),
-    };
-    let seen = Arc::clone(&fake.seen);
-    let tls = ServerTlsConfig::new().identity(Identity::from_pem(
-        format!("{}{}", leaf.pem(), ca_cert.pem()),
-        leaf_key.serialize_pem(),
-    ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "https://127.0.0.1:{}",
-        listener.local_addr().unwrap().port()
-    );
-    let server = Server::builder()
-        .tls_config(tls)
-        .unwrap()
-        .add_service(JoinServer::new(fake.clone()))
-        .add_service(GatewayServer::new(fake));
-    tokio::spawn(
-        server.serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    (url, pin, seen)
+/// What the fake sends after Welcome: a Spec and an `inventory.refresh`.
+fn script() -> Vec<gateway_message::Msg> {
+    vec![
+        gateway_message::Msg::Spec(Spec {
+            generation: 1,
+            spec: Some(Default::default()),
+        }),
+        gateway_message::Msg::Command(PbCommand {
+            id: "cmd_refresh".to_owned(),
+            name: "inventory.refresh".to_owned(),
+            args_json: b"{}".to_vec(),
+            deadline_ms: chrono::Utc::now().timestamp_millis() + 600_000,
+        }),
+    ]
 }
 
 /// The field numbers an encoded message carries at its top level: proto3 leaves out a scalar at
@@ -303,7 +135,8 @@ fn host_root(dir: &Path) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_and_sim_send_what_the_one_session_core_builds() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, pin, seen) = start_fake().await;
+    let fake = FakeControlPlane::start(script()).await;
+    let (url, pin, seen) = (fake.url.clone(), fake.pin.clone(), fake.seen.clone());
     let root = host_root(dir.path());
     let agent_dir = dir.path().join("agent");
     let _agent = bcd(
@@ -383,8 +216,7 @@ async fn agent_and_sim_send_what_the_one_session_core_builds() {
         "every JoinRequest field is filled"
     );
 
-    let by_node = |id: &str| &s.sessions.iter().find(|(n, _)| n == id).unwrap().1;
-    let (agent, sim) = (by_node("node_0"), by_node("node_1"));
+    let (agent, sim) = (s.session("node_0").unwrap(), s.session("node_1").unwrap());
     let hello = |m: &[AgentMessage]| match &m[0].msg {
         Some(agent_message::Msg::Hello(h)) => h.clone(),
         other => panic!("first message is not Hello: {other:?}"),
@@ -408,7 +240,10 @@ async fn agent_and_sim_send_what_the_one_session_core_builds() {
     // the same result keys.
     for (who, msgs) in [("agent", agent), ("sim", sim)] {
         assert_eq!(msgs[0].epoch, 0, "{who}");
-        assert!(msgs[1..].iter().all(|m| m.epoch == 7), "{who}: {msgs:?}");
+        assert!(
+            msgs[1..].iter().all(|m| m.epoch == EPOCH),
+            "{who}: {msgs:?}"
+        );
         assert_eq!(kind(&msgs[1]), "Inventory", "{who}: {msgs:?}");
     }
     let updates = |msgs: &[AgentMessage]| -> Vec<(i32, u32, BTreeSet<String>)> {
