@@ -119,14 +119,53 @@ fn print_status(state_dir: &std::path::Path, output: &str) -> anyhow::Result<()>
     Ok(())
 }
 
+/// The daemon's library crates, which log under their own targets.
+const DAEMON_CRATES: [&str; 5] = [
+    "bcd_core",
+    "bcd_probes",
+    "bcd_site",
+    "bcd_ramdisk",
+    "bc_sys",
+];
+
+/// `filter` with every directive for the `bcd` target repeated for the daemon's library crates,
+/// so `info,bcd=debug` (the documented example) still reaches the code that moved out of the
+/// `bcd` crate. Span and field filters (`bcd[...]`) and module paths (`bcd::...`) pass unchanged.
+fn log_filter(filter: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for directive in filter.split(',') {
+        out.push(directive.to_owned());
+        if let Some(level) = directive.trim().strip_prefix("bcd=") {
+            out.extend(DAEMON_CRATES.iter().map(|c| format!("{c}={level}")));
+        }
+    }
+    out.join(",")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    bc_sys::logging::init(&cli.log);
+    bc_sys::logging::init(&log_filter(&cli.log));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bcd: error: {}", bc_net::report::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bcd_directive_reaches_the_daemon_library_crates() {
+        assert_eq!(
+            log_filter("info,bcd=debug"),
+            "info,bcd=debug,bcd_core=debug,bcd_probes=debug,bcd_site=debug,bcd_ramdisk=debug,bc_sys=debug"
+        );
+        assert_eq!(log_filter("warn"), "warn");
+        assert_eq!(log_filter("info,bcd::agent=trace"), "info,bcd::agent=trace");
+        assert_eq!(log_filter(""), "");
     }
 }

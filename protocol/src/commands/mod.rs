@@ -109,4 +109,5 @@ crate::string_enum! {
 }
 
 #[cfg(test)]
-mod commands_tests;
+#[path = "commands_tests.rs"]
+mod tests;
