@@ -6,9 +6,7 @@
 //! and have `notBefore` backdated five minutes for clock skew.
 
 use std::fs;
-use std::io::Write;
 use std::net::IpAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -54,22 +52,13 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CaError + '_ {
     }
 }
 
-/// Writes `data` to `path` atomically (temp file, fsync, rename) with `mode`.
+/// Writes `data` to `path` atomically with `mode`: [`bc_sys::atomic::write`] (temp file, fsync,
+/// rename, directory fsync), its error as [`CaError::Io`].
 pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), CaError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
-    f.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(io_err(&tmp))?;
-    f.write_all(data).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))?;
-    Ok(())
+    bc_sys::atomic::write(path, data, mode).map_err(|e| CaError::Io {
+        path: e.path,
+        source: e.source,
+    })
 }
 
 /// The node identity a certificate carries.
@@ -276,6 +265,7 @@ pub fn node_identity(cert_der: &[u8], trust_domain: &str) -> Result<NodeIdentity
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn ca_persists_signs_csrs_and_pins() -> Result<(), Box<dyn std::error::Error>> {

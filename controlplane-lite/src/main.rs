@@ -4,8 +4,10 @@
 mod cli;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
+use bc_sys::notify::{Notifier, NotifyState};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -75,19 +77,9 @@ enum Command {
     },
 }
 
-fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
-
 /// Tells systemd (`Type=notify`) how `bcctl serve` is doing; nothing when NOTIFY_SOCKET is unset.
-fn sd_notify(state: &[sd_notify::NotifyState]) {
-    if let Err(e) = sd_notify::notify(false, state) {
+fn sd_notify(notifier: &Notifier, states: &[NotifyState<'_>]) {
+    if let Err(e) = notifier.notify(states) {
         tracing::warn!(error = %e, "sd_notify failed");
     }
 }
@@ -96,33 +88,29 @@ async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
     // One socket per agent session: take the whole hard limit (the unit sets LimitNOFILE).
     cli::bench::raise_nofile_limit(0);
     let running = controlplane_lite::server::start(args.config()).await?;
-    let mut usec = 0u64;
-    if sd_notify::watchdog_enabled(false, &mut usec) && usec > 0 {
+    let notifier = Arc::new(Notifier::from_env().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; not talking to systemd");
+        Notifier::disabled()
+    }));
+    if let Some(every) = bc_sys::notify::watchdog_interval_from_env() {
         // Ping at half the watchdog period, from the runtime that serves requests.
-        let every = Duration::from_micros(usec / 2);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                sd_notify(&[sd_notify::NotifyState::Watchdog]);
-            }
-        });
+        bc_sys::notify::spawn_watchdog(Arc::clone(&notifier), every);
     }
     let status = format!(
         "gateway {} api {}",
         running.endpoints.gateway_url, running.endpoints.api_url
     );
-    sd_notify(&[
-        sd_notify::NotifyState::Ready,
-        sd_notify::NotifyState::Status(&status),
-    ]);
+    sd_notify(
+        &notifier,
+        &[NotifyState::Ready, NotifyState::Status(&status)],
+    );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
-    sd_notify(&[sd_notify::NotifyState::Stopping]);
+    sd_notify(&notifier, &[NotifyState::Stopping]);
     running.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }
@@ -144,7 +132,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let is_dev = matches!(cli.command, Command::Dev(_));
-    init_logging(if is_dev && std::env::var_os("BCCTL_LOG").is_none() {
+    bc_sys::logging::init(if is_dev && std::env::var_os("BCCTL_LOG").is_none() {
         "warn"
     } else {
         &cli.log

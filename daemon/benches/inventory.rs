@@ -10,7 +10,7 @@
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use bcd::hostroot::HostRoot;
+use bcd_probes::hostroot::HostRoot;
 use nix::sys::resource::{UsageWho, getrusage};
 
 const RUNS: usize = 15;
@@ -116,13 +116,13 @@ fn main() -> ExitCode {
         );
     }
     let root = HostRoot::default();
-    let (m, p99) = in_process(|| bcd::inventory::collect(&root));
+    let (m, p99) = in_process(|| bcd_probes::inventory::collect(&root));
     println!(
         "in process ({IN_PROCESS_RUNS} runs): inventory::collect median {} p99 {}",
         ms(m),
         ms(p99)
     );
-    let (m, p99) = in_process(|| bcd::hwkey::compute(&root));
+    let (m, p99) = in_process(|| bcd_probes::hwkey::compute(&root));
     println!(
         "in process ({IN_PROCESS_RUNS} runs): hwkey::compute    median {} p99 {}",
         ms(m),

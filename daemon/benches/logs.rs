@@ -8,9 +8,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
-use bcd::hostroot::HostRoot;
-use bcd::logs::{CollectArgs, collect};
-use bcd::ops::OpsConfig;
+use bcd_core::ops::OpsConfig;
+use bcd_core::ops::logs::{CollectArgs, collect};
 
 fn vm_hwm_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -55,9 +54,9 @@ fn main() {
     }
     let cfg = OpsConfig {
         journalctl: script,
+        kmsg: tmp.path().join("root/dev/kmsg"),
         ..OpsConfig::default()
     };
-    let root = HostRoot::new(tmp.path().join("root"));
     println!("journal MiB | wall ms | bundle bytes | redactions | VmHWM before KiB | after KiB");
     for mib in [16u64, 64] {
         let args = CollectArgs {
@@ -81,7 +80,7 @@ fn main() {
         };
         let before = vm_hwm_kib();
         let start = Instant::now();
-        match collect(&cfg, &root, &args, None) {
+        match collect(&cfg, &args, None) {
             Ok(b) => println!(
                 "{mib} | {} | {} | {} | {before} | {}",
                 start.elapsed().as_millis(),

@@ -1,4 +1,4 @@
-//! bcd: the Better Compute node daemon.
+//! bcd: the Better Compute node daemon — the binary's modes and process plumbing.
 //!
 //! # Background
 //! Every machine of a GPU fleet runs bcd: as a systemd service on GPU hosts (`bcd agent`), inside
@@ -8,35 +8,24 @@
 //! node's desired state (spec "Nodes", "The daemon today").
 //!
 //! # Design
-//! - [`agent`]: join, the session loop (heartbeats, inventory, specs, commands), reconnect with
-//!   jittered backoff, revocation and certificate rotation, the command journal, `status.json`.
-//! - [`tls`] and [`state`]: CA-pinned TLS, mutual TLS, the state dir with atomic writes.
-//! - [`hwkey`], [`smbios`], [`inventory`]: hardware identity and inventory, all read through a
-//!   [`hostroot::HostRoot`] so tests point them at fixture trees.
-//! - [`nvml`]: diag.nvml, gpu.reset and the XID watch through nvml-wrapper.
+//! The protocol work is `bcd-core` (join, TLS, sessions, journal, executor), the hardware work
+//! `bcd-probes` (hostroot, SMBIOS, hardware key, inventory, NVML); this crate holds what is left:
+//! - [`agent`]: `bcd agent` — the host as a `bcd_core::mode::Machine` and the agent's hooks (the
+//!   converge task, the XID watch, `status.json`, metrics, systemd) on the core's lifecycle.
+//! - [`sim`]: `bcd sim` — simulated node agents on the same core, for `bcctl bench` and
+//!   `bcctl dev --sim`.
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
-//! - [`config`], [`notify`]: `/etc/bcd/bcd.toml` and systemd's notify protocol.
-//! - [`logs`], [`reboot`], [`ops`]: logs.collect bundles and node.reboot.
-//! - [`sim`]: simulated node agents for `bcctl bench` and `bcctl dev --sim`.
+//! - [`config`], [`ops`]: `/etc/bcd/bcd.toml` and the agent's flags; [`metrics`]: `/metrics`.
+//! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch (`bcd site` and `bcd ramdisk`
+//!   are `bcd-site` and `bcd-ramdisk`), and the only place errors become exit codes.
 //!
 //! # Limitations
-//! The site and ramdisk modes are documented in their crates but not implemented; the agent has
-//! no local control socket (`bcd status` reads `status.json`).
-// `unsafe` is denied everywhere but `inventory::ethtool` (one ioctl, see there).
-#![deny(unsafe_code)]
+//! Nothing depends on this crate. The site and ramdisk modes are documented in their crates but
+//! not implemented; the agent has no local control socket (`bcd status` reads `status.json`).
+#![forbid(unsafe_code)]
 pub mod agent;
 pub mod config;
 pub mod converge;
-pub mod hostroot;
-pub mod hwkey;
-pub mod inventory;
-pub mod logs;
 pub mod metrics;
-pub mod notify;
-pub mod nvml;
 pub mod ops;
-pub mod reboot;
 pub mod sim;
-pub mod smbios;
-pub mod state;
-pub mod tls;

@@ -25,7 +25,7 @@ enum Command {
     /// Run the ramdisk agent (inspection, burn-in, erase, image write).
     Ramdisk,
     /// Print this machine's hardware key and every candidate identifier.
-    HardwareKey(bcd::hwkey::HardwareKeyArgs),
+    HardwareKey(bcd_probes::hwkey::HardwareKeyArgs),
     /// Show what the agent of a state dir says about itself (status.json, node.json).
     Status {
         /// The agent's state dir.
@@ -36,21 +36,11 @@ enum Command {
         output: String,
     },
     /// GPU checks through NVML: list, diag, reset, watch XIDs (JSON output).
-    Gpu(bcd::nvml::cli::GpuArgs),
+    Gpu(bcd_probes::nvml::cli::GpuArgs),
     /// Print this machine's inventory.
-    Inventory(bcd::inventory::InventoryArgs),
+    Inventory(bcd_probes::inventory::InventoryArgs),
     /// Simulate N node agents (synthetic hardware, real join and session protocol) for benchmarks.
     Sim(bcd::sim::SimArgs),
-}
-
-fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -66,73 +56,116 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Site => anyhow::bail!(bcd_site::NOT_YET),
         Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),
-        Command::HardwareKey(args) => print!("{}", bcd::hwkey::run(&args)?),
-        Command::Inventory(args) => print!("{}", bcd::inventory::run(&args)?),
-        Command::Gpu(args) => bcd::nvml::cli::run(args)?,
-        Command::Status { state_dir, output } => {
-            let st = bcd::agent::status::StatusFile::read(&state_dir).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "no status in {}: has `bcd agent --state-dir {}` run?",
-                    state_dir.display(),
-                    state_dir.display()
-                )
-            })?;
-            let alive = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(0)),
-                None,
-            )
-            .is_ok();
-            if output == "json" {
-                let mut v = serde_json::to_value(&st)?;
-                v["running"] = serde_json::Value::Bool(alive);
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                let d = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".to_owned());
-                println!(
-                    "state:               {}{}",
-                    st.state,
-                    if alive { "" } else { " (agent not running)" }
-                );
-                println!("nodeId:              {}", d(&st.node_id));
-                println!(
-                    "identityGeneration:  {}",
-                    st.identity_generation
-                        .map(|g| g.to_string())
-                        .unwrap_or_else(|| "-".into())
-                );
-                println!("controlPlane:        {}", d(&st.control_plane));
-                println!(
-                    "sessionEpoch:        {}",
-                    st.session_epoch
-                        .map(|g| g.to_string())
-                        .unwrap_or_else(|| "-".into())
-                );
-                println!("lastHeartbeatAck:    {}", d(&st.last_heartbeat_ack));
-                println!("certificateNotAfter: {}", d(&st.certificate_not_after));
-                println!(
-                    "observedGeneration:  {}",
-                    st.observed_generation
-                        .map(|g| g.to_string())
-                        .unwrap_or_else(|| "-".into())
-                );
-                if !st.message.is_empty() {
-                    println!("message:             {}", st.message);
-                }
-                println!("updatedAt:           {}", st.updated_at);
-            }
-        }
+        Command::HardwareKey(args) => print!("{}", bcd_probes::hwkey::run(&args)?),
+        Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
+        Command::Gpu(args) => bcd_probes::nvml::cli::run(args)?,
+        Command::Status { state_dir, output } => print_status(&state_dir, &output)?,
     }
     Ok(())
 }
 
+/// `bcd status`: what the agent of `state_dir` says about itself, as a table or JSON.
+fn print_status(state_dir: &std::path::Path, output: &str) -> anyhow::Result<()> {
+    let st = bcd_core::status::StatusFile::read(state_dir).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no status in {}: has `bcd agent --state-dir {}` run?",
+            state_dir.display(),
+            state_dir.display()
+        )
+    })?;
+    let alive = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(st.pid).unwrap_or(0)),
+        None,
+    )
+    .is_ok();
+    if output == "json" {
+        let mut v = serde_json::to_value(&st)?;
+        v["running"] = serde_json::Value::Bool(alive);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let d = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".to_owned());
+        println!(
+            "state:               {}{}",
+            st.state,
+            if alive { "" } else { " (agent not running)" }
+        );
+        println!("nodeId:              {}", d(&st.node_id));
+        println!(
+            "identityGeneration:  {}",
+            st.identity_generation
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        println!("controlPlane:        {}", d(&st.control_plane));
+        println!(
+            "sessionEpoch:        {}",
+            st.session_epoch
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        println!("lastHeartbeatAck:    {}", d(&st.last_heartbeat_ack));
+        println!("certificateNotAfter: {}", d(&st.certificate_not_after));
+        println!(
+            "observedGeneration:  {}",
+            st.observed_generation
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        if !st.message.is_empty() {
+            println!("message:             {}", st.message);
+        }
+        println!("updatedAt:           {}", st.updated_at);
+    }
+    Ok(())
+}
+
+/// The daemon's library crates, which log under their own targets.
+const DAEMON_CRATES: [&str; 5] = [
+    "bcd_core",
+    "bcd_probes",
+    "bcd_site",
+    "bcd_ramdisk",
+    "bc_sys",
+];
+
+/// `filter` with every directive for the `bcd` target repeated for the daemon's library crates,
+/// so `info,bcd=debug` (the documented example) still reaches the code that moved out of the
+/// `bcd` crate. Span and field filters (`bcd[...]`) and module paths (`bcd::...`) pass unchanged.
+fn log_filter(filter: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for directive in filter.split(',') {
+        out.push(directive.to_owned());
+        if let Some(level) = directive.trim().strip_prefix("bcd=") {
+            out.extend(DAEMON_CRATES.iter().map(|c| format!("{c}={level}")));
+        }
+    }
+    out.join(",")
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log);
+    bc_sys::logging::init(&log_filter(&cli.log));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bcd: error: {}", bc_net::report::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bcd_directive_reaches_the_daemon_library_crates() {
+        assert_eq!(
+            log_filter("info,bcd=debug"),
+            "info,bcd=debug,bcd_core=debug,bcd_probes=debug,bcd_site=debug,bcd_ramdisk=debug,bc_sys=debug"
+        );
+        assert_eq!(log_filter("warn"), "warn");
+        assert_eq!(log_filter("info,bcd::agent=trace"), "info,bcd::agent=trace");
+        assert_eq!(log_filter(""), "");
     }
 }

@@ -24,7 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::nvml::{CheckStatus, DiagReport};
+use bcd_probes::nvml::{CheckStatus, DiagReport};
 
 /// The content type of the exposition (what prometheus-client's text encoder writes).
 pub const CONTENT_TYPE: &str = bc_net::http::OPENMETRICS_CONTENT_TYPE;
@@ -269,8 +269,8 @@ pub async fn serve(addr: SocketAddr, metrics: Metrics) -> Result<SocketAddr, Met
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::nvml::GpuReport;
-    use crate::nvml::xid::RecommendedAction;
+    use bcd_probes::nvml::GpuReport;
+    use bcd_probes::nvml::xid::RecommendedAction;
 
     fn has(text: &str, want: &str) -> bool {
         text.lines().any(|l| l == want)

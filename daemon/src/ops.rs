@@ -1,7 +1,12 @@
-//! Flags and settings of the operational commands the agent runs on its own machine
-//! (`node.reboot`, `logs.collect`), flattened into `bcd agent` (see [`crate::agent::AgentArgs`]).
+//! Flags of the operational commands the agent runs on its own machine (`node.reboot`,
+//! `logs.collect`), flattened into `bcd agent` (see [`crate::agent::AgentArgs`]); the settings
+//! themselves are `bcd_core::ops::OpsConfig`.
 
 use std::path::PathBuf;
+
+use bcd_core::ops::OpsConfig;
+use bcd_core::ops::reboot::RebootConfig;
+use bcd_probes::hostroot::HostRoot;
 
 /// `bcd agent` flags for node.reboot and logs.collect.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,58 +31,16 @@ pub struct OpsArgs {
 }
 
 impl OpsArgs {
-    /// As an [`OpsConfig`]; log bundles are built under `<state_dir>/tmp` (not `/tmp`, often a
-    /// small tmpfs).
-    pub fn config(&self, state_dir: &std::path::Path) -> OpsConfig {
+    /// As an [`OpsConfig`] for the host under `root`; log bundles are built under
+    /// `<state_dir>/tmp` (not `/tmp`, often a small tmpfs).
+    pub fn config(&self, state_dir: &std::path::Path, root: &HostRoot) -> OpsConfig {
         OpsConfig {
-            reboot: crate::reboot::RebootConfig::from_command_line(&self.reboot_command),
+            reboot: RebootConfig::from_command_line(&self.reboot_command),
             journalctl: self.journalctl.clone(),
             nvidia_bug_report: self.nvidia_bug_report.clone(),
             log_file: self.log_file.clone(),
+            kmsg: root.path(bcd_core::ops::KMSG),
             work_dir: Some(state_dir.join("tmp")),
-            upload: None,
-        }
-    }
-}
-
-/// Settings of node.reboot and logs.collect.
-#[derive(Debug, Clone)]
-pub struct OpsConfig {
-    /// How node.reboot reboots.
-    pub reboot: crate::reboot::RebootConfig,
-    /// `journalctl` to run (logs.collect source `journal`).
-    pub journalctl: PathBuf,
-    /// `nvidia-bug-report.sh` to run (opt-in source `nvidiaBugReport`).
-    pub nvidia_bug_report: PathBuf,
-    /// The agent's own log file (source `agent`).
-    pub log_file: Option<PathBuf>,
-    /// Where logs.collect stages and builds its bundle (a temp dir inside, removed after the
-    /// upload); `None`: the system temp dir.
-    pub work_dir: Option<PathBuf>,
-    /// Where logs.collect uploads its bundle; `None` fails the command with `UPLOAD_FAILED`.
-    pub upload: Option<crate::logs::upload::Uploader>,
-}
-
-impl OpsConfig {
-    /// With bundles going to `control_plane` over the session's mutual-TLS config.
-    pub fn with_upload(
-        mut self,
-        control_plane: String,
-        tls: std::sync::Arc<rustls::ClientConfig>,
-    ) -> Self {
-        self.upload = Some(crate::logs::upload::Uploader { control_plane, tls });
-        self
-    }
-}
-
-impl Default for OpsConfig {
-    fn default() -> Self {
-        Self {
-            reboot: crate::reboot::RebootConfig::default(),
-            journalctl: PathBuf::from("journalctl"),
-            nvidia_bug_report: PathBuf::from("nvidia-bug-report.sh"),
-            log_file: None,
-            work_dir: None,
             upload: None,
         }
     }

@@ -1,10 +1,10 @@
-//! `bcd::nvml` against `tests/fake-nvml`: diag.nvml, inventory, gpu.reset and the XID watch on
+//! `bcd_probes::nvml` against `tests/fake-nvml`: diag.nvml, inventory, gpu.reset and the XID watch on
 //! an HGX H100 node described by NVIDIA's mock profile.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod fake_nvml;
 
-use bcd::nvml::{
+use bcd_probes::nvml::{
     CheckStatus, DiagReport, ExpectedGpus, NvmlConfig, RecommendedAction, ResetTarget, diag,
     inventory_gpus, reset,
 };
@@ -22,7 +22,7 @@ fn run_diag(node: &FakeNode) -> DiagReport {
     diag(&node.cfg, Some(&expect8()), &node.root)
 }
 
-fn check<'a>(r: &'a DiagReport, gpu: usize, name: &str) -> &'a bcd::nvml::Check {
+fn check<'a>(r: &'a DiagReport, gpu: usize, name: &str) -> &'a bcd_probes::nvml::Check {
     r.gpus[gpu]
         .checks
         .iter()
@@ -308,7 +308,7 @@ fn a_host_without_nvml_reports_unavailable() {
         lib_path: Some(dir.path().join("libnvidia-ml.so.1")),
         ..NvmlConfig::default()
     };
-    let root = bcd::hostroot::HostRoot::new(dir.path());
+    let root = bcd_probes::hostroot::HostRoot::new(dir.path());
     let r = diag(&cfg, None, &root);
     assert!(
         r.summary.starts_with("NVML unavailable: cannot load"),

@@ -6,8 +6,10 @@
 
 mod fake_nvml;
 
-use bcd::hostroot::HostRoot;
-use bcd::nvml::{CheckStatus, RecommendedAction, XidClass, XidSource, diag, spawn_xid_watch};
+use bcd_probes::hostroot::HostRoot;
+use bcd_probes::nvml::{
+    CheckStatus, RecommendedAction, XidClass, XidSource, diag, spawn_xid_watch,
+};
 use fake_nvml::field::{
     events_until, expect8, field, field_json, field_lines, gpu_check, node_check, without_nvml,
 };

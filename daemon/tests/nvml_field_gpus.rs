@@ -4,7 +4,7 @@
 
 mod fake_nvml;
 
-use bcd::nvml::{
+use bcd_probes::nvml::{
     CheckStatus, NvmlConfig, RecommendedAction, XidSource, diag, inventory_gpus, spawn_xid_watch,
 };
 use fake_nvml::field::{events_until, expect8, gpu_check, node_check};

@@ -6,7 +6,9 @@ mod fake_nvml;
 
 use std::time::Duration;
 
-use bcd::nvml::{NvmlConfig, RecommendedAction, ResetTarget, XidSource, reset, spawn_xid_watch};
+use bcd_probes::nvml::{
+    NvmlConfig, RecommendedAction, ResetTarget, XidSource, reset, spawn_xid_watch,
+};
 use fake_nvml::{FakeNode, fixture_present, h100_node, xid_record};
 use serde_json::json;
 

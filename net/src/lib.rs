@@ -13,6 +13,10 @@
 //! - [`accept_loop`]: the gateway's accept loop for tonic. It sets `TCP_NODELAY`, and when
 //!   `accept(2)` fails (`EMFILE`, `ENFILE`, `ENOBUFS`) it logs once and waits before trying again
 //!   instead of spinning on the error.
+//!
+//! Must not depend on any other crate of this workspace (both binaries and their libraries may
+//! depend on it); OS plumbing that is not networking (atomic files, logging, sd_notify) is
+//! `bc-sys`.
 #![forbid(unsafe_code)]
 
 pub mod http;

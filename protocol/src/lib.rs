@@ -20,7 +20,8 @@
 //! - [`commands`] types the arguments and results of every command and the XID event payload.
 //!
 //! # Limitations
-//! No I/O lives here: this crate is pure data.
+//! No I/O lives here: this crate is pure data. It must not depend on any other crate of this
+//! workspace; every other crate may depend on it.
 #![forbid(unsafe_code)]
 
 pub mod commands;

@@ -1,25 +1,32 @@
-//! The node agent (`bcd agent`): join if there is no identity, then hold one session with the
-//! gateway, reconnecting with exponential backoff and full jitter, until SIGTERM/SIGINT, when it
-//! says Goodbye.
+//! The node agent (`bcd agent`): the host's [`machine::NodeMachine`] and the agent's
+//! [`hooks::AgentHooks`] (converge, XID watch, `status.json`, metrics, systemd) plugged into the
+//! session core's [`bcd_core::lifecycle::run`]: join if there is no identity, then hold one
+//! session with the gateway, reconnecting with exponential backoff and full jitter, until
+//! SIGTERM/SIGINT, when it says Goodbye.
 
-mod backoff;
-mod commands;
-mod join;
-pub mod journal;
-mod session;
-pub mod status;
+pub mod hooks;
+pub mod machine;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use bc_sys::notify::Notifier;
+use bcd_core::executor::Executor;
+use bcd_core::journal::Journal;
+use bcd_core::lifecycle::{Lifecycle, LifecycleConfig, LifecycleError};
+use bcd_core::mode::TokenSource;
+use bcd_core::state::{StateDir, StateError};
+use bcd_core::status::StatusFile;
+use bcd_core::tls::TlsError;
+use bcd_probes::hostroot::HostRoot;
+use bcd_probes::nvml::NvmlConfig;
+use tokio::sync::{mpsc, watch};
 
-use crate::hostroot::HostRoot;
-use crate::state::{StateDir, StateError};
-use crate::tls::{ChannelError, TlsError};
+use machine::NodeMachine;
 
-pub use backoff::Backoff;
+/// Outbound messages a session queues at most.
+const OUTBOUND_CAPACITY: usize = 64;
 
 /// Flags of `bcd agent`.
 #[derive(Debug, Clone, clap::Args)]
@@ -58,7 +65,7 @@ pub struct AgentArgs {
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
-    pub nvml: crate::nvml::cli::NvmlArgs,
+    pub nvml: bcd_probes::nvml::cli::NvmlArgs,
     #[command(flatten)]
     pub ops: crate::ops::OpsArgs,
 }
@@ -75,23 +82,9 @@ pub enum AgentError {
     /// TLS material or the URL is unusable.
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// The control plane could not be reached or failed the pin check.
-    #[error("control plane: {0}")]
-    Connect(#[from] ChannelError),
-    /// The control plane's certificate chain does not hold the pinned CA: the token was not sent.
-    #[error(
-        "the control plane at {control_plane} does not present the CA pinned by --ca-pin {pin}; the join token was NOT sent. Check the pin (`bcctl tokens create` prints it) or that the URL points at your control plane"
-    )]
-    PinMismatch { control_plane: String, pin: String },
-    /// The control plane refused the join (bad, expired or used-up token, ...).
-    #[error("join refused: {}", .0.message())]
-    JoinRefused(tonic::Status),
-    /// Making the key or CSR failed.
-    #[error("key generation: {0}")]
-    Key(rcgen::Error),
-    /// A blocking task failed.
-    #[error("internal task failed: {0}")]
-    Task(String),
+    /// The first join failed in a way retrying cannot mend (pin mismatch, refused token, ...).
+    #[error(transparent)]
+    Join(#[from] bcd_core::join::JoinError),
     /// Signal handling could not be set up.
     #[error("signals: {0}")]
     Signals(std::io::Error),
@@ -104,27 +97,19 @@ pub enum AgentError {
 }
 
 impl AgentError {
-    /// Whether retrying cannot help: a refused token, a pin mismatch, bad local material. A
-    /// control plane that is down or overloaded (`UNAVAILABLE`) is worth retrying.
-    pub fn is_fatal(&self) -> bool {
-        match self {
-            AgentError::JoinRefused(status) => !matches!(
-                status.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Unknown
-                    | tonic::Code::Internal
-                    | tonic::Code::ResourceExhausted
+    /// The agent's message for a lifecycle that stopped with `e`; `state_dir` for the usage hint.
+    fn from_lifecycle(e: LifecycleError, state_dir: &std::path::Path) -> Self {
+        match e {
+            LifecycleError::State(e) => Self::State(e),
+            LifecycleError::Tls(e) => Self::Tls(e),
+            LifecycleError::Join(e) => Self::Join(e),
+            LifecycleError::NoJoinTarget => Self::Usage(format!(
+                "no identity in {}: pass --control-plane, --ca-pin and a join token (--join-token or --join-token-file) to join",
+                state_dir.display()
+            )),
+            LifecycleError::NoToken => Self::Usage(
+                "no identity and no join token: pass --join-token or --join-token-file".to_owned(),
             ),
-            AgentError::PinMismatch { .. }
-            | AgentError::Tls(_)
-            | AgentError::State(_)
-            | AgentError::Usage(_)
-            | AgentError::Key(_)
-            | AgentError::Signals(_)
-            | AgentError::Config(_)
-            | AgentError::Metrics(_) => true,
-            AgentError::Connect(_) | AgentError::Task(_) => false,
         }
     }
 }
@@ -178,281 +163,182 @@ pub fn resolve_config(args: &AgentArgs) -> Result<crate::config::Config, AgentEr
     Ok(Config::resolve(&path, explicit, &env, &flags)?)
 }
 
-/// Where to find a join token: the flag/env value, else the token file.
-fn join_token(args: &AgentArgs, cfg: &crate::config::Config) -> Option<String> {
-    if let Some(t) = &args.join_token {
-        return Some(t.trim().to_owned());
-    }
-    let path = cfg.join_token_file.as_ref()?;
-    let t = std::fs::read_to_string(path).ok()?;
-    let t = t.trim();
-    (!t.is_empty()).then(|| t.to_owned())
+/// The join token: the flag/env value, else the token file (read at every attempt, so a new
+/// token can be dropped in after a revocation).
+#[derive(Debug)]
+struct JoinTokens {
+    flag: Option<String>,
+    file: Option<PathBuf>,
 }
 
-/// When to renew: a random point between 70 % and 90 % of the certificate's life, counted from
-/// when it was issued (notBefore is backdated 5 minutes for clock skew).
-fn renew_at(cert_pem: &str) -> Option<tokio::time::Instant> {
-    use rand::Rng;
-    let v = crate::state::cert_validity(cert_pem)?;
-    let issued = v.not_before_ms + 5 * 60 * 1000;
-    let issued = issued.min(v.not_after_ms);
-    let life = (v.not_after_ms - issued).max(1);
-    let at_ms = issued + (life as f64 * rand::rng().random_range(0.7..0.9)) as i64;
-    let wait = at_ms - chrono::Utc::now().timestamp_millis();
-    Some(tokio::time::Instant::now() + Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
+impl TokenSource for JoinTokens {
+    fn token(&self) -> Option<String> {
+        if let Some(t) = &self.flag {
+            return Some(t.trim().to_owned());
+        }
+        let t = std::fs::read_to_string(self.file.as_ref()?).ok()?;
+        let t = t.trim();
+        (!t.is_empty()).then(|| t.to_owned())
+    }
+
+    fn can_wait(&self) -> bool {
+        self.file.is_some()
+    }
 }
 
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
     let cfg = resolve_config(&args)?;
-    let notifier = Arc::new(crate::notify::Notifier::from_env().unwrap_or_else(|e| {
+    let notifier = Arc::new(Notifier::from_env().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; not talking to systemd");
-        crate::notify::Notifier::disabled()
+        Notifier::disabled()
     }));
-    if let Some(every) = crate::notify::watchdog_interval_from_env() {
-        crate::notify::spawn_watchdog(Arc::clone(&notifier), every);
+    if let Some(every) = bc_sys::notify::watchdog_interval_from_env() {
+        bc_sys::notify::spawn_watchdog(Arc::clone(&notifier), every);
     }
-    let (stop_tx, mut stop) = watch::channel(false);
+    let (stop_tx, stop) = watch::channel(false);
     watch_signals(stop_tx).await?;
+    run_until(&args, &cfg, notifier, stop).await
+}
+
+/// Runs the agent with `cfg` until `stop` turns true.
+async fn run_until(
+    args: &AgentArgs,
+    cfg: &crate::config::Config,
+    notifier: Arc<Notifier>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), AgentError> {
     let root = HostRoot::new(&cfg.root);
     let state = StateDir::open(&cfg.state_dir)?;
-    let status = status::StatusFile::new(state.path());
+    let status = StatusFile::new(state.path());
     if let Some(addr) = cfg.metrics_listen {
         let bound = crate::metrics::serve(addr, crate::metrics::global().clone()).await?;
         status.update(|s| s.metrics_url = Some(crate::metrics::url(bound)));
     }
-    let mut backoff = Backoff::new(args.reconnect_base, args.reconnect_max);
-
-    let journal = journal::Journal::open(state.path())?;
     let boot_id = root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
-    let nvml = crate::nvml::NvmlConfig {
-        lib_path: cfg.nvml_lib.clone(),
-        nvidia_smi: cfg.nvidia_smi.clone(),
-    };
-    let now = chrono::Utc::now().timestamp_millis();
-    for e in crate::reboot::complete_after_boot(&journal, &boot_id, now) {
-        tracing::info!(command = %e.id, "node.reboot done: the machine came back with a new boot id");
-    }
-    let failed = journal.recover(now, |e| crate::reboot::keep_pending(e, &boot_id));
-    for e in &failed {
-        tracing::warn!(command = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
-    }
-    // node.reboot and logs.collect: the file's reboot_command and journalctl, the flags' others.
-    let mut ops = args.ops.config(&cfg.state_dir);
-    ops.reboot = crate::reboot::RebootConfig::from_command_line(&cfg.reboot_command.join(" "));
-    ops.journalctl = cfg.journalctl.clone();
-    let executor =
-        Arc::new(commands::Executor::new(journal, root.clone(), boot_id, nvml).with_ops(ops));
-
-    // Convergence runs from the start, connected or not: it re-applies the last spec and expires
-    // break-glass keys on time.
-    let (desired_tx, desired_rx) = watch::channel::<crate::converge::Desired>(None);
-    let (status_tx, mut statuses) = tokio::sync::mpsc::channel(16);
-    let probe: Arc<dyn crate::converge::devices::GpuProcessProbe> =
-        Arc::new(crate::converge::devices::ProcfsProbe::new(root.clone()));
-    let _converge = crate::converge::Applier::new(root.clone(), cfg.state_dir.clone(), probe)
-        .spawn(desired_rx, status_tx);
-    let mut last_status = None;
-
-    // XIDs as they happen: NVML events, or the kernel log under the root prefix.
-    let (xid_tx, mut xids) = tokio::sync::mpsc::channel(256);
-    let (watch_cfg, watch_root) = (executor.nvml.clone(), root.clone());
-    let _xid_watch = tokio::task::spawn_blocking(move || {
-        crate::nvml::spawn_xid_watch(&watch_cfg, &watch_root, xid_tx)
-    })
-    .await
-    .map_err(|e| AgentError::Task(e.to_string()))?
-    .map_err(|e| tracing::warn!(error = %e, "XID watch not running"))
-    .ok();
-
-    let _ = notifier.ready();
-    let mut joined_once = false;
-    // A token in use when the identity died is never tried again: only a new one re-joins.
-    let mut stale_token: Option<String> = None;
-    let outcome: Result<(), AgentError> = 'outer: loop {
-        // 1. An identity: the stored one, or a join with a token.
-        let identity = match state.load_identity()? {
-            Some(id) => {
-                tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "using stored identity");
-                id
-            }
-            None => {
-                let (Some(cp), Some(pin)) = (cfg.control_plane.clone(), cfg.ca_pin.clone()) else {
-                    break 'outer Err(AgentError::Usage(format!(
-                        "no identity in {}: pass --control-plane, --ca-pin and a join token (--join-token or --join-token-file) to join",
-                        cfg.state_dir.display()
-                    )));
-                };
-                let Some(token) =
-                    join_token(&args, &cfg).filter(|t| stale_token.as_ref() != Some(t))
-                else {
-                    if !joined_once && stale_token.is_none() && cfg.join_token_file.is_none() {
-                        break 'outer Err(AgentError::Usage(
-                            "no identity and no join token: pass --join-token or --join-token-file"
-                                .to_owned(),
-                        ));
-                    }
-                    status.update(|s| {
-                        s.state = "revoked".into();
-                        s.message = "waiting for a new join token".into();
-                    });
-                    tracing::error!(
-                        "no identity and no new join token: waiting for one (join_token_file is re-read every 30 s)"
-                    );
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_secs(30)) => continue 'outer,
-                        _ = stop.wait_for(|v| *v) => break 'outer Ok(()),
-                    }
-                };
-                let params = join::JoinParams {
-                    control_plane: &cp,
-                    token: &token,
-                    ca_pin: &pin,
-                    root: &root,
-                };
-                status.update(|s| {
-                    s.state = "joining".into();
-                    s.control_plane = Some(cp.clone());
-                });
-                match join::join(&state, &params).await {
-                    Ok(id) => id,
-                    Err(e) if e.is_fatal() && !joined_once => break 'outer Err(e),
-                    Err(e) if e.is_fatal() => {
-                        // After a revocation: never retry the same token; wait for a new one.
-                        tracing::error!(error = %e, "re-join refused; waiting for a new join token (never retrying the same one)");
-                        status.update(|s| {
-                            s.state = "revoked".into();
-                            s.message = format!("re-join refused: {e}");
-                        });
-                        stale_token = Some(token.clone());
-                        continue 'outer;
-                    }
-                    Err(e) => {
-                        let wait = backoff.next_delay();
-                        tracing::warn!(error = %e, retry_in = ?wait, "join failed; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(wait) => continue 'outer,
-                            _ = stop.wait_for(|v| *v) => break 'outer Ok(()),
-                        }
-                    }
-                }
-            }
-        };
-        joined_once = true;
-        backoff.reset();
-        status.update(|s| {
-            s.node_id = Some(identity.node.node_id.clone());
-            s.identity_generation = Some(identity.node.identity_generation);
-            s.control_plane = Some(identity.node.control_plane.clone());
-            s.certificate_not_after = crate::state::cert_validity(&identity.cert_pem)
-                .and_then(|v| chrono::DateTime::from_timestamp_millis(v.not_after_ms))
-                .map(|t| t.to_rfc3339());
-            s.observed_generation = Some(crate::converge::observed_generation(state.path()));
-            s.state = "connecting".into();
-        });
-        if crate::state::cert_validity(&identity.cert_pem)
-            .is_some_and(|v| v.not_after_ms < chrono::Utc::now().timestamp_millis())
-        {
-            let why = "the node certificate expired while the agent was off: join again with a new token (see the operator guide)";
-            tracing::error!("{why}");
-            state.retire_identity(why)?;
-            continue 'outer;
-        }
-
-        // 2. Sessions with this identity until it dies or we stop.
-        let mut current = identity;
-        let mut pending: Option<(String, String)> = None;
-        loop {
-            let (key, cert) = match &pending {
-                Some((k, c)) => (k.clone(), c.clone()),
-                None => (current.key_pem.clone(), current.cert_pem.clone()),
-            };
-            let tls = match crate::tls::session_config(&current.ca_pem, &cert, &key) {
-                Ok(t) => t,
-                Err(e) => break 'outer Err(e.into()),
-            };
-            executor.set_upload(current.node.control_plane.clone(), Arc::clone(&tls));
-            let ctx = session::SessionContext {
-                executor: Arc::clone(&executor),
-                state_dir: cfg.state_dir.clone(),
-                identity: current.clone(),
-                root: root.clone(),
-                tls,
-            };
-            let _ = notifier.status(&format!("connecting to {}", current.node.control_plane));
-            let mut welcomed = false;
-            let end = session::run_once(
-                &ctx,
-                session::Shared {
-                    stop: &mut stop,
-                    backoff: &mut backoff,
-                    desired: &desired_tx,
-                    statuses: &mut statuses,
-                    last_status: &mut last_status,
-                    status: &status,
-                    xids: &mut xids,
-                    renew_at: renew_at(&cert),
-                    promote: pending
-                        .as_ref()
-                        .map(|(k, c)| (&state, k.as_str(), c.as_str())),
-                    welcomed: &mut welcomed,
-                },
-            )
-            .await;
-            crate::metrics::global().set_connected(false);
-            // A renewed certificate that opened a session is now the one; one that did not is
-            // dropped and the old one (still valid) is used again.
-            if let Some((k, c)) = pending.take() {
-                if welcomed {
-                    current.key_pem = k;
-                    current.cert_pem = c;
-                    tracing::info!("renewed certificate in use and stored");
-                } else {
-                    tracing::warn!(
-                        "the renewed certificate did not open a session; keeping the old one"
-                    );
-                }
-            }
-            match end {
-                session::SessionEnd::Shutdown => break 'outer Ok(()),
-                session::SessionEnd::Revoked(why) => {
-                    // Retire first: once the log says so, the identity files are already gone.
-                    state.retire_identity(&why)?;
-                    status.update(|s| {
-                        s.state = "revoked".into();
-                        s.message = why.clone();
-                    });
-                    let _ = notifier.status("identity revoked: waiting for a new join token");
-                    tracing::error!(reason = %why, node_id = %current.node.node_id, "this node's identity was revoked: it is retired and never used again; a new join token is needed");
-                    stale_token = join_token(&args, &cfg);
-                    continue 'outer;
-                }
-                session::SessionEnd::Rotate { key_pem, cert_pem } => {
-                    tracing::info!("certificate renewed; reconnecting with it");
-                    pending = Some((key_pem, cert_pem));
-                }
-                session::SessionEnd::Retry(reason) => {
-                    crate::metrics::global().reconnect();
-                    status.update(|s| {
-                        s.state = "disconnected".into();
-                        s.message = reason.clone();
-                    });
-                    let _ = notifier.status(&format!("disconnected: {reason}"));
-                    let wait = backoff.next_delay();
-                    tracing::warn!(reason = %reason, retry_in = ?wait, "session ended; reconnecting");
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.wait_for(|v| *v) => break 'outer Ok(()),
-                    }
-                }
-            }
-        }
-    };
-    let _ = notifier.stopping();
-    status.update(|s| {
-        s.state = "stopped".into();
+    let journal = open_journal(state.path(), &boot_id)?;
+    let machine = Arc::new(NodeMachine {
+        ops: ops_config(args, cfg, &root),
+        nvml: NvmlConfig {
+            lib_path: cfg.nvml_lib.clone(),
+            nvidia_smi: cfg.nvidia_smi.clone(),
+        },
+        root,
+        state_dir: cfg.state_dir.clone(),
+        boot_id,
     });
-    outcome
+    let executor = Arc::new(
+        Executor::new(Arc::clone(&machine), journal)
+            .on_finished(|name, state| crate::metrics::global().command_finished(name, state)),
+    );
+
+    let (desired, statuses, _converge) = start_converge(&machine, &cfg.state_dir);
+    let (xid_tx, xids) = mpsc::channel(256);
+    let _xid_watch = start_xid_watch(&machine, xid_tx).await;
+    let mut hooks = hooks::AgentHooks {
+        status,
+        notifier: Arc::clone(&notifier),
+        state_dir: cfg.state_dir.clone(),
+        desired,
+        statuses,
+        last_status: None,
+        xids,
+    };
+    let _ = notifier.ready();
+    let config = LifecycleConfig {
+        control_plane: cfg.control_plane.clone(),
+        ca_pin: cfg.ca_pin.clone(),
+        reconnect_base: args.reconnect_base,
+        reconnect_max: args.reconnect_max,
+        retry_refused_joins: false,
+        outbound_capacity: OUTBOUND_CAPACITY,
+    };
+    let tokens = JoinTokens {
+        flag: args.join_token.clone(),
+        file: cfg.join_token_file.clone(),
+    };
+    let lifecycle = Lifecycle {
+        config: &config,
+        executor: &executor,
+        store: &state,
+        tokens: &tokens,
+    };
+    bcd_core::lifecycle::run(&lifecycle, &mut hooks, stop)
+        .await
+        .map_err(|e| AgentError::from_lifecycle(e, &cfg.state_dir))
+}
+
+/// The command journal of the state dir, after the last run's leftovers are settled: a
+/// node.reboot that came back under a new boot id succeeded; anything else that was running
+/// when the agent stopped is reported failed, never re-run.
+fn open_journal(state_dir: &std::path::Path, boot_id: &str) -> Result<Journal, StateError> {
+    let journal = Journal::open(state_dir)?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let reboot = bcd_core::ops::reboot::complete_after_boot(&journal, boot_id, now);
+    for e in reboot {
+        tracing::info!(command_id = %e.id, "node.reboot done: the machine came back with a new boot id");
+    }
+    let failed = journal.recover(now, |e| bcd_core::ops::reboot::keep_pending(e, boot_id));
+    for e in &failed {
+        tracing::warn!(command_id = %e.id, name = %e.name, "command was interrupted by an agent restart; reported failed, not re-run");
+    }
+    Ok(journal)
+}
+
+/// node.reboot and logs.collect settings: the file's reboot_command and journalctl, the flags'
+/// others.
+fn ops_config(
+    args: &AgentArgs,
+    cfg: &crate::config::Config,
+    root: &HostRoot,
+) -> bcd_core::ops::OpsConfig {
+    let mut ops = args.ops.config(&cfg.state_dir, root);
+    ops.reboot =
+        bcd_core::ops::reboot::RebootConfig::from_command_line(&cfg.reboot_command.join(" "));
+    ops.journalctl = cfg.journalctl.clone();
+    ops
+}
+
+/// Convergence runs from the start, connected or not: it re-applies the last spec and expires
+/// break-glass keys on time. Returns its input, its output and the task.
+fn start_converge(
+    machine: &NodeMachine,
+    state_dir: &std::path::Path,
+) -> (
+    watch::Sender<crate::converge::Desired>,
+    mpsc::Receiver<bc_protocol::pb::SpecStatus>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (desired, desired_rx) = watch::channel::<crate::converge::Desired>(None);
+    let (status_tx, statuses) = mpsc::channel(16);
+    let probe: Arc<dyn crate::converge::devices::GpuProcessProbe> = Arc::new(
+        crate::converge::devices::ProcfsProbe::new(machine.root.clone()),
+    );
+    let task = crate::converge::Applier::new(machine.root.clone(), state_dir.to_owned(), probe)
+        .spawn(desired_rx, status_tx);
+    (desired, statuses, task)
+}
+
+/// XIDs as they happen: NVML events, or the kernel log under the root prefix. `None` (logged)
+/// when neither can be watched; the session then has no XIDs to forward.
+async fn start_xid_watch(
+    machine: &NodeMachine,
+    tx: mpsc::Sender<bcd_probes::nvml::XidEvent>,
+) -> Option<bcd_probes::nvml::XidWatch> {
+    let (cfg, root) = (machine.nvml.clone(), machine.root.clone());
+    match tokio::task::spawn_blocking(move || bcd_probes::nvml::spawn_xid_watch(&cfg, &root, tx))
+        .await
+    {
+        Ok(Ok(w)) => Some(w),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "XID watch not running");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "XID watch not running");
+            None
+        }
+    }
 }

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 use bc_protocol::spec::{GpuBinding, GpuDriver, GpuMatch, normalize_pci_address};
 
-use crate::hostroot::HostRoot;
+use bcd_probes::hostroot::HostRoot;
 
 /// PCI vendor id of NVIDIA (PCI-SIG registry), as sysfs `vendor` prints it.
 pub const NVIDIA_VENDOR: &str = "0x10de";

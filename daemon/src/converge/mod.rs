@@ -32,7 +32,6 @@ pub mod ssh;
 mod test_utils;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +41,7 @@ use bc_protocol::spec::{BreakGlassSsh, NodeSpec, valid_user_name};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
-use crate::hostroot::HostRoot;
+use bcd_probes::hostroot::HostRoot;
 use devices::{DeviceBinder, GpuProcessProbe, PciBus, SysfsPci};
 
 /// File in the state dir that holds [`AppliedState`].
@@ -71,6 +70,9 @@ pub enum ConvergeError {
         #[source]
         source: std::io::Error,
     },
+    /// `spec.json` could not be replaced.
+    #[error(transparent)]
+    Write(#[from] bc_sys::atomic::AtomicWriteError),
     /// `spec.json` is not valid JSON for [`AppliedState`].
     #[error("{path}: {source}")]
     Parse {
@@ -119,32 +121,11 @@ impl AppliedState {
     /// Writes the state atomically (temp file, fsync, rename, fsync of the directory), 0600.
     pub fn save(&self, state_dir: &Path) -> Result<(), ConvergeError> {
         let path = state_dir.join(STATE_FILE);
-        let tmp = state_dir.join(format!(".{STATE_FILE}.tmp"));
-        let err = |op, p: &Path| {
-            let p = p.to_owned();
-            move |source| ConvergeError::Io {
-                op,
-                path: p,
-                source,
-            }
-        };
         let bytes = serde_json::to_vec_pretty(self).map_err(|source| ConvergeError::Parse {
             path: path.clone(),
             source,
         })?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(err("create", &tmp))?;
-        f.write_all(&bytes).map_err(err("write", &tmp))?;
-        f.sync_all().map_err(err("fsync", &tmp))?;
-        std::fs::rename(&tmp, &path).map_err(err("rename", &tmp))?;
-        std::fs::File::open(state_dir)
-            .and_then(|d| d.sync_all())
-            .map_err(err("fsync", state_dir))
+        Ok(bc_sys::atomic::write(&path, &bytes, 0o600)?)
     }
 
     /// Earliest `expiresAt` (ms) after `now_ms` among the installed break-glass keys.
@@ -157,8 +138,6 @@ impl AppliedState {
             .min()
     }
 }
-
-use std::os::unix::fs::OpenOptionsExt;
 
 /// `observedGeneration` for `Hello`: from `<state_dir>/spec.json`, 0 when absent or unreadable.
 pub fn observed_generation(state_dir: &Path) -> u64 {
@@ -506,5 +485,5 @@ fn failed(generation: u64, reason: &str, message: &str) -> pb::SpecStatus {
 }
 
 #[cfg(test)]
-#[path = "mod_tests.rs"]
+#[path = "converge_tests.rs"]
 mod tests;

@@ -34,7 +34,7 @@ use nix::fcntl::{OFlag, open, openat, renameat};
 use nix::sys::stat::{Mode, fchmod, fstat};
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, unlinkat};
 
-use crate::hostroot::HostRoot;
+use bcd_probes::hostroot::HostRoot;
 
 /// First line of the managed block.
 pub const BEGIN_MARKER: &str =

@@ -1,10 +1,11 @@
 //! `bcd sim`: N simulated node agents in one process, for sizing a control plane. Each one is a
-//! real client of the control plane: its own ECDSA P-256 key, CSR and certificate from the Join
-//! RPC (verified through the CA pin, [`crate::tls::join_config`]), its own mutual-TLS session
-//! ([`crate::tls::session_config`], [`crate::tls::channel`]) and the session protocol of
-//! [`crate::agent::session`]: Hello, Welcome, Inventory, heartbeats at the Welcome interval, Spec
-//! answered with a converged SpecStatus, commands answered with a CommandUpdate. The hardware is
-//! synthetic: a distinct hardware key per node and fake GPUs.
+//! real client of the control plane and runs the session core every mode runs
+//! ([`bcd_core::lifecycle::run`]): its own ECDSA P-256 key, CSR and certificate from the Join RPC
+//! (verified through the CA pin), its own mutual-TLS session, and the same Hello, Welcome,
+//! Inventory, heartbeats, Spec handling and command executor as `bcd agent`. Only the machine is
+//! synthetic (`node::SimMachine`: a distinct hardware key per node, fake GPUs, specs converged
+//! at once, commands answered at once) and the identity and journal live in memory: no state
+//! dir, no converge task, one task per node (plus one per command while it runs).
 //!
 //! Figures the control plane cannot see (join errors, heartbeat ack latency) are written as JSON
 //! to `--stats` every second ([`stats::Snapshot`]); SIGUSR1 clears the latency samples so a
@@ -54,12 +55,12 @@ pub enum SimError {
     #[error("bad CA pin {pin}: {source}")]
     Pin {
         pin: String,
-        source: crate::tls::TlsError,
+        source: bcd_core::tls::TlsError,
     },
     #[error("writing stats to {path}: {source}")]
     Stats {
         path: PathBuf,
-        source: std::io::Error,
+        source: bc_sys::atomic::AtomicWriteError,
     },
     #[error("installing the signal handler: {0}")]
     Signal(std::io::Error),
@@ -85,7 +86,7 @@ pub fn raise_nofile_limit(want: u64) -> Option<u64> {
 
 /// Runs the simulator until SIGTERM or Ctrl-C.
 pub async fn run(args: SimArgs) -> Result<(), SimError> {
-    crate::tls::parse_pin(&args.ca_pin).map_err(|source| SimError::Pin {
+    bcd_core::tls::parse_pin(&args.ca_pin).map_err(|source| SimError::Pin {
         pin: args.ca_pin.clone(),
         source,
     })?;
@@ -103,10 +104,19 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
     let stats = Arc::new(stats::Stats::default());
     let run_id = format!("{:08x}", rand::random::<u32>());
     let args = Arc::new(args);
+    // Nodes stop when the process does (their tasks are aborted, as a crash would): no
+    // Goodbye, so a benchmark sees the control plane's view of vanished agents. The sender stays
+    // alive until then.
+    let (_never_stop, stop) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..args.nodes {
-        let node = node::SimNode::new(&run_id, i, args.gpus);
-        tasks.spawn(node::run(node, Arc::clone(&args), Arc::clone(&stats)));
+        let machine = node::SimMachine::new(&run_id, i, args.gpus, Arc::clone(&stats));
+        tasks.spawn(node::run(
+            machine,
+            Arc::clone(&args),
+            Arc::clone(&stats),
+            stop.clone(),
+        ));
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(SimError::Signal)?;
@@ -138,11 +148,8 @@ fn write_stats(args: &SimArgs, stats: &stats::Stats) -> Result<(), SimError> {
     };
     let snap = stats.snapshot(args.nodes);
     let text = serde_json::to_vec(&snap).unwrap_or_default();
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|source| SimError::Stats {
-            path: path.clone(),
-            source,
-        })
+    bc_sys::atomic::write(path, &text, 0o644).map_err(|source| SimError::Stats {
+        path: path.clone(),
+        source,
+    })
 }

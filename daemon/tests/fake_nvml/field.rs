@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bcd::nvml::{DiagReport, ExpectedGpus, NvmlConfig, XidEvent};
+use bcd_probes::nvml::{DiagReport, ExpectedGpus, NvmlConfig, XidEvent};
 use serde_json::Value;
 
 use super::FakeNode;
@@ -40,7 +40,7 @@ pub fn expect8() -> ExpectedGpus {
 }
 
 /// The node check `name`.
-pub fn node_check<'a>(r: &'a DiagReport, name: &str) -> &'a bcd::nvml::Check {
+pub fn node_check<'a>(r: &'a DiagReport, name: &str) -> &'a bcd_probes::nvml::Check {
     r.node_checks
         .iter()
         .find(|c| c.name == name)
@@ -48,7 +48,7 @@ pub fn node_check<'a>(r: &'a DiagReport, name: &str) -> &'a bcd::nvml::Check {
 }
 
 /// GPU `gpu`'s check `name`.
-pub fn gpu_check<'a>(r: &'a DiagReport, gpu: usize, name: &str) -> &'a bcd::nvml::Check {
+pub fn gpu_check<'a>(r: &'a DiagReport, gpu: usize, name: &str) -> &'a bcd_probes::nvml::Check {
     r.gpus[gpu]
         .checks
         .iter()

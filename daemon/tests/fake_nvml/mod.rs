@@ -12,8 +12,8 @@ use std::time::SystemTime;
 
 pub mod field;
 
-use bcd::hostroot::HostRoot;
-use bcd::nvml::NvmlConfig;
+use bcd_probes::hostroot::HostRoot;
+use bcd_probes::nvml::NvmlConfig;
 use serde_json::{Value, json};
 
 const GPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/gpus");
@@ -175,9 +175,7 @@ impl FakeNode {
         let _guard = Flock::lock(lock, FlockArg::LockExclusive).unwrap();
         let mut v = self.read();
         f(&mut v);
-        let tmp = self.state.with_extension("test-tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-        std::fs::rename(tmp, &self.state).unwrap();
+        bc_sys::atomic::write(&self.state, &serde_json::to_vec_pretty(&v).unwrap(), 0o644).unwrap();
     }
 
     /// Appends kernel log records (in `/dev/kmsg` form) to the host root's `dev/kmsg`.

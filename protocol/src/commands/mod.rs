@@ -13,7 +13,9 @@
 //! One module per command, named after it: [`diag`] (`diag.nvml`), [`reset`] (`gpu.reset`),
 //! [`logs`] (`logs.collect`), [`reboot`] (`node.reboot`), [`inventory`] (`inventory.refresh`);
 //! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry.
-//! [`CommandName`] names the commands and [`CommandErrorCode`] the codes of a failed one.
+//! [`CommandName`] names the commands, [`CommandErrorCode`] the codes of a failed one and
+//! [`CommandFailure`] a failure as `CommandUpdate.error` carries it. The agent keeps results as a
+//! `serde_json::Value` (its journal does), so on the wire every object's keys are sorted.
 //!
 //! # Limitations
 //! Pure data and the small pure rules that belong to a type (the XID catalog's class of a number,
@@ -69,6 +71,35 @@ crate::string_enum! {
     }
 }
 
+/// A failed command: what `CommandUpdate.error` carries (`ErrorInfo{code, message}`), typed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct CommandFailure {
+    /// What kind of failure.
+    pub code: CommandErrorCode,
+    /// What went wrong with what, for people.
+    pub message: String,
+}
+
+impl CommandFailure {
+    /// A failure with `code` and `message`.
+    pub fn new(code: CommandErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<CommandFailure> for crate::pb::ErrorInfo {
+    fn from(f: CommandFailure) -> Self {
+        Self {
+            code: f.code.as_str().to_owned(),
+            message: f.message,
+        }
+    }
+}
+
 crate::string_enum! {
     /// `Event.type` of an event the agent sends on its session.
     EventType, "event type" {
@@ -78,4 +109,5 @@ crate::string_enum! {
 }
 
 #[cfg(test)]
-mod commands_tests;
+#[path = "commands_tests.rs"]
+mod tests;

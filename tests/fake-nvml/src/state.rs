@@ -87,6 +87,12 @@ pub fn load(path: &Path) -> Result<FakeConfig, StateError> {
 
 /// Writes the config atomically (temp file beside it, then rename), so a reader in another
 /// process never sees half a file.
+///
+/// Not `bc_sys::atomic::write`, on purpose: this crate is a cdylib that nvml-wrapper unloads
+/// (`dlclose`), and that helper names its temp file through `tempfile`, whose random name touches
+/// `std::thread::current()`; the copy of std inside this library then registers a thread-exit
+/// destructor that outlives the library, and the thread crashes when it ends. Code here must not
+/// leave thread-local destructors behind.
 pub fn save(path: &Path, cfg: &FakeConfig) -> Result<(), StateError> {
     let io = |source| StateError::Io {
         path: path.to_owned(),

@@ -1,12 +1,12 @@
 //! The agent's state dir (default `/var/lib/bcd`): `key.pem` (0600, never leaves the machine),
 //! `cert.pem`, `ca.pem`, `node.json` (node id, identity generation, control plane). Every write is
-//! atomic: temp file, fsync, rename, fsync of the directory.
+//! atomic ([`bc_sys::atomic::write`]): temp file, fsync, rename, fsync of the directory.
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use bc_sys::atomic;
 use serde::{Deserialize, Serialize};
 
 /// What went wrong with the state dir.
@@ -18,6 +18,9 @@ pub enum StateError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A file could not be replaced atomically.
+    #[error(transparent)]
+    Write(#[from] bc_sys::atomic::AtomicWriteError),
     /// `node.json` is not what we wrote.
     #[error("{path} is corrupt: {source}")]
     Corrupt {
@@ -79,31 +82,6 @@ pub struct StateDir {
     dir: PathBuf,
 }
 
-/// Writes `data` to `path` atomically with `mode`.
-pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), StateError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    f.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(io(&tmp))?;
-    f.write_all(data).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(io(path))?;
-    // A failed directory fsync leaves the rename possibly unpersisted, not corrupt.
-    if let Some(parent) = path.parent()
-        && let Ok(d) = fs::File::open(parent)
-    {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
 impl StateDir {
     /// Opens (creating, mode 0700) the state dir.
     pub fn open(dir: &Path) -> Result<Self, StateError> {
@@ -158,29 +136,30 @@ impl StateDir {
                 fs::rename(&from, &to).map_err(io(&from))?;
             }
         }
-        write_atomic(
-            &self.file(&format!("retired-{stamp}.txt")),
-            why.as_bytes(),
-            0o644,
-        )
+        let note = self.file(&format!("retired-{stamp}.txt"));
+        Ok(atomic::write(&note, why.as_bytes(), 0o644)?)
     }
 
     /// Replaces the certificate and key after a renewal (the node id and generation stay).
     pub fn replace_certificate(&self, key_pem: &str, cert_pem: &str) -> Result<(), StateError> {
-        write_atomic(&self.file("key.pem"), key_pem.as_bytes(), 0o600)?;
-        write_atomic(&self.file("cert.pem"), cert_pem.as_bytes(), 0o644)
+        atomic::write(&self.file("key.pem"), key_pem.as_bytes(), 0o600)?;
+        Ok(atomic::write(
+            &self.file("cert.pem"),
+            cert_pem.as_bytes(),
+            0o644,
+        )?)
     }
 
     /// Stores an identity. `node.json` is written last, so a crash mid-way leaves no half identity.
     pub fn save_identity(&self, id: &Identity) -> Result<(), StateError> {
-        write_atomic(&self.file("key.pem"), id.key_pem.as_bytes(), 0o600)?;
-        write_atomic(&self.file("cert.pem"), id.cert_pem.as_bytes(), 0o644)?;
-        write_atomic(&self.file("ca.pem"), id.ca_pem.as_bytes(), 0o644)?;
+        atomic::write(&self.file("key.pem"), id.key_pem.as_bytes(), 0o600)?;
+        atomic::write(&self.file("cert.pem"), id.cert_pem.as_bytes(), 0o644)?;
+        atomic::write(&self.file("ca.pem"), id.ca_pem.as_bytes(), 0o644)?;
         let json = serde_json::to_vec_pretty(&id.node).map_err(|source| StateError::Corrupt {
             path: self.file("node.json"),
             source,
         })?;
-        write_atomic(&self.file("node.json"), &json, 0o644)
+        Ok(atomic::write(&self.file("node.json"), &json, 0o644)?)
     }
 }
 

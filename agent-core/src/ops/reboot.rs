@@ -11,9 +11,10 @@
 use std::time::Duration;
 
 use bc_protocol::CommandName;
-use bc_protocol::commands::CommandErrorCode;
+use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 
-use crate::agent::journal::{Entry, Journal};
+use crate::executor::CommandRun;
+use crate::journal::{Entry, Journal};
 
 /// The command name this module serves.
 pub const NAME: CommandName = CommandName::NodeReboot;
@@ -161,6 +162,27 @@ pub fn goodbye(epoch: u64, boot_id: &str) -> bc_protocol::pb::AgentMessage {
     }
 }
 
+/// The `node.reboot` handler: says Goodbye and reboots. It never returns a result: the result
+/// comes with the next boot ([`complete_after_boot`]), or the control plane expires the command
+/// if the machine never comes back.
+pub async fn handle(
+    cfg: &RebootConfig,
+    boot_id: &str,
+    run: &CommandRun,
+) -> Result<serde_json::Value, CommandFailure> {
+    let fail = |e: RebootError| CommandFailure::new(e.code(), e.to_string());
+    let a = parse_args(&run.args).map_err(fail)?;
+    let bye = goodbye(run.link.epoch, boot_id);
+    // reboot(2) does not return: say Goodbye first. A program (systemctl) returns once the
+    // reboot is under way, so a failure can still be reported on this session.
+    if cfg.is_syscall() {
+        let _ = run.link.out.send(bye.clone()).await;
+    }
+    start(cfg, &a).await.map_err(fail)?;
+    let _ = run.link.out.send(bye).await;
+    std::future::pending().await
+}
+
 /// For [`Journal::recover`]'s `keep`: a node.reboot accepted in this same boot is still pending
 /// (the machine has not gone down yet, or the agent restarted before it did).
 pub fn keep_pending(e: &Entry, current_boot_id: &str) -> bool {
@@ -188,7 +210,7 @@ pub fn complete_after_boot(journal: &Journal, current_boot_id: &str, now_ms: i64
         match journal.put(&e) {
             Ok(()) => done.push(e),
             Err(err) => {
-                tracing::error!(command = %e.id, error = %err, "cannot journal the reboot result")
+                tracing::error!(command_id = %e.id, error = %err, "cannot journal the reboot result")
             }
         }
     }

@@ -188,4 +188,5 @@ pub fn load_sysfs(root: &HostRoot) -> Result<SmbiosTable, SmbiosError> {
 }
 
 #[cfg(test)]
+#[path = "smbios_tests.rs"]
 mod tests;

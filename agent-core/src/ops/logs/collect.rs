@@ -13,7 +13,6 @@ use super::{
     CollectArgs, DEFAULT_MAX_BYTES, DEFAULT_SOURCES, LogsError, MAX_LINE_BYTES, Manifest, Source,
     SourceReport, SourceStatus,
 };
-use crate::hostroot::HostRoot;
 use crate::ops::OpsConfig;
 
 /// A finished bundle: a `.tar.gz` in a temp dir that is removed when the bundle is dropped.
@@ -200,8 +199,8 @@ fn stage_process(
     Ok(staged)
 }
 
-fn stage_kernel(root: &HostRoot, stage: &Path, budget: &mut u64) -> Result<Staged, LogsError> {
-    let path = root.path(crate::nvml::kmsg::KMSG);
+fn stage_kernel(kmsg: &Path, stage: &Path, budget: &mut u64) -> Result<Staged, LogsError> {
+    let path = kmsg.to_owned();
     // Non-blocking: reading /dev/kmsg blocks at the end of the buffer otherwise.
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -290,7 +289,6 @@ impl<W: Write> Write for HashWriter<W> {
 /// Collects the sources into a `.tar.gz` (blocking: run it on a blocking thread).
 pub fn collect(
     cfg: &OpsConfig,
-    root: &HostRoot,
     args: &CollectArgs,
     since: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<Bundle, LogsError> {
@@ -321,7 +319,7 @@ pub fn collect(
                 }
                 stage_process(s, cmd, &stage, &mut budget)?
             }
-            Source::Kernel => stage_kernel(root, &stage, &mut budget)?,
+            Source::Kernel => stage_kernel(&cfg.kmsg, &stage, &mut budget)?,
             Source::Agent => match &cfg.log_file {
                 None => Staged {
                     report: report(
@@ -429,6 +427,14 @@ mod tests {
         p
     }
 
+    /// `cfg` reading the kernel log of the host under `root`.
+    fn at(cfg: &OpsConfig, root: &Path) -> OpsConfig {
+        OpsConfig {
+            kmsg: root.join("dev/kmsg"),
+            ..cfg.clone()
+        }
+    }
+
     #[test]
     fn bundle_holds_redacted_sources_and_a_manifest() -> Result<(), Box<dyn std::error::Error>> {
         let tmp = tempfile::tempdir()?;
@@ -445,8 +451,11 @@ mod tests {
             ),
             ..OpsConfig::default()
         };
-        let root = HostRoot::new(tmp.path().join("root"));
-        let b = collect(&cfg, &root, &CollectArgs::default(), None)?;
+        let b = collect(
+            &at(&cfg, &tmp.path().join("root")),
+            &CollectArgs::default(),
+            None,
+        )?;
         let files = untar(&b.path);
         let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, vec!["manifest.json", "journal.log", "kernel.log"]);
@@ -481,12 +490,12 @@ mod tests {
             log_file: Some(tmp.path().join("nope.log")),
             ..OpsConfig::default()
         };
-        let root = HostRoot::new(tmp.path().join("no-root"));
+        let root = tmp.path().join("no-root");
         let args = CollectArgs {
             max_bytes: Some(1000),
             ..CollectArgs::default()
         };
-        let b = collect(&cfg, &root, &args, None)?;
+        let b = collect(&at(&cfg, &root), &args, None)?;
         assert!(b.manifest.truncated);
         let j = &b.manifest.sources[0];
         assert_eq!(j.status, SourceStatus::Truncated);
@@ -498,7 +507,7 @@ mod tests {
             journalctl: tmp.path().join("no-journalctl"),
             ..OpsConfig::default()
         };
-        let b = collect(&cfg, &root, &CollectArgs::default(), None)?;
+        let b = collect(&at(&cfg, &root), &CollectArgs::default(), None)?;
         let j = &b.manifest.sources[0];
         assert_eq!(j.status, SourceStatus::Missing);
         assert!(
@@ -517,7 +526,7 @@ mod tests {
             ),
             ..OpsConfig::default()
         };
-        let b = collect(&cfg, &root, &CollectArgs::default(), None)?;
+        let b = collect(&at(&cfg, &root), &CollectArgs::default(), None)?;
         let j = &b.manifest.sources[0];
         assert_eq!(j.status, SourceStatus::Failed, "{j:?}");
         assert_eq!(j.bytes, "kept line\n".len() as u64);
@@ -537,7 +546,7 @@ mod tests {
             sources: Some(vec![Source::Kernel]),
             ..CollectArgs::default()
         };
-        let b = collect(&OpsConfig::default(), &HostRoot::new("/"), &args, None)?;
+        let b = collect(&OpsConfig::default(), &args, None)?;
         let k = &b.manifest.sources[0];
         assert!(
             matches!(k.status, SourceStatus::Collected | SourceStatus::Missing),

@@ -12,6 +12,11 @@
 //! read once by the caller and passed in, so tests need no `set_var`. [`watchdog_interval`] reads
 //! `WATCHDOG_USEC`/`WATCHDOG_PID` and returns half the timeout, as `sd_watchdog_enabled(3)` advises.
 //!
+//! Why not the `sd-notify` crate (which `bcctl` used): it reads `NOTIFY_SOCKET` from the process
+//! environment on every call (tests would need `set_var`, which is `unsafe` in edition 2024), and
+//! it connects to the variable's value as a path, so an abstract `@name` socket (systemd in
+//! containers, `systemd-run --user`) is never reached. Both binaries use this module instead.
+//!
 //! # Limitations
 //! No file-descriptor store (`FDSTORE=1`) and no credentials passing; the service runs as root
 //! and systemd accepts its datagrams under `NotifyAccess=main`.
@@ -36,6 +41,30 @@ pub enum NotifyError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// One line of a notification (`sd_notify(3)`, "Well-known assignments").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifyState<'a> {
+    /// `READY=1`: startup finished.
+    Ready,
+    /// `WATCHDOG=1`: the service is alive.
+    Watchdog,
+    /// `STATUS=<text>`: one line for `systemctl status`; newlines become spaces.
+    Status(&'a str),
+    /// `STOPPING=1`: shutdown began.
+    Stopping,
+}
+
+impl std::fmt::Display for NotifyState<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ready => f.write_str("READY=1"),
+            Self::Watchdog => f.write_str("WATCHDOG=1"),
+            Self::Status(text) => write!(f, "STATUS={}", text.replace(['\n', '\r'], " ")),
+            Self::Stopping => f.write_str("STOPPING=1"),
+        }
+    }
 }
 
 /// Sends `sd_notify` messages; cheap to share behind an `Arc`.
@@ -104,24 +133,34 @@ impl Notifier {
             })
     }
 
+    /// Sends `states` in one datagram, one line each, so systemd applies them together (e.g.
+    /// `READY=1` with its first `STATUS=`).
+    pub fn notify(&self, states: &[NotifyState<'_>]) -> Result<(), NotifyError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let lines: Vec<String> = states.iter().map(ToString::to_string).collect();
+        self.send(&lines.join("\n"))
+    }
+
     /// `READY=1`: startup finished (after the session task and converge task are running).
     pub fn ready(&self) -> Result<(), NotifyError> {
-        self.send("READY=1")
+        self.notify(&[NotifyState::Ready])
     }
 
     /// `WATCHDOG=1`: the service is alive.
     pub fn watchdog(&self) -> Result<(), NotifyError> {
-        self.send("WATCHDOG=1")
+        self.notify(&[NotifyState::Watchdog])
     }
 
     /// `STATUS=<text>`: one line shown by `systemctl status`; newlines become spaces.
     pub fn status(&self, text: &str) -> Result<(), NotifyError> {
-        self.send(&format!("STATUS={}", text.replace(['\n', '\r'], " ")))
+        self.notify(&[NotifyState::Status(text)])
     }
 
     /// `STOPPING=1`: shutdown began.
     pub fn stopping(&self) -> Result<(), NotifyError> {
-        self.send("STOPPING=1")
+        self.notify(&[NotifyState::Stopping])
     }
 }
 
@@ -167,89 +206,5 @@ pub fn spawn_watchdog(notifier: Arc<Notifier>, interval: Duration) -> tokio::tas
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn recv(listener: &UnixDatagram) -> String {
-        let mut buf = [0u8; 512];
-        let n = listener.recv(&mut buf).unwrap_or(0);
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    }
-
-    #[test]
-    fn sends_every_message_to_a_path_socket() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("notify.sock");
-        let listener = UnixDatagram::bind(&path)?;
-        listener.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let n = Notifier::new(Some(path.as_os_str()))?;
-        assert!(n.enabled());
-        n.ready()?;
-        assert_eq!(recv(&listener), "READY=1");
-        n.status("converged generation 3\nok")?;
-        assert_eq!(recv(&listener), "STATUS=converged generation 3 ok");
-        n.watchdog()?;
-        assert_eq!(recv(&listener), "WATCHDOG=1");
-        n.stopping()?;
-        assert_eq!(recv(&listener), "STOPPING=1");
-        Ok(())
-    }
-
-    #[test]
-    fn sends_to_an_abstract_socket() -> Result<(), Box<dyn std::error::Error>> {
-        let name = format!("bcd-notify-test-{}", std::process::id());
-        let listener = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?;
-        listener.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let n = Notifier::new(Some(OsStr::new(&format!("@{name}"))))?;
-        n.ready()?;
-        assert_eq!(recv(&listener), "READY=1");
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn watchdog_task_pings_repeatedly() -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("wd.sock");
-        let listener = UnixDatagram::bind(&path)?;
-        listener.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let n = Arc::new(Notifier::new(Some(path.as_os_str()))?);
-        let task = spawn_watchdog(n, Duration::from_millis(10));
-        let got = tokio::task::spawn_blocking(move || [recv(&listener), recv(&listener)]).await?;
-        task.abort();
-        assert_eq!(got, ["WATCHDOG=1", "WATCHDOG=1"]);
-        Ok(())
-    }
-
-    #[test]
-    fn unset_is_a_no_op_and_garbage_is_an_error() -> Result<(), Box<dyn std::error::Error>> {
-        let n = Notifier::new(None)?;
-        assert!(!n.enabled());
-        n.ready()?;
-        assert!(!Notifier::new(Some(OsStr::new("")))?.enabled());
-        assert!(matches!(
-            Notifier::new(Some(OsStr::new("relative/sock"))),
-            Err(NotifyError::BadAddress(_))
-        ));
-        // A socket nobody listens on is an error the caller can log, not a panic.
-        let dir = tempfile::tempdir()?;
-        let gone = Notifier::new(Some(dir.path().join("nobody").as_os_str()))?;
-        assert!(matches!(gone.ready(), Err(NotifyError::Io { .. })));
-        Ok(())
-    }
-
-    #[test]
-    fn watchdog_interval_is_half_the_timeout_for_this_pid() {
-        assert_eq!(
-            watchdog_interval(Some("60000000"), None, 7),
-            Some(Duration::from_secs(30))
-        );
-        assert_eq!(
-            watchdog_interval(Some("60000000"), Some("7"), 7),
-            Some(Duration::from_secs(30))
-        );
-        assert_eq!(watchdog_interval(Some("60000000"), Some("8"), 7), None);
-        assert_eq!(watchdog_interval(None, None, 7), None);
-        assert_eq!(watchdog_interval(Some("0"), None, 7), None);
-        assert_eq!(watchdog_interval(Some("abc"), None, 7), None);
-    }
-}
+#[path = "notify_tests.rs"]
+mod tests;

@@ -25,10 +25,10 @@ use super::checks::{NVLINK_MAX_LINKS, field_u64s};
 use super::tool::run_with_timeout;
 use super::{NvmlConfig, NvmlError, kmsg, open, xid};
 
-use bc_protocol::commands::CommandErrorCode;
 pub use bc_protocol::commands::reset::{
     BusyGpu, GpuResetResult, GpuSnapshot, ResetArgs, ResetReport, ResetTarget,
 };
+use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 
 /// How long `nvidia-smi -r` may run before it is killed and the reset counts as failed. NVIDIA
 /// documents resets taking seconds; a hung tool must not hold the NVML gate forever.
@@ -101,6 +101,16 @@ impl ResetError {
             }
             Self::VerifyFailed { .. } => CommandErrorCode::ResetNotVerified,
         }
+    }
+
+    /// The command failure the agent reports: the code, the message and, when there are
+    /// [`details`](Self::details), those as JSON after ` details: `.
+    pub fn to_failure(&self) -> CommandFailure {
+        let details = self
+            .details()
+            .map(|d| format!(" details: {d}"))
+            .unwrap_or_default();
+        CommandFailure::new(self.code(), format!("{self}{details}"))
     }
 
     /// Structured details for the command result: the busy GPUs, or the report.

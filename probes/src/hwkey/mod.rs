@@ -386,4 +386,5 @@ fn value_of(v: &Read) -> Option<String> {
 #[cfg(test)]
 mod field_tests;
 #[cfg(test)]
+#[path = "hwkey_tests.rs"]
 mod tests;

@@ -14,7 +14,11 @@ pub mod upload;
 
 pub use collect::{Bundle, collect};
 
-use bc_protocol::commands::CommandErrorCode;
+use bc_protocol::commands::{CommandErrorCode, CommandFailure};
+use serde_json::Value;
+
+use crate::executor::{CommandRun, to_result};
+use crate::ops::OpsConfig;
 
 /// Longest line kept as one; longer lines are split, bytes.
 pub const MAX_LINE_BYTES: u64 = 64 * 1024;
@@ -80,43 +84,26 @@ pub fn parse_args(
     Ok((a, since))
 }
 
-/// Runs logs.collect for command `command_id`: collects on a blocking thread, reports progress 50,
-/// uploads, and returns the result.
-pub async fn run_command(
-    ops: &crate::ops::OpsConfig,
-    root: &crate::hostroot::HostRoot,
-    command_id: &str,
-    args: &serde_json::Value,
-    out: &tokio::sync::mpsc::Sender<bc_protocol::pb::AgentMessage>,
-    epoch: u64,
-) -> Result<CollectResult, LogsError> {
-    let (a, since) = parse_args(args, chrono::Utc::now())?;
+/// Runs logs.collect as `run`: collects on a blocking thread, reports progress 50, uploads (to
+/// `ops.upload`, else the command's session), and returns the result.
+pub async fn run_command(ops: &OpsConfig, run: &CommandRun) -> Result<CollectResult, LogsError> {
+    let (a, since) = parse_args(&run.args, chrono::Utc::now())?;
     let up = ops
         .upload
         .clone()
+        .or_else(|| run.upload.clone())
         .ok_or_else(|| LogsError::Upload("no control plane to upload to".to_owned()))?;
-    let (cfg, root) = (ops.clone(), root.clone());
-    let bundle = tokio::task::spawn_blocking(move || collect(&cfg, &root, &a, since))
+    let cfg = ops.clone();
+    let bundle = tokio::task::spawn_blocking(move || collect(&cfg, &a, since))
         .await
         .map_err(|e| LogsError::Upload(format!("collector task: {e}")))??;
     tracing::info!(
-        command = command_id,
         bytes = bundle.bytes,
         truncated = bundle.manifest.truncated,
         "log bundle built; uploading"
     );
-    let _ = out.try_send(bc_protocol::pb::AgentMessage {
-        epoch,
-        msg: Some(bc_protocol::pb::agent_message::Msg::CommandUpdate(
-            bc_protocol::pb::CommandUpdate {
-                id: command_id.to_owned(),
-                state: bc_protocol::pb::CommandState::Running.into(),
-                progress: 50,
-                ..Default::default()
-            },
-        )),
-    });
-    let (bytes, sha) = upload::upload(&up, command_id, &bundle).await?;
+    run.progress(50);
+    let (bytes, sha) = upload::upload(&up, &run.id, &bundle).await?;
     if bytes != bundle.bytes || sha != bundle.sha256 {
         return Err(LogsError::Upload(format!(
             "the gateway stored {bytes} bytes with SHA-256 {sha}; sent {} with {}",
@@ -129,6 +116,14 @@ pub async fn run_command(
         sha256: bundle.sha256,
         manifest: bundle.manifest,
     })
+}
+
+/// The `logs.collect` handler: [`run_command`] with its error as a command failure.
+pub async fn handle(ops: &OpsConfig, run: &CommandRun) -> Result<Value, CommandFailure> {
+    let result = run_command(ops, run)
+        .await
+        .map_err(|e| CommandFailure::new(e.code(), e.to_string()))?;
+    to_result(&result)
 }
 
 #[cfg(test)]

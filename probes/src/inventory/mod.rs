@@ -10,6 +10,7 @@
 //! # Limitations
 //! GPUs come from the PCI list unless NVML data is handed in ([`collect_with_gpus`]).
 
+mod cli;
 pub mod cpu;
 pub mod disks;
 #[allow(unsafe_code)]
@@ -26,7 +27,8 @@ use bc_protocol::inventory::{self, Gpu, Inventory, Note};
 
 use crate::hostroot::HostRoot;
 
-pub use render::{InventoryArgs, render_table, run};
+pub use cli::{InventoryArgs, run};
+pub use render::render_table;
 
 /// Collects the inventory of the machine under `root`, GPUs from the PCI list.
 pub fn collect(root: &HostRoot) -> Inventory {
@@ -78,4 +80,5 @@ pub(crate) fn note(notes: &mut Vec<Note>, source: &str, message: impl Into<Strin
 #[cfg(test)]
 mod field_tests;
 #[cfg(test)]
+#[path = "inventory_tests.rs"]
 mod tests;

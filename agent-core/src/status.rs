@@ -8,8 +8,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::state::write_atomic;
-
 /// How often heartbeat acknowledgements are written at most.
 pub const ACK_WRITE_EVERY: Duration = Duration::from_secs(5);
 
@@ -74,7 +72,7 @@ impl StatusFile {
 
     fn write(&self, s: &AgentStatus) {
         if let Ok(data) = serde_json::to_vec_pretty(s)
-            && let Err(e) = write_atomic(&self.path, &data, 0o644)
+            && let Err(e) = bc_sys::atomic::write(&self.path, &data, 0o644)
         {
             tracing::debug!(error = %e, "status.json not written");
         }

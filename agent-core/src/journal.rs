@@ -2,20 +2,27 @@
 //! before it runs and again with its result before the result is reported. A command id found in
 //! the journal is never run again: a second delivery re-sends the stored result, and a command
 //! that was running when the agent died is reported failed, not re-run (exactly-once effect).
+//!
+//! [`Journal::memory`] keeps the same entries in memory for modes without a state dir (`bcd sim`):
+//! at-most-once within the process, at most [`MEMORY_KEEP`] finished entries.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use bc_protocol::commands::CommandErrorCode;
 use bc_protocol::pb::{CommandState, CommandUpdate, ErrorInfo};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use crate::state::{StateError, write_atomic};
+use crate::state::StateError;
 
 /// Results older than this are not re-sent in Hello, ms (24 h).
 pub const RESEND_WINDOW_MS: i64 = 24 * 3600 * 1000;
 /// Entries older than this are removed at start, ms (7 days).
 pub const KEEP_MS: i64 = 7 * 24 * 3600 * 1000;
+/// Finished entries an in-memory journal keeps; the oldest go first.
+pub const MEMORY_KEEP: usize = 128;
 
 /// A journal entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,10 +74,16 @@ impl Entry {
     }
 }
 
-/// The journal directory.
-#[derive(Debug, Clone)]
+/// The journal: a directory of entries, or the same in memory.
+#[derive(Debug)]
 pub struct Journal {
-    dir: PathBuf,
+    store: Store,
+}
+
+#[derive(Debug)]
+enum Store {
+    Dir(PathBuf),
+    Memory(Mutex<BTreeMap<String, Entry>>),
 }
 
 fn valid_id(id: &str) -> bool {
@@ -89,38 +102,72 @@ impl Journal {
             path: dir.clone(),
             source,
         })?;
-        Ok(Self { dir })
+        Ok(Self {
+            store: Store::Dir(dir),
+        })
     }
 
-    fn path(&self, id: &str) -> Option<PathBuf> {
-        valid_id(id).then(|| self.dir.join(format!("{id}.json")))
+    /// A journal in memory only (no state dir).
+    pub fn memory() -> Self {
+        Self {
+            store: Store::Memory(Mutex::new(BTreeMap::new())),
+        }
+    }
+
+    fn path(dir: &Path, id: &str) -> Option<PathBuf> {
+        valid_id(id).then(|| dir.join(format!("{id}.json")))
     }
 
     /// The entry for `id`; `None` when absent, unreadable, or the id is not a plain token.
     pub fn get(&self, id: &str) -> Option<Entry> {
-        let text = fs::read_to_string(self.path(id)?).ok()?;
+        let dir = match &self.store {
+            Store::Dir(dir) => dir,
+            Store::Memory(m) => return valid_id(id).then(|| m.lock().get(id).cloned())?,
+        };
+        let text = fs::read_to_string(Self::path(dir, id)?).ok()?;
         serde_json::from_str(&text).ok()
     }
 
-    /// Writes an entry atomically.
+    /// Writes an entry (atomically, on disk).
     pub fn put(&self, e: &Entry) -> Result<(), StateError> {
-        let path = self.path(&e.id).ok_or_else(|| StateError::Io {
-            path: self.dir.join(&e.id),
+        let not_plain = |dir: &Path| StateError::Io {
+            path: dir.join(&e.id),
             source: std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "command id is not a plain token",
             ),
-        })?;
+        };
+        let dir = match &self.store {
+            Store::Dir(dir) => dir,
+            Store::Memory(m) => {
+                if !valid_id(&e.id) {
+                    return Err(not_plain(Path::new("memory")));
+                }
+                let mut m = m.lock();
+                m.insert(e.id.clone(), e.clone());
+                forget_oldest_finished(&mut m);
+                return Ok(());
+            }
+        };
+        let path = Self::path(dir, &e.id).ok_or_else(|| not_plain(dir))?;
         let data = serde_json::to_vec_pretty(e).map_err(|source| StateError::Corrupt {
             path: path.clone(),
             source,
         })?;
-        write_atomic(&path, &data, 0o600)
+        Ok(bc_sys::atomic::write(&path, &data, 0o600)?)
     }
 
-    /// Every readable entry.
+    /// Every readable entry, oldest first.
     pub fn entries(&self) -> Vec<Entry> {
-        let Ok(rd) = fs::read_dir(&self.dir) else {
+        let dir = match &self.store {
+            Store::Dir(dir) => dir,
+            Store::Memory(m) => {
+                let mut out: Vec<Entry> = m.lock().values().cloned().collect();
+                out.sort_by(|a, b| (a.accepted_at, &a.id).cmp(&(b.accepted_at, &b.id)));
+                return out;
+            }
+        };
+        let Ok(rd) = fs::read_dir(dir) else {
             return Vec::new();
         };
         let mut out: Vec<Entry> = rd
@@ -140,9 +187,7 @@ impl Journal {
         let mut changed = Vec::new();
         for mut e in self.entries() {
             if e.finished_at.is_some_and(|f| now_ms - f > KEEP_MS) {
-                if let Some(p) = self.path(&e.id) {
-                    let _ = fs::remove_file(p);
-                }
+                self.remove(&e.id);
                 continue;
             }
             if !e.is_finished() && !keep(&e) {
@@ -160,6 +205,19 @@ impl Journal {
         changed
     }
 
+    fn remove(&self, id: &str) {
+        match &self.store {
+            Store::Dir(dir) => {
+                if let Some(p) = Self::path(dir, id) {
+                    let _ = fs::remove_file(p);
+                }
+            }
+            Store::Memory(m) => {
+                m.lock().remove(id);
+            }
+        }
+    }
+
     /// Results to re-send in Hello: finished within the resend window, at most 100, newest last.
     pub fn pending_results(&self, now_ms: i64) -> Vec<CommandUpdate> {
         let mut fin: Vec<Entry> = self
@@ -173,6 +231,22 @@ impl Journal {
         let skip = fin.len().saturating_sub(100);
         fin.drain(..skip);
         fin.iter().map(Entry::update).collect()
+    }
+}
+
+/// Keeps at most [`MEMORY_KEEP`] finished entries; unfinished ones always stay.
+fn forget_oldest_finished(m: &mut BTreeMap<String, Entry>) {
+    let mut finished: Vec<(i64, String)> = m
+        .values()
+        .filter(|e| e.is_finished())
+        .map(|e| (e.finished_at.unwrap_or(e.accepted_at), e.id.clone()))
+        .collect();
+    let Some(excess) = finished.len().checked_sub(MEMORY_KEEP).filter(|n| *n > 0) else {
+        return;
+    };
+    finished.sort_unstable();
+    for (_, id) in finished.into_iter().take(excess) {
+        m.remove(&id);
     }
 }
 
@@ -215,6 +289,36 @@ mod tests {
         // Path tricks never escape the journal.
         assert!(j.get("../node").is_none());
         assert!(j.put(&entry("../evil", "succeeded")).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_memory_journal_keeps_the_same_promises_within_its_bound()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let j = Journal::memory();
+        j.put(&entry("cmd_done", "succeeded"))?;
+        j.put(&entry("cmd_mid", "accepted"))?;
+        assert_eq!(j.recover(10, |_| false).len(), 1);
+        assert_eq!(j.get("cmd_mid").map(|e| e.state), Some("failed".to_owned()));
+        assert!(j.put(&entry("../evil", "succeeded")).is_err());
+        assert!(j.get("../evil").is_none());
+        for i in 0..MEMORY_KEEP + 10 {
+            let mut e = entry(&format!("cmd_{i}"), "succeeded");
+            e.finished_at = Some(100 + i as i64);
+            j.put(&e)?;
+        }
+        j.put(&entry("cmd_running", "accepted"))?;
+        let all = j.entries();
+        assert_eq!(all.iter().filter(|e| e.is_finished()).count(), MEMORY_KEEP);
+        assert!(
+            j.get("cmd_running").is_some(),
+            "unfinished entries are never dropped"
+        );
+        assert!(
+            j.get("cmd_0").is_none(),
+            "the oldest finished entry went first"
+        );
+        assert!(j.get(&format!("cmd_{}", MEMORY_KEEP + 9)).is_some());
         Ok(())
     }
 }

@@ -1,0 +1,207 @@
+//! A scripted fake control plane for protocol tests (feature `test-utils`, and this crate's own
+//! tests): Join and Gateway over TLS on a loopback port, with a CA and a pin of its own. It
+//! signs every CSR, records every JoinRequest and each node's first session, answers Welcome,
+//! then sends its script, and acknowledges heartbeats. Not for production builds.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bc_protocol::pb::gateway_server::{Gateway, GatewayServer};
+use bc_protocol::pb::join_server::{Join, JoinServer};
+use bc_protocol::pb::{
+    AgentMessage, GatewayMessage, HeartbeatAck, JoinRequest, JoinResponse, RenewRequest,
+    RenewResponse, UploadChunk, UploadResult, Welcome, agent_message, gateway_message,
+};
+use parking_lot::Mutex;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, IsCa, Issuer, KeyPair,
+    SanType,
+};
+use tokio_stream::Stream;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+
+/// The epoch every session of the fake gets.
+pub const EPOCH: u64 = 7;
+/// The heartbeat interval the fake asks for, ms.
+pub const HEARTBEAT_MS: u32 = 100;
+
+/// What the fake saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    /// Every JoinRequest, in order; node `i` is `node_<i>`.
+    pub joins: Vec<JoinRequest>,
+    /// `(node id, messages in arrival order)` of each node's first session.
+    pub sessions: Vec<(String, Vec<AgentMessage>)>,
+}
+
+impl Seen {
+    /// The first session's messages of `node_id`, if it had one.
+    pub fn session(&self, node_id: &str) -> Option<&[AgentMessage]> {
+        self.sessions
+            .iter()
+            .find(|(n, _)| n == node_id)
+            .map(|(_, m)| m.as_slice())
+    }
+}
+
+/// A running fake control plane.
+#[derive(Debug, Clone)]
+pub struct FakeControlPlane {
+    /// `https://127.0.0.1:<port>`.
+    pub url: String,
+    /// `sha256:<hex>` of its CA.
+    pub pin: String,
+    /// What it saw.
+    pub seen: Arc<Mutex<Seen>>,
+}
+
+#[derive(Clone)]
+struct Service {
+    ca_pem: String,
+    issuer: Arc<Issuer<'static, KeyPair>>,
+    seen: Arc<Mutex<Seen>>,
+    script: Arc<Vec<gateway_message::Msg>>,
+}
+
+#[tonic::async_trait]
+impl Join for Service {
+    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let req = request.into_inner();
+        let csr = CertificateSigningRequestParams::from_pem(&req.csr_pem)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let cert = CertificateParams::default()
+            .signed_by(&csr.public_key, self.issuer.as_ref())
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let mut seen = self.seen.lock();
+        let node_id = format!("node_{}", seen.joins.len());
+        seen.joins.push(req);
+        Ok(Response::new(JoinResponse {
+            node_id,
+            certificate_pem: cert.pem(),
+            ca_pem: self.ca_pem.clone(),
+            identity_generation: 1,
+            heartbeat_interval_ms: HEARTBEAT_MS,
+            trust_domain: "bc.test".to_owned(),
+        }))
+    }
+}
+
+type SessionStream = Pin<Box<dyn Stream<Item = Result<GatewayMessage, Status>> + Send>>;
+
+fn gw(m: gateway_message::Msg) -> Result<GatewayMessage, Status> {
+    Ok(GatewayMessage { msg: Some(m) })
+}
+
+#[tonic::async_trait]
+impl Gateway for Service {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<SessionStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let (seen, script) = (Arc::clone(&self.seen), Arc::clone(&self.script));
+        tokio::spawn(async move {
+            let Ok(Some(hello)) = inbound.message().await else {
+                return;
+            };
+            let Some(agent_message::Msg::Hello(h)) = &hello.msg else {
+                return;
+            };
+            let slot = {
+                let mut seen = seen.lock();
+                if seen.sessions.iter().any(|(id, _)| *id == h.node_id) {
+                    None // a reconnect: only first sessions are recorded
+                } else {
+                    seen.sessions.push((h.node_id.clone(), vec![hello.clone()]));
+                    Some(seen.sessions.len() - 1)
+                }
+            };
+            let welcome = gateway_message::Msg::Welcome(Welcome {
+                epoch: EPOCH,
+                gateway_id: "fake".to_owned(),
+                heartbeat_interval_ms: HEARTBEAT_MS,
+                server_time_ms: chrono::Utc::now().timestamp_millis(),
+            });
+            for m in std::iter::once(welcome).chain(script.iter().cloned()) {
+                if tx.send(gw(m)).await.is_err() {
+                    return;
+                }
+            }
+            while let Ok(Some(m)) = inbound.message().await {
+                if let Some(agent_message::Msg::Heartbeat(hb)) = &m.msg {
+                    let ack = gateway_message::Msg::HeartbeatAck(HeartbeatAck { seq: hb.seq });
+                    let _ = tx.send(gw(ack)).await;
+                }
+                if let Some(i) = slot {
+                    seen.lock().sessions[i].1.push(m);
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn renew(&self, _: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
+    async fn upload(
+        &self,
+        _: Request<Streaming<UploadChunk>>,
+    ) -> Result<Response<UploadResult>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+}
+
+impl FakeControlPlane {
+    /// Starts the fake on a loopback port (a task of the current runtime); every session gets
+    /// Welcome, then `script`.
+    pub async fn start(script: Vec<gateway_message::Msg>) -> Self {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let pin = format!(
+            "sha256:{}",
+            hex::encode(crate::tls::spki_sha256(ca_cert.der()).unwrap())
+        );
+        let issuer = Issuer::new(ca_params, ca_key);
+        let leaf_key = KeyPair::generate().unwrap();
+        let mut leaf_params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        leaf_params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+        let service = Service {
+            ca_pem: ca_cert.pem(),
+            issuer: Arc::new(issuer),
+            seen: Arc::default(),
+            script: Arc::new(script),
+        };
+        let seen = Arc::clone(&service.seen);
+        let tls = ServerTlsConfig::new().identity(Identity::from_pem(
+            format!("{}{}", leaf.pem(), ca_cert.pem()),
+            leaf_key.serialize_pem(),
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "https://127.0.0.1:{}",
+            listener.local_addr().unwrap().port()
+        );
+        let server = Server::builder()
+            .tls_config(tls)
+            .unwrap()
+            .add_service(JoinServer::new(service.clone()))
+            .add_service(GatewayServer::new(service));
+        tokio::spawn(
+            server.serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        Self { url, pin, seen }
+    }
+}

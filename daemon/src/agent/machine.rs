@@ -1,0 +1,136 @@
+//! The node agent's [`Machine`]: the real host under its [`HostRoot`] — the hardware key and
+//! inventory from `bcd-probes`, GPUs from NVML, the converge state's observed generation, and
+//! every command the agent serves.
+
+use std::path::PathBuf;
+
+use bc_protocol::commands::{CommandErrorCode, CommandFailure};
+use bc_protocol::pb::{HardwareIdentity, Inventory};
+use bc_protocol::{CommandName, Mode};
+use bcd_core::executor::{CommandRun, to_result};
+use bcd_core::mode::Machine;
+use bcd_core::ops::OpsConfig;
+use bcd_probes::hostroot::HostRoot;
+use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
+use serde_json::Value;
+
+/// The host the node agent runs on.
+#[derive(Debug)]
+pub struct NodeMachine {
+    /// Where `/sys`, `/proc`, `/dev`, `/etc` are.
+    pub root: HostRoot,
+    /// The state dir (the converge state in it gives the observed generation).
+    pub state_dir: PathBuf,
+    /// This boot's id, read once at start.
+    pub boot_id: String,
+    /// Where NVML and `nvidia-smi` are (diag.nvml, gpu.reset, GPU inventory).
+    pub nvml: NvmlConfig,
+    /// node.reboot and logs.collect settings.
+    pub ops: OpsConfig,
+}
+
+/// Runs blocking work (NVML, sysfs) off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, CommandFailure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CommandFailure::new(CommandErrorCode::Internal, e.to_string()))
+}
+
+impl NodeMachine {
+    /// The machine's inventory and hardware identity as the `Inventory` message: GPUs through
+    /// NVML when it is there, the PCI list otherwise; shrunk (with notes saying what was left
+    /// out) when the document would pass the gateway's [`bc_protocol::MAX_INVENTORY_BYTES`].
+    fn collect_inventory(root: &HostRoot, nvml: &NvmlConfig) -> Result<Inventory, String> {
+        let started = std::time::Instant::now();
+        let gpus = bcd_probes::nvml::inventory_gpus(nvml)
+            .ok()
+            .filter(|g| !g.is_empty())
+            .map(|gs| {
+                gs.iter()
+                    .map(bcd_probes::nvml::GpuInfo::to_inventory)
+                    .collect()
+            });
+        let inv = bcd_probes::inventory::collect_with_gpus(root, gpus);
+        let hw = bcd_probes::hwkey::compute(root);
+        crate::metrics::global().observe_inventory(started.elapsed());
+        let doc = inv
+            .to_json_within(bc_protocol::MAX_INVENTORY_BYTES)
+            .ok_or_else(|| {
+                format!(
+                    "inventory does not fit in {} bytes even without PCI, disks and NICs",
+                    bc_protocol::MAX_INVENTORY_BYTES
+                )
+            })?;
+        Ok(Inventory {
+            hardware: Some(hw),
+            document_json: doc,
+            collected_at_ms: chrono::Utc::now().timestamp_millis(),
+        })
+    }
+
+    async fn diag(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: DiagArgs = run.args()?;
+        let (cfg, root) = (self.nvml.clone(), self.root.clone());
+        let report =
+            blocking(move || bcd_probes::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)).await?;
+        crate::metrics::global().record_diag(&report);
+        to_result(&report)
+    }
+
+    async fn reset(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: ResetArgs = run.args()?;
+        let (cfg, root) = (self.nvml.clone(), self.root.clone());
+        let report = blocking(move || bcd_probes::nvml::reset(&cfg, &a.gpus, &root))
+            .await?
+            .map_err(|e| e.to_failure())?;
+        to_result(&report)
+    }
+}
+
+impl Machine for NodeMachine {
+    fn mode(&self) -> Mode {
+        Mode::Node
+    }
+
+    fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    fn hostname(&self) -> String {
+        self.root
+            .read_trimmed("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+    }
+
+    async fn hardware(&self) -> Result<HardwareIdentity, String> {
+        let root = self.root.clone();
+        tokio::task::spawn_blocking(move || bcd_probes::hwkey::compute(&root))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn observed_generation(&self) -> u64 {
+        crate::converge::observed_generation(&self.state_dir)
+    }
+
+    async fn inventory(&self) -> Result<Inventory, String> {
+        let (root, nvml) = (self.root.clone(), self.nvml.clone());
+        tokio::task::spawn_blocking(move || Self::collect_inventory(&root, &nvml))
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    async fn run_command(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        match run.name {
+            CommandName::InventoryRefresh => bcd_core::handlers::inventory_refresh(self, run).await,
+            CommandName::DiagNvml => self.diag(run).await,
+            CommandName::GpuReset => self.reset(run).await,
+            CommandName::LogsCollect => bcd_core::ops::logs::handle(&self.ops, run).await,
+            CommandName::NodeReboot => {
+                bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
+            }
+        }
+    }
+}
