@@ -68,6 +68,15 @@ pub trait SessionHooks: Send {
         None
     }
 
+    /// A `SiteAssignment` arrived (site agents only): the site lease and the BMCs to manage,
+    /// replacing the previous assignment. It holds BMC credentials: keep it in memory, never log
+    /// or write it. Other modes ignore it.
+    fn on_site_assignment(&mut self, _assignment: pb::SiteAssignment) {}
+
+    /// A `HeartbeatAck` arrived; a site agent reads its lease renewal
+    /// (`site_lease_expires_at_ms`) from it.
+    fn on_heartbeat_ack(&mut self, _ack: &pb::HeartbeatAck) {}
+
     /// The next message the mode sends on its own (a SpecStatus from a converge task, an XID
     /// `Event`). Must be cancel-safe: the session loop polls it in a `select!`. Never resolves for
     /// a mode that has nothing to say.

@@ -309,6 +309,17 @@ where
         Some(gateway_message::Msg::HeartbeatAck(a)) => {
             backoff.reset();
             hooks.heartbeat_acked(a.seq);
+            hooks.on_heartbeat_ack(&a);
+        }
+        Some(gateway_message::Msg::SiteAssignment(a)) => {
+            tracing::info!(
+                site_id = %a.site_id,
+                lease_held = a.lease_held,
+                lease_epoch = a.lease_epoch,
+                bmcs = a.bmcs.len(),
+                "site assignment received"
+            );
+            hooks.on_site_assignment(a);
         }
         Some(gateway_message::Msg::Spec(spec)) => {
             tracing::info!(generation = spec.generation, "spec received");

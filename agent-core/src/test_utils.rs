@@ -134,7 +134,10 @@ impl Gateway for Service {
             }
             while let Ok(Some(m)) = inbound.message().await {
                 if let Some(agent_message::Msg::Heartbeat(hb)) = &m.msg {
-                    let ack = gateway_message::Msg::HeartbeatAck(HeartbeatAck { seq: hb.seq });
+                    let ack = gateway_message::Msg::HeartbeatAck(HeartbeatAck {
+                        seq: hb.seq,
+                        site_lease_expires_at_ms: 0,
+                    });
                     let _ = tx.send(gw(ack)).await;
                 }
                 if let Some(i) = slot {

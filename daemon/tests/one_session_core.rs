@@ -82,6 +82,7 @@ fn kind(m: &AgentMessage) -> &'static str {
         Some(agent_message::Msg::CommandUpdate(_)) => "CommandUpdate",
         Some(agent_message::Msg::Event(_)) => "Event",
         Some(agent_message::Msg::Goodbye(_)) => "Goodbye",
+        Some(agent_message::Msg::PowerReport(_)) => "PowerReport",
         None => "empty",
     }
 }

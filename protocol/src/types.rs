@@ -177,6 +177,9 @@ string_enum! {
         LogsCollect => "logs.collect",
         GpuReset => "gpu.reset",
         NodeReboot => "node.reboot",
+        BmcVerify => "bmc.verify",
+        BmcPower => "bmc.power",
+        BmcSetBootDevice => "bmc.setBootDevice",
     }
 }
 

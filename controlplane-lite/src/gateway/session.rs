@@ -176,7 +176,10 @@ async fn serve(
                 gw.heartbeats.note(&node_id, epoch, now_ms());
                 gw.metrics.heartbeat();
                 if tx
-                    .send(msg(Msg::HeartbeatAck(HeartbeatAck { seq: hb.seq })))
+                    .send(msg(Msg::HeartbeatAck(HeartbeatAck {
+                        seq: hb.seq,
+                        site_lease_expires_at_ms: 0,
+                    })))
                     .await
                     .is_err()
                 {
@@ -209,6 +212,12 @@ async fn serve(
             }
             Some(agent_message::Msg::Hello(_)) => {
                 tracing::warn!("second Hello on one session ignored");
+                continue;
+            }
+            Some(agent_message::Msg::PowerReport(r)) => {
+                // Site agents' power observations have no writer yet (the site agent's power
+                // axis is being built); dropped, not an error.
+                tracing::debug!(observations = r.observations.len(), "power report ignored");
                 continue;
             }
             None => continue,

@@ -131,6 +131,15 @@ impl Machine for NodeMachine {
             CommandName::NodeReboot => {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
+            CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
+                Err(CommandFailure::new(
+                    CommandErrorCode::Unsupported,
+                    format!(
+                        "{} is a site agent's command; this is a node agent",
+                        run.name
+                    ),
+                ))
+            }
         }
     }
 }

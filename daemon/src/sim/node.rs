@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bc_protocol::commands::CommandFailure;
+use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{self, HardwareIdentity, Inventory, SpecStatus};
 use bc_protocol::{CommandName, Mode};
 use bcd_core::executor::{CommandRun, Executor};
@@ -130,6 +130,15 @@ impl Machine for SimMachine {
             | CommandName::GpuReset
             | CommandName::LogsCollect
             | CommandName::NodeReboot => Ok(json!({})),
+            CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
+                Err(CommandFailure::new(
+                    CommandErrorCode::Unsupported,
+                    format!(
+                        "{} is a site agent's command; this is a simulated node",
+                        run.name
+                    ),
+                ))
+            }
         }
     }
 }

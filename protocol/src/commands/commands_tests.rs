@@ -344,3 +344,75 @@ fn command_args_parse() -> TestResult {
     assert!(serde_json::from_str::<ResetArgs>(r#"{"gpus":"all","x":1}"#).is_err());
     Ok(())
 }
+
+#[test]
+fn bmc_commands_keep_their_json() -> TestResult {
+    use super::bmc::{
+        BmcFacts, BmcNic, BootDevice, BootDeviceArgs, PowerAction, PowerArgs, PowerState,
+        VerifyArgs,
+    };
+    /// `value` serializes to exactly `expect` and parses back to itself.
+    fn pins<T>(value: &T, expect: serde_json::Value) -> TestResult
+    where
+        T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
+    {
+        assert_eq!(serde_json::to_value(value)?, expect);
+        assert_eq!(&serde_json::from_value::<T>(expect)?, value);
+        Ok(())
+    }
+    pins(
+        &PowerArgs {
+            node_id: "node_a".into(),
+            lease_epoch: 3,
+            action: PowerAction::SoftOff,
+        },
+        json!({"nodeId": "node_a", "leaseEpoch": 3, "action": "softOff"}),
+    )?;
+    pins(
+        &BootDeviceArgs {
+            node_id: "node_a".into(),
+            lease_epoch: 3,
+            device: BootDevice::Pxe,
+            persistent: false,
+        },
+        json!({"nodeId": "node_a", "leaseEpoch": 3, "device": "pxe", "persistent": false}),
+    )?;
+    let v: VerifyArgs = serde_json::from_value(json!({"nodeId": "n", "leaseEpoch": 1}))?;
+    assert!(!v.candidate, "candidate defaults to false");
+    assert!(
+        serde_json::from_value::<PowerArgs>(
+            json!({"nodeId": "n", "leaseEpoch": 1, "action": "on", "password": "x"})
+        )
+        .is_err(),
+        "credentials (or any unknown key) are refused in a command's args"
+    );
+    pins(
+        &BmcFacts {
+            system_path: "/redfish/v1/Systems/1".into(),
+            uuid: Some("0b2d3c3e-0000-4000-8000-000000000001".into()),
+            serial: Some("SER1".into()),
+            manufacturer: None,
+            model: None,
+            nics: vec![BmcNic {
+                id: "1".into(),
+                mac: "52:54:00:00:00:01".into(),
+            }],
+            power: PowerState::Off,
+            cert_sha256: None,
+        },
+        json!({"systemPath": "/redfish/v1/Systems/1",
+               "uuid": "0b2d3c3e-0000-4000-8000-000000000001", "serial": "SER1",
+               "manufacturer": null, "model": null,
+               "nics": [{"id": "1", "mac": "52:54:00:00:00:01"}], "power": "off",
+               "certSha256": null}),
+    )?;
+    for (name, text) in [
+        (CommandName::BmcVerify, "bmc.verify"),
+        (CommandName::BmcPower, "bmc.power"),
+        (CommandName::BmcSetBootDevice, "bmc.setBootDevice"),
+    ] {
+        assert_eq!(name.as_str(), text);
+    }
+    assert_eq!(CommandErrorCode::LeaseLost.as_str(), "LEASE_LOST");
+    Ok(())
+}

@@ -12,7 +12,8 @@
 //! # Design
 //! One module per command, named after it: [`diag`] (`diag.nvml`), [`reset`] (`gpu.reset`),
 //! [`logs`] (`logs.collect`), [`reboot`] (`node.reboot`), [`inventory`] (`inventory.refresh`);
-//! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry.
+//! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry;
+//! [`bmc`] the site agent's BMC commands (`bmc.verify`, `bmc.power`, `bmc.setBootDevice`).
 //! [`CommandName`] names the commands, [`CommandErrorCode`] the codes of a failed one and
 //! [`CommandFailure`] a failure as `CommandUpdate.error` carries it. The agent keeps results as a
 //! `serde_json::Value` (its journal does), so on the wire every object's keys are sorted.
@@ -21,6 +22,7 @@
 //! Pure data and the small pure rules that belong to a type (the XID catalog's class of a number,
 //! the order of recommended actions). Collecting the data is the agent's business (`bcd-probes`).
 
+pub mod bmc;
 pub mod diag;
 pub mod inventory;
 pub mod logs;
@@ -68,6 +70,22 @@ crate::string_enum! {
         UploadFailed => "UPLOAD_FAILED",
         /// `node.reboot`: the reboot command could not be started or failed.
         RebootFailed => "REBOOT_FAILED",
+        /// `bmc.*`: this site agent does not hold the site lease the command was issued under
+        /// (another appliance took over, or the lease lapsed); nothing was done.
+        LeaseLost => "LEASE_LOST",
+        /// `bmc.*`: the node is not among the BMCs this site agent was assigned.
+        BmcUnknown => "BMC_UNKNOWN",
+        /// `bmc.*`: the BMC did not answer (refused, unreachable, timed out).
+        BmcUnreachable => "BMC_UNREACHABLE",
+        /// `bmc.*`: the BMC refused the credentials.
+        BmcAuthFailed => "BMC_AUTH_FAILED",
+        /// `bmc.*`: the BMC's certificate is not the pinned one (or does not verify).
+        BmcTlsMismatch => "BMC_TLS_MISMATCH",
+        /// `bmc.verify`: the address does not name a system on that BMC (or names one of several
+        /// without saying which).
+        BmcNotASystem => "BMC_NOT_A_SYSTEM",
+        /// `bmc.*`: the BMC answered with an error (5xx, a malformed body, an action it refused).
+        BmcError => "BMC_ERROR",
     }
 }
 
