@@ -4,6 +4,8 @@
 //! generation; both are checked against the store when the stream opens.
 
 pub mod join;
+#[cfg(test)]
+mod join_tests;
 pub mod registry;
 pub mod report_rate;
 mod session;
