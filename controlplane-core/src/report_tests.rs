@@ -66,11 +66,11 @@ fn no_report_path_moves_the_version_and_operators_still_win() -> TestResult {
             Some(ProvisionState::Adopted)
         );
         // SpecStatus with changing text, converged and not: what the flood of 19.2 sent.
-        for i in 0..50 {
+        for i in 0..50u32 {
             let s = SpecReport {
                 generation: 1,
-                converged: i % 2 == 0,
-                reason: if i % 2 == 0 { "" } else { "BindFailed" },
+                converged: i.is_multiple_of(2),
+                reason: if i.is_multiple_of(2) { "" } else { "BindFailed" },
                 message: &format!("attempt {i}"),
             };
             record_spec_status(tx, "node_r", epoch, &s)?;

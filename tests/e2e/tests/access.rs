@@ -193,7 +193,7 @@ fn a_flood_of_reports_never_locks_operators_out() {
                 epoch: 0,
                 msg: Some(Msg::SpecStatus(SpecStatus {
                     generation: 1,
-                    converged: sent % 2 == 0,
+                    converged: sent.is_multiple_of(2),
                     reason: "BindFailed".into(),
                     message: format!("changing text {sent}"),
                 })),
