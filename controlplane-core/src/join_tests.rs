@@ -275,6 +275,47 @@ fn an_approval_never_outweighs_a_revoked_token() -> TestResult {
 }
 
 #[test]
+fn an_approved_re_join_outlives_its_tokens_expiry_and_spends_no_use() -> TestResult {
+    let store = Store::open_in_memory()?;
+    store.write_blocking(|tx| -> TestResult {
+        let f = fleet(tx)?;
+        let short = tx
+            .create_token(
+                &NewToken {
+                    pool_id: Some(f.pool_a.clone()),
+                    ttl_ms: 200,
+                    max_uses: Some(1),
+                    ..Default::default()
+                },
+                now_ms(),
+            )?
+            .1;
+        let id = joined(tx, &facts(&f.tok_a, "k1", false, &["d1", "d2"]))?;
+        let again = facts(&short, "k1", false, &["d1", "d2"]);
+        let JoinOutcome::AwaitingApproval(p) = try_join(tx, &again)? else {
+            return Err("waits".into());
+        };
+        let v = tx.node(&id)?.ok_or("node")?.version;
+        approve_rejoin(tx, &id, v, "operator:o", &p.request_id)?;
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        // The token expired meanwhile: a new machine is refused with it, the approved one is not.
+        let err = try_join(tx, &facts(&short, "k9", true, &["z1", "z2"]))
+            .err()
+            .ok_or("expired")?;
+        assert!(
+            matches!(err, JoinError::Token(TokenRefusal::Expired { .. })),
+            "{err}"
+        );
+        let JoinOutcome::Joined(j) = try_join(tx, &again)? else {
+            return Err("the approval lets it in without a new token".into());
+        };
+        assert_eq!(j.node_id, id);
+        assert_eq!(uses(tx, &short)?, 0, "an approved re-join spends no use");
+        Ok(())
+    })
+}
+
+#[test]
 fn trusted_keys_re_join_in_place_within_the_pool_or_the_site() -> TestResult {
     let store = Store::open_in_memory()?;
     store.write_blocking(|tx| -> TestResult {

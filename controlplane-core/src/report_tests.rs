@@ -70,7 +70,11 @@ fn no_report_path_moves_the_version_and_operators_still_win() -> TestResult {
             let s = SpecReport {
                 generation: 1,
                 converged: i.is_multiple_of(2),
-                reason: if i.is_multiple_of(2) { "" } else { "BindFailed" },
+                reason: if i.is_multiple_of(2) {
+                    ""
+                } else {
+                    "BindFailed"
+                },
                 message: &format!("attempt {i}"),
             };
             record_spec_status(tx, "node_r", epoch, &s)?;
