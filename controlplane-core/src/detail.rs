@@ -32,6 +32,7 @@ pub struct RejoinRequestView {
     pub id: String,
     /// The join token the machine presented.
     pub token_id: String,
+    /// The hostname the agent sent.
     pub hostname: Option<String>,
     /// Source address of the join.
     pub peer: Option<String>,
@@ -39,8 +40,11 @@ pub struct RejoinRequestView {
     pub identifiers: usize,
     /// Whether the control plane found the machine's hardware key trustworthy.
     pub hardware_key_trusted: bool,
+    /// When the machine asked.
     pub requested_at: String,
+    /// When an operator approved it; absent while it waits.
     pub approved_at: Option<String>,
+    /// Who approved it (`operator:<name>`).
     pub approved_by: Option<String>,
 }
 

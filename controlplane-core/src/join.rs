@@ -61,6 +61,7 @@ pub struct Joined {
 /// A re-join that waits for an operator (`nodes.approveRejoin`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AwaitingApproval {
+    /// The node the machine matched.
     pub node_id: String,
     /// The request the operator approves.
     pub request_id: String,
@@ -71,6 +72,7 @@ pub struct AwaitingApproval {
 /// How a join ended when the transaction commits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JoinOutcome {
+    /// A new node, or a re-join in place.
     Joined(Joined),
     /// Nothing joined; the request is recorded (the transaction must commit to keep it).
     AwaitingApproval(AwaitingApproval),
@@ -79,6 +81,7 @@ pub enum JoinOutcome {
 /// Why a join did not go through. A refusal rolls the transaction back: no node, no token use.
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
+    /// The token is malformed, unknown, revoked, expired or used up.
     #[error(transparent)]
     Token(TokenRefusal),
     /// The token's pool or site is gone or unusable.

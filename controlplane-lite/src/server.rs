@@ -155,8 +155,11 @@ fn load_or_create_api_token(dir: &Path) -> Result<String, ServeError> {
 pub struct OpenedState {
     /// The lock: held as long as this (or what takes it over) lives.
     pub dir: StateDir,
+    /// `state.db`, migrated.
     pub store: Store,
+    /// The CA of `ca.key` / `ca.crt`.
     pub ca: CertificateAuthority,
+    /// The operator bearer token (`api-token`).
     pub api_token: String,
 }
 

@@ -13,19 +13,23 @@ use super::{Reader, StoreError, Tx, from_json, to_json};
 pub struct RejoinRequest {
     /// `rejoin_…`.
     pub id: String,
+    /// The node the machine matched.
     pub node_id: String,
     /// The join token the machine presented (its id; never the secret).
     pub token_id: String,
+    /// The machine's hardware key, if it sent one.
     pub hardware_key: Option<String>,
     /// Whether the control plane found the key trustworthy (not the agent's claim).
     pub hardware_key_trusted: bool,
     /// Sorted, distinct hex digests of the machine's identifiers.
     pub identifier_digests: Vec<String>,
+    /// The hostname the agent sent.
     pub hostname: Option<String>,
     /// Source address of the join.
     pub peer: Option<String>,
     /// Milliseconds since the Unix epoch.
     pub requested_at: i64,
+    /// When an operator approved it (milliseconds); `None` while it waits.
     pub approved_at: Option<i64>,
     /// `operator:<name>` who approved it.
     pub approved_by: Option<String>,

@@ -121,6 +121,7 @@ pub struct MoveRequest {
     #[serde(alias = "id")]
     pub node_id: String,
     pub version: u64,
+    /// The pool the node moves to.
     pub pool_id: String,
 }
 
