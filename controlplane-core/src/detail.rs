@@ -23,6 +23,47 @@ pub struct SessionDetail {
     pub last_seen: Option<String>,
 }
 
+/// A machine's request to re-join the node in place, waiting for (or holding) an operator's
+/// approval (`nodes.approveRejoin`). Times are RFC 3339 strings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RejoinRequestView {
+    /// `rejoin_…`: what `nodes.approveRejoin` takes.
+    pub id: String,
+    /// The join token the machine presented.
+    pub token_id: String,
+    /// The hostname the agent sent.
+    pub hostname: Option<String>,
+    /// Source address of the join.
+    pub peer: Option<String>,
+    /// How many identifier digests the machine sent.
+    pub identifiers: usize,
+    /// Whether the control plane found the machine's hardware key trustworthy.
+    pub hardware_key_trusted: bool,
+    /// When the machine asked.
+    pub requested_at: String,
+    /// When an operator approved it; absent while it waits.
+    pub approved_at: Option<String>,
+    /// Who approved it (`operator:<name>`).
+    pub approved_by: Option<String>,
+}
+
+impl From<&cpl_store::RejoinRequest> for RejoinRequestView {
+    fn from(r: &cpl_store::RejoinRequest) -> Self {
+        Self {
+            id: r.id.clone(),
+            token_id: r.token_id.clone(),
+            hostname: r.hostname.clone(),
+            peer: r.peer.clone(),
+            identifiers: r.identifier_digests.len(),
+            hardware_key_trusted: r.hardware_key_trusted,
+            requested_at: rfc3339_ms(r.requested_at),
+            approved_at: r.approved_at.map(rfc3339_ms),
+            approved_by: r.approved_by.clone(),
+        }
+    }
+}
+
 /// The API view of a node.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -56,6 +97,9 @@ pub struct NodeDetail {
     pub schedulable: bool,
     /// The bucket of its pool's capacity the node's GPUs count in.
     pub capacity_bucket: CapacityBucket,
+    /// A machine's re-join request waiting for `nodes.approveRejoin` (`nodes.get` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejoin_request: Option<RejoinRequestView>,
 }
 
 impl NodeDetail {
@@ -99,6 +143,7 @@ impl NodeDetail {
             },
             schedulable: bucket == CapacityBucket::Available,
             capacity_bucket: bucket,
+            rejoin_request: None,
         }
     }
 }

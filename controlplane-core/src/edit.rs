@@ -9,6 +9,12 @@
 //! with `version + 1`, so an operator holding an older read gets `CONFLICT`; *bookkeeping* (the
 //! session's epoch and times, `inventoryAt`) is saved without moving `version`, as a heartbeat or
 //! an identical inventory must stay cheap (docs/benchmarks.md).
+//!
+//! What an agent reports ([`Edit::report`]: Inventory, SpecStatus, XID events and command
+//! results through Health, session open and close, a heartbeat reviving a node) is saved with its
+//! events but never moves `version`: `version` is what operators' writes are checked against, and
+//! a node that sends reports as fast as it can must not make every operator write a `CONFLICT`
+//! (issue 19.2). Operators and the control plane's own controllers use [`Edit::begin`].
 
 use cpl_store::{NewEvent, NewNode, NodeRecord, Tx, now_ms};
 
@@ -34,6 +40,8 @@ pub struct Edit {
     now: i64,
     events: Vec<PendingEvent>,
     bump: bool,
+    /// Driven by what an agent reported: saved without moving `version`.
+    report: bool,
 }
 
 impl Edit {
@@ -67,7 +75,16 @@ impl Edit {
             now: now_ms(),
             events: Vec::new(),
             bump: false,
+            report: false,
         })
+    }
+
+    /// Loads `node_id` for a change that an agent's report drives (by `actor`, the controller
+    /// applying it): saved with its events, never with `version + 1`. `NOT_FOUND` if absent.
+    pub fn report(tx: &Tx<'_>, node_id: &str, actor: &str) -> Result<Self, OpError> {
+        let mut edit = Self::begin(tx, node_id, None, actor)?;
+        edit.report = true;
+        Ok(edit)
     }
 
     /// The transaction's time, milliseconds since the Unix epoch.
@@ -143,8 +160,8 @@ impl Edit {
     /// Errors: `CONFLICT` when the row moved under the edit (only reachable without the write
     /// lock, e.g. PostgreSQL without `FOR UPDATE`).
     pub fn save(mut self, tx: &Tx<'_>) -> Result<NodeRecord, OpError> {
-        let versioned = self.changed();
-        if !versioned && self.node == self.before {
+        let versioned = self.changed() && !self.report;
+        if !self.changed() && self.node == self.before {
             return Ok(self.node);
         }
         if !tx.update_node(&self.before, &self.node, versioned, self.now)? {

@@ -117,7 +117,8 @@ fn apply_updates(
     if updates.is_empty() {
         return Ok(None);
     }
-    let mut edit = Edit::begin(tx, node_id, None, "Health")?;
+    // XID events and command results are what the agent reported: they never move `version`.
+    let mut edit = Edit::report(tx, node_id, "Health")?;
     for u in updates {
         apply(&mut edit, u);
     }

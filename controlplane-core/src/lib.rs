@@ -43,6 +43,7 @@ pub mod detail;
 pub mod edit;
 pub mod error;
 pub mod health;
+pub mod identity;
 pub mod inventory;
 pub mod join;
 pub mod liveness;
@@ -61,7 +62,11 @@ pub mod verbs;
 #[cfg(test)]
 mod detail_tests;
 #[cfg(test)]
+mod join_tests;
+#[cfg(test)]
 mod placer_tests;
+#[cfg(test)]
+mod report_tests;
 #[cfg(test)]
 mod schedulable_tests;
 #[cfg(test)]

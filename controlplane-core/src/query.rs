@@ -43,10 +43,12 @@ pub fn get_record(
         .ok_or_else(|| OpError::node_not_found(node_id))
 }
 
-/// `nodes.get`: one node as NodeDetail.
+/// `nodes.get`: one node as NodeDetail, with its pending re-join request.
 pub fn get_node(conn: &Reader<'_>, node_id: &str) -> Result<NodeDetail, OpError> {
     let (node, owner) = get_record(conn, node_id)?;
-    Ok(NodeDetail::new(&node, owner.as_deref()))
+    let mut d = NodeDetail::new(&node, owner.as_deref());
+    d.rejoin_request = conn.rejoin_request(node_id)?.as_ref().map(Into::into);
+    Ok(d)
 }
 
 /// `nodes.events`: the node's event log, oldest first. A deleted node's log stays readable; an id

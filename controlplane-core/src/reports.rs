@@ -9,6 +9,7 @@ use cpl_store::{StoreError, Tx};
 use crate::conditions::{ConditionUpdate, apply, refresh_profile_conditions};
 use crate::edit::Edit;
 use crate::error::OpError;
+use crate::identity;
 use crate::ops::nodes::apply_transition;
 
 /// An inventory report as the agent sent it.
@@ -40,7 +41,7 @@ pub fn record_inventory(
     epoch: u64,
     report: &InventoryReport<'_>,
 ) -> Result<Option<ProvisionState>, OpError> {
-    let mut edit = match Edit::begin(tx, node_id, None, "Inventory") {
+    let mut edit = match Edit::report(tx, node_id, "Inventory") {
         Ok(e) => e,
         Err(OpError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e),
@@ -50,15 +51,17 @@ pub fn record_inventory(
         return Ok(Some(node.provision_state));
     }
     let key = (!report.hardware_key.is_empty()).then(|| report.hardware_key.to_owned());
+    // Recomputed, never the agent's claim alone (crate::identity).
+    let trusted = identity::trusted(report.trusted, report.hardware_key, report.digests);
     let unchanged = node.inventory_sha256.as_deref() == Some(report.sha256)
         && node.hardware_key == key
         && node.identifier_digests == report.digests
         // A key refused as a duplicate (stored untrusted, reported trusted) is checked again.
-        && node.hardware_key_trusted == report.trusted
+        && node.hardware_key_trusted == trusted
         && node.provision_state != ProvisionState::Adopting;
     edit.node.inventory_at = Some(edit.now());
     if !unchanged {
-        store_document(tx, &mut edit, key, report)?;
+        store_document(tx, &mut edit, key, trusted, report)?;
     }
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same save.
@@ -75,13 +78,15 @@ pub fn record_inventory(
     Ok(Some(edit.save(tx)?.provision_state))
 }
 
-/// A new document: stored with its key, trust and identifiers, and the `HardwareKeyTrusted`
-/// condition. A trusted key is unique across nodes: one already held by another node is refused,
-/// never silently shared (spec "hardwareKeyTrusted").
+/// A new document: stored with its key, trust (`trusted`, as the control plane recomputed it)
+/// and identifiers, and the `HardwareKeyTrusted` condition. A trusted key is unique across nodes:
+/// one already held by another node is refused, never silently shared (spec
+/// "hardwareKeyTrusted"; the store's unique index backs this up).
 fn store_document(
     tx: &Tx<'_>,
     edit: &mut Edit,
     key: Option<String>,
+    trusted: bool,
     report: &InventoryReport<'_>,
 ) -> Result<(), OpError> {
     let json_error = |source| StoreError::Json {
@@ -92,21 +97,21 @@ fn store_document(
         .map_err(|e| json_error(serde::de::Error::custom(e)))?;
     let document: serde_json::Value = serde_json::from_str(text).map_err(json_error)?;
     let holder = match &key {
-        Some(k) if report.trusted => tx.trusted_key_holder(k, &edit.node.id)?,
+        Some(k) if trusted => tx.trusted_key_holder(k, &edit.node.id)?,
         _ => None,
     };
     let n = &mut edit.node;
     n.inventory_json = Some(text.to_owned());
     n.inventory_sha256 = Some(report.sha256.to_owned());
     n.hardware_key = key;
-    n.hardware_key_trusted = report.trusted && holder.is_none();
+    n.hardware_key_trusted = trusted && holder.is_none();
     n.identifier_digests = report.digests.to_vec();
     if let Some(h) = document.get("hostname").and_then(|h| h.as_str()) {
         n.hostname = Some(h.to_owned());
     }
     edit.bump();
-    let count = report.digests.len();
-    let (status, reason, message) = match (&holder, report.trusted) {
+    let count = identity::distinct_digests(report.digests).len();
+    let (status, reason, message) = match (&holder, trusted) {
         (Some(other), _) => (
             ConditionStatus::False,
             "DuplicateKey",
@@ -117,10 +122,15 @@ fn store_document(
             "Trusted",
             format!("{count} independent identifiers"),
         ),
-        (None, false) => (
+        (None, false) if report.trusted || count < identity::MIN_TRUSTED_IDENTIFIERS => (
             ConditionStatus::False,
             "TooFewIdentifiers",
             format!("{count} identifier(s) survived; at least two are needed"),
+        ),
+        (None, false) => (
+            ConditionStatus::False,
+            "TooFewIdentifiers",
+            format!("the agent found fewer than two independent identifiers ({count} digests)"),
         ),
     };
     if let Some(other) = &holder
@@ -166,7 +176,7 @@ pub fn record_spec_status(
     epoch: u64,
     report: &SpecReport<'_>,
 ) -> Result<Option<u64>, OpError> {
-    let mut edit = match Edit::begin(tx, node_id, None, "gateway") {
+    let mut edit = match Edit::report(tx, node_id, "gateway") {
         Ok(e) => e,
         Err(OpError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e),
@@ -326,7 +336,9 @@ mod tests {
             rec(c, "node_a", 0, "k", true, &digests, doc2, "sha-2")?;
             let changed = c.node("node_a")?.ok_or(OpError::Internal("a".into()))?;
             assert_eq!(changed.hostname.as_deref(), Some("b"));
-            assert!(changed.version > same.version);
+            // An agent's report never moves the version operators' writes are checked against
+            // (issue 19.2; this asserted `>` before).
+            assert_eq!(changed.version, same.version);
             let junk = rec(c, "node_a", 0, "k", true, &digests, b"{not json", "sha-3");
             assert!(matches!(
                 junk,

@@ -8,7 +8,7 @@ use cpl_store::{NodeRecord, Tx};
 
 use crate::edit::Edit;
 use crate::error::OpError;
-use crate::ops::nodes::{apply_connectivity, set_connectivity};
+use crate::ops::nodes::apply_connectivity;
 
 /// Facts of a session being opened.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct Opened {
 
 /// Opens a session: epoch + 1, `connected`, session fields set. `None` when the node is gone.
 pub fn open(tx: &Tx<'_>, s: &SessionOpen) -> Result<Option<Opened>, OpError> {
-    let mut edit = match Edit::begin(tx, &s.node_id, None, "gateway") {
+    let mut edit = match Edit::report(tx, &s.node_id, "gateway") {
         Ok(e) => e,
         Err(OpError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e),
@@ -59,7 +59,7 @@ pub fn open(tx: &Tx<'_>, s: &SessionOpen) -> Result<Option<Opened>, OpError> {
 /// `disconnectedAt`, and a `goodbye` event naming `reason` when one is given. A session that is
 /// no longer the node's current epoch changes nothing.
 pub fn close_clean(tx: &Tx<'_>, node_id: &str, epoch: u64, reason: &str) -> Result<(), OpError> {
-    let mut edit = match Edit::begin(tx, node_id, None, "gateway") {
+    let mut edit = match Edit::report(tx, node_id, "gateway") {
         Ok(e) => e,
         Err(OpError::NotFound { .. }) => return Ok(()),
         Err(e) => return Err(e),
@@ -89,13 +89,14 @@ pub fn flush_heartbeats(tx: &Tx<'_>, beats: &[(String, u64, i64)]) -> Result<usi
         return Ok(0);
     }
     for id in tx.touch_heartbeats(beats)? {
-        set_connectivity(
-            tx,
-            &id,
-            "Liveness",
+        // The agent's heartbeat drives this change: a report, which never moves `version`.
+        let mut edit = Edit::report(tx, &id, "Liveness")?;
+        apply_connectivity(
+            &mut edit,
             Connectivity::Connected,
             "heartbeat of the current session",
-        )?;
+        );
+        edit.save(tx)?;
     }
     Ok(beats.len())
 }

@@ -37,6 +37,17 @@ pub enum CaError {
     /// The agent's CSR is not a valid, self-signed PKCS#10 request.
     #[error("certificate signing request is invalid: {0}")]
     BadCsr(rcgen::Error),
+    /// The CSR is not PEM-wrapped DER of a PKCS#10 request.
+    #[error("certificate signing request is not a PEM PKCS#10 request: {0}")]
+    CsrSyntax(String),
+    /// The CSR's key is of a type node certificates are not issued for.
+    #[error(
+        "certificate signing request has a {key_type} key; node certificates are issued for {ACCEPTED_KEY_TYPE} keys only"
+    )]
+    UnsupportedKey { key_type: String },
+    /// A CA file holds something that is not the CA's key or certificate.
+    #[error("{path}: {reason}")]
+    Load { path: PathBuf, reason: String },
     /// A certificate could not be parsed.
     #[error("certificate is not valid X.509: {0}")]
     BadCertificate(String),
@@ -50,6 +61,65 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CaError + '_ {
         path: path.to_owned(),
         source,
     }
+}
+
+/// The one key type node certificates are issued for: what `bcd` makes, and what this CA labels
+/// correctly and the gateway verifies end to end. Other types are refused before a join token is
+/// spent (issue 19.14: a P-384 key used to get a certificate labelled P-256).
+pub const ACCEPTED_KEY_TYPE: &str = "ECDSA P-256";
+
+/// The key type of a CSR, in words: `ECDSA P-256`, `ECDSA P-384`, `ECDSA P-521`,
+/// `ECDSA secp256k1`, `RSA-2048`, `Ed25519`, `Ed448`, or the algorithm's OID.
+pub fn csr_key_type(csr_pem: &str) -> Result<String, CaError> {
+    use x509_parser::certification_request::X509CertificationRequest;
+    use x509_parser::oid_registry as oids;
+    use x509_parser::prelude::FromDer;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
+        .map_err(|e| CaError::CsrSyntax(e.to_string()))?;
+    let (_, csr) = X509CertificationRequest::from_der(&pem.contents)
+        .map_err(|e| CaError::CsrSyntax(e.to_string()))?;
+    let spki = &csr.certification_request_info.subject_pki;
+    let alg = &spki.algorithm.algorithm;
+    if *alg == oids::OID_KEY_TYPE_EC_PUBLIC_KEY {
+        let curve = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .and_then(|p| x509_parser::der_parser::oid::Oid::try_from(p).ok())
+            .map(|o| o.to_id_string());
+        let name = match curve.as_deref() {
+            Some("1.2.840.10045.3.1.7") => "P-256".to_owned(),
+            Some("1.3.132.0.34") => "P-384".to_owned(),
+            Some("1.3.132.0.35") => "P-521".to_owned(),
+            Some("1.3.132.0.10") => "secp256k1".to_owned(),
+            Some(other) => format!("curve {other}"),
+            None => "curve without a name".to_owned(),
+        };
+        return Ok(format!("ECDSA {name}"));
+    }
+    if *alg == oids::OID_PKCS1_RSAENCRYPTION {
+        let bits = spki.parsed().map(|k| k.key_size()).unwrap_or(0);
+        return Ok(format!("RSA-{bits}"));
+    }
+    if *alg == oids::OID_SIG_ED25519 {
+        return Ok("Ed25519".to_owned());
+    }
+    if alg.to_id_string() == "1.3.101.113" {
+        return Ok("Ed448".to_owned());
+    }
+    Ok(format!("key algorithm {}", alg.to_id_string()))
+}
+
+/// Refuses a CSR whose key is not [`ACCEPTED_KEY_TYPE`], naming its type; then checks that it
+/// is a valid self-signed request. Every path that signs a CSR (join, renewal) goes through it.
+pub fn check_csr(csr_pem: &str) -> Result<CertificateSigningRequestParams, CaError> {
+    // A CSR that does not even parse here is left to rcgen, whose error says what is wrong.
+    if let Ok(key_type) = csr_key_type(csr_pem)
+        && key_type != ACCEPTED_KEY_TYPE
+    {
+        return Err(CaError::UnsupportedKey { key_type });
+    }
+    CertificateSigningRequestParams::from_pem(csr_pem).map_err(CaError::BadCsr)
 }
 
 /// Writes `data` to `path` atomically with `mode`: [`bc_sys::atomic::write`] (temp file, fsync,
@@ -80,22 +150,56 @@ pub struct CertificateAuthority {
 }
 
 impl CertificateAuthority {
-    /// Loads `ca.key`/`ca.crt` from `dir`, or makes them (key file 0600) on first start.
-    pub fn load_or_create(dir: &Path, trust_domain: &str) -> Result<Self, CaError> {
+    /// Loads `ca.key`/`ca.crt` from `dir`. Never makes a new CA: a missing or broken file is an
+    /// error naming it (a new CA would change the pin and cut off every enrolled agent). Errors
+    /// also when the key is not the certificate's.
+    pub fn load(dir: &Path, trust_domain: &str) -> Result<Self, CaError> {
         let key_path = dir.join("ca.key");
         let cert_path = dir.join("ca.crt");
-        if key_path.exists() && cert_path.exists() {
-            let key_pem = fs::read_to_string(&key_path).map_err(io_err(&key_path))?;
-            let cert_pem = fs::read_to_string(&cert_path).map_err(io_err(&cert_path))?;
-            let key = KeyPair::from_pem(&key_pem)?;
-            let cert_der = pem_to_der(&cert_pem)?;
-            return Ok(Self {
-                key,
-                cert_pem,
-                cert_der,
-                trust_domain: trust_domain.to_owned(),
+        let key_pem = fs::read_to_string(&key_path).map_err(io_err(&key_path))?;
+        let cert_pem = fs::read_to_string(&cert_path).map_err(io_err(&cert_path))?;
+        let key = KeyPair::from_pem(&key_pem).map_err(|e| CaError::Load {
+            path: key_path.clone(),
+            reason: format!("not a private key in PEM: {e}"),
+        })?;
+        let cert_der = pem_to_der(&cert_pem).map_err(|e| CaError::Load {
+            path: cert_path.clone(),
+            reason: e.to_string(),
+        })?;
+        let (_, cert) =
+            x509_parser::parse_x509_certificate(&cert_der).map_err(|e| CaError::Load {
+                path: cert_path.clone(),
+                reason: format!("not an X.509 certificate: {e}"),
+            })?;
+        if cert
+            .tbs_certificate
+            .subject_pki
+            .subject_public_key
+            .data
+            .as_ref()
+            != key.public_key_raw()
+        {
+            return Err(CaError::Load {
+                path: key_path,
+                reason: format!(
+                    "this key does not belong to the certificate in {}",
+                    cert_path.display()
+                ),
             });
         }
+        Ok(Self {
+            key,
+            cert_pem,
+            cert_der,
+            trust_domain: trust_domain.to_owned(),
+        })
+    }
+
+    /// Makes a new CA in `dir` (`ca.key` 0600, `ca.crt`): only for a state dir being initialised
+    /// (`crate::state_dir`).
+    pub fn create(dir: &Path, trust_domain: &str) -> Result<Self, CaError> {
+        let key_path = dir.join("ca.key");
+        let cert_path = dir.join("ca.crt");
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
@@ -180,7 +284,7 @@ impl CertificateAuthority {
         identity_generation: u64,
         ttl: Duration,
     ) -> Result<(String, NodeIdentity), CaError> {
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(CaError::BadCsr)?;
+        let csr = check_csr(csr_pem)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::CommonName, node_id);
@@ -270,7 +374,7 @@ mod tests {
     #[test]
     fn ca_persists_signs_csrs_and_pins() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let ca = CertificateAuthority::load_or_create(dir.path(), "bc.test")?;
+        let ca = CertificateAuthority::create(dir.path(), "bc.test")?;
         let pin = ca.pin()?;
         assert!(pin.starts_with("sha256:") && pin.len() == 7 + 64, "{pin}");
         let mode = fs::metadata(dir.path().join("ca.key"))?
@@ -279,7 +383,7 @@ mod tests {
             & 0o777;
         assert_eq!(mode, 0o600);
         // A reload gives the same CA.
-        let again = CertificateAuthority::load_or_create(dir.path(), "bc.test")?;
+        let again = CertificateAuthority::load(dir.path(), "bc.test")?;
         assert_eq!(again.pin()?, pin);
 
         let agent_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
@@ -303,7 +407,7 @@ mod tests {
     #[test]
     fn junk_csr_is_a_clear_error() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let ca = CertificateAuthority::load_or_create(dir.path(), "bc.test")?;
+        let ca = CertificateAuthority::create(dir.path(), "bc.test")?;
         let err = ca.sign_node_csr(
             "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
             "n",

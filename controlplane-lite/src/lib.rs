@@ -28,3 +28,4 @@ pub mod gateway;
 pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod state_dir;

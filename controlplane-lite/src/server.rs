@@ -2,8 +2,10 @@
 //! (HTTP + JSON) together, and runs the controllers.
 //!
 //! The state dir holds `state.db` (SQLite, WAL), `ca.key` (0600) / `ca.crt`, `api-token` (0600,
-//! the operator bearer token) and `endpoints.json` (the addresses actually bound, written after
-//! binding so clients and tests can find a server started on port 0).
+//! the operator bearer token), `state-dir.json` (the marker of an initialised dir),
+//! `serve.lock` (held for the process's life) and `endpoints.json` (the addresses actually bound,
+//! written after binding so clients and tests can find a server started on port 0). Which dir is
+//! initialised and when a start is refused: [`crate::state_dir`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -29,22 +31,20 @@ use crate::gateway::join::JoinService;
 use crate::gateway::registry::Registry;
 use crate::gateway::{GatewayConfig, GatewayService, HeartbeatBuffer};
 use crate::limits::{API_MAX_CONNECTIONS, IDLE_TIMEOUT};
+use crate::state_dir::{Init, STORE_FILE, StateDir};
 
 /// What went wrong starting or running the control plane.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The state dir could not be made or written.
-    #[error("state dir {path}: {source}")]
-    StateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     /// An address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// The state dir is locked by another process, damaged, or not one to initialise.
+    #[error(transparent)]
+    State(#[from] crate::state_dir::StateDirError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -77,6 +77,8 @@ pub struct ServeConfig {
     pub join_attempts_per_minute: u32,
     /// Prometheus metrics (`GET /metrics`) address; `None`: no metrics listener. Port 0 picks one.
     pub metrics_listen: Option<SocketAddr>,
+    /// Which state dir may be initialised (`--init`).
+    pub init: Init,
 }
 
 impl ServeConfig {
@@ -94,6 +96,7 @@ impl ServeConfig {
             node_cert_ttl: ca::DEFAULT_NODE_CERT_TTL,
             join_attempts_per_minute: 60,
             metrics_listen: None,
+            init: Init::IfEmpty,
         }
     }
 }
@@ -128,13 +131,8 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     tasks: tokio::task::JoinSet<()>,
     state_dir: PathBuf,
-}
-
-fn state_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
-    move |source| ServeError::StateDir {
-        path: path.to_owned(),
-        source,
-    }
+    /// The state dir's lock, held while this runs.
+    _lock: StateDir,
 }
 
 fn load_or_create_api_token(dir: &Path) -> Result<String, ServeError> {
@@ -150,6 +148,45 @@ fn load_or_create_api_token(dir: &Path) -> Result<String, ServeError> {
     let token = format!("bcapi_{}", hex::encode(bytes));
     ca::write_atomic(&path, format!("{token}\n").as_bytes(), 0o600)?;
     Ok(token)
+}
+
+/// A state dir locked, checked, and opened (initialised first when it is new).
+#[derive(Debug)]
+pub struct OpenedState {
+    /// The lock: held as long as this (or what takes it over) lives.
+    pub dir: StateDir,
+    /// `state.db`, migrated.
+    pub store: Store,
+    /// The CA of `ca.key` / `ca.crt`.
+    pub ca: CertificateAuthority,
+    /// The operator bearer token (`api-token`).
+    pub api_token: String,
+}
+
+/// Locks `dir`, checks it ([`StateDir::check`]), and opens its store, CA and API token; a new
+/// dir (as `init` allows) is initialised: an empty store, a new CA, a token, the marker.
+pub fn open_state(dir: &Path, trust_domain: &str, init: Init) -> Result<OpenedState, ServeError> {
+    let sd = StateDir::lock(dir)?;
+    let fresh = sd.check(init)?;
+    if fresh {
+        tracing::info!(state_dir = %dir.display(), "initialising a new state dir: an empty store, a new CA, an API token");
+    }
+    let store = Store::open(&dir.join(STORE_FILE))?;
+    let ca = if fresh {
+        CertificateAuthority::create(dir, trust_domain)?
+    } else {
+        CertificateAuthority::load(dir, trust_domain)?
+    };
+    let pin = ca.pin()?;
+    sd.check_pin(&pin)?;
+    let api_token = load_or_create_api_token(dir)?;
+    sd.mark_initialised(&pin)?;
+    Ok(OpenedState {
+        dir: sd,
+        store,
+        ca,
+        api_token,
+    })
 }
 
 fn default_names(listen: &SocketAddr) -> Vec<String> {
@@ -256,6 +293,8 @@ fn parts(cfg: &ServeConfig, store: Store, ca: Arc<CertificateAuthority>) -> Part
         heartbeats: Arc::new(HeartbeatBuffer::default()),
         commands: commands.clone(),
         metrics: metrics.clone(),
+        reports: Arc::new(crate::gateway::report_rate::ReportLimiter::default()),
+        uploads: Arc::new(crate::gateway::upload::InFlight::default()),
     };
     Parts {
         store,
@@ -387,14 +426,16 @@ fn spawn_controllers(
 /// Starts the control plane: binds both listeners, writes `endpoints.json`, spawns the servers
 /// and controllers. Returns once everything listens.
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
-    std::fs::create_dir_all(&cfg.state_dir).map_err(state_err(&cfg.state_dir))?;
+    // The lock first: a second serve on this dir must not touch the first one's endpoints.json.
+    let opened = open_state(&cfg.state_dir, &cfg.trust_domain, cfg.init)?;
     let _ = std::fs::remove_file(cfg.state_dir.join(ENDPOINTS_FILE));
-    let store = Store::open(&cfg.state_dir.join("state.db"))?;
-    let ca = Arc::new(CertificateAuthority::load_or_create(
-        &cfg.state_dir,
-        &cfg.trust_domain,
-    )?);
-    let api_token = load_or_create_api_token(&cfg.state_dir)?;
+    let OpenedState {
+        dir: lock,
+        store,
+        ca,
+        api_token,
+    } = opened;
+    let ca = Arc::new(ca);
     let listeners = bind(&cfg).await?;
     let (gw_addr, api_addr) = (listeners.gateway_addr, listeners.api_addr);
     let gateway_url = cfg
@@ -460,6 +501,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         shutdown,
         tasks,
         state_dir: cfg.state_dir.clone(),
+        _lock: lock,
     })
 }
 

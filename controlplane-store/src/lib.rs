@@ -43,6 +43,7 @@ mod leases;
 pub mod migrations;
 mod nodes;
 mod pools;
+mod rejoin;
 mod schedulable;
 mod sessions;
 mod sites;
@@ -68,6 +69,7 @@ pub use fleet::FleetCounts;
 pub use leases::DedicatedRootLease;
 pub use nodes::{MAX_INDEXED_DIGESTS, NewNode, NodeQuery, NodeRecord};
 pub use pools::{HardwareProfile, Pool};
+pub use rejoin::RejoinRequest;
 pub use sites::Site;
 pub use taints::Taint;
 pub use tokens::{JoinToken, NewToken, TokenRefusal};
@@ -93,6 +95,12 @@ pub enum StoreError {
         column: &'static str,
         source: bc_protocol::ParseEnumError,
     },
+    /// A node would share a trusted hardware key with another node: the store's unique index
+    /// (migration 5) refused the write, whatever the code above checked.
+    #[error(
+        "DUPLICATE_HARDWARE_KEY: another node already holds trusted hardware key {key}; a trusted key is unique"
+    )]
+    DuplicateTrustedKey { key: String },
     /// The blocking task running the query panicked or was cancelled.
     #[error("store task failed: {0}")]
     Task(String),
@@ -202,6 +210,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M002_PLACEMENT),
         M::up(migrations::M003_COMMANDS),
         M::up(migrations::M004_SCALE),
+        M::up(migrations::M005_ACCESS),
     ])
 }
 

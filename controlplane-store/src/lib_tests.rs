@@ -64,7 +64,7 @@ fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), 
         .collect();
     assert_eq!(rows, expect);
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    assert_eq!(version, 4);
+    assert_eq!(version, 5, "every migration ran");
     Ok(())
 }
 
@@ -93,5 +93,102 @@ fn a_failed_write_rolls_back_and_a_read_only_store_refuses_writes() -> Result<()
     let mut other = site.clone();
     other.id = "site_b".into();
     assert!(ro.write_blocking(|tx| tx.insert_site(&other)).is_err());
+    Ok(())
+}
+
+#[test]
+fn migration_5_demotes_duplicate_trusted_keys_and_then_refuses_them() -> Result<(), StoreError> {
+    let dir = tempfile::tempdir().map_err(|e| StoreError::Task(e.to_string()))?;
+    let path = dir.path().join("state.db");
+    let trusted_cond = r#"[{"type":"SpecConverged","status":"true","reason":"Converged","message":"","lastTransitionTime":"2025-01-01T00:00:00.000Z","owner":"NodeLifecycle"},{"type":"HardwareKeyTrusted","status":"true","reason":"Trusted","message":"2 independent identifiers","lastTransitionTime":"2025-01-01T00:00:00.000Z","owner":"Inventory"}]"#;
+    {
+        // A store written before migration 5, where only code kept trusted keys apart: three
+        // nodes claim key k1 (the oldest keeps it), one holds k2 alone.
+        let mut conn = Connection::open(&path)?;
+        Migrations::new(vec![
+            M::up(migrations::M001_NODE_MODEL),
+            M::up(migrations::M002_PLACEMENT),
+            M::up(migrations::M003_COMMANDS),
+            M::up(migrations::M004_SCALE),
+        ])
+        .to_latest(&mut conn)?;
+        for (id, key, created, conditions) in [
+            ("node_b", "k1", 20, trusted_cond),
+            ("node_a", "k1", 10, trusted_cond),
+            ("node_c", "k1", 30, "not json"),
+            ("node_d", "k2", 40, trusted_cond),
+        ] {
+            conn.execute(
+                "INSERT INTO nodes (id, provision_state, hardware_key, hardware_key_trusted, \
+                 conditions, created_at, updated_at) VALUES (?1, 'adopted', ?2, 1, ?3, ?4, ?4)",
+                rusqlite::params![id, key, conditions, created],
+            )?;
+        }
+    }
+    let store = Store::open(&path)?;
+    // node_c's conditions column is junk (kept as it was): read the columns themselves.
+    let rows: Vec<(String, bool, u64)> = {
+        let c = sqlite(&store);
+        let c = c.lock();
+        let mut st =
+            c.prepare("SELECT id, hardware_key_trusted, version FROM nodes ORDER BY id")?;
+        st.query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                u64::try_from(r.get::<_, i64>(2)?).unwrap_or(0),
+            ))
+        })?
+        .collect::<Result<_, _>>()?
+    };
+    assert_eq!(
+        rows,
+        vec![
+            ("node_a".to_owned(), true, 1),
+            ("node_b".to_owned(), false, 2),
+            ("node_c".to_owned(), false, 2),
+            ("node_d".to_owned(), true, 1),
+        ]
+    );
+    let b = store
+        .read_blocking(|r| r.node("node_b"))?
+        .ok_or_else(|| StoreError::Task("node_b".into()))?;
+    let cond = b
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "HardwareKeyTrusted")
+        .ok_or_else(|| StoreError::Task("condition".into()))?;
+    assert_eq!(cond.status, bc_protocol::ConditionStatus::False);
+    assert_eq!(cond.reason, "DuplicateKey");
+    assert!(cond.message.contains("node_a"), "{}", cond.message);
+    assert_eq!(b.conditions.len(), 2, "other conditions stay");
+    let events = store.read_blocking(|r| r.events("node_b"))?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "hardwareKey" && e.to.as_deref() == Some("duplicate")),
+        "{events:?}"
+    );
+    // From now on the store itself refuses a second trusted holder, with the clear error.
+    let mut again = b.clone();
+    again.hardware_key_trusted = true;
+    let refused = store.write_blocking(|tx| tx.update_node(&b, &again, true, 0));
+    assert!(
+        matches!(refused, Err(StoreError::DuplicateTrustedKey { ref key }) if key == "k1"),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .err()
+            .is_some_and(|e| e.to_string().starts_with("DUPLICATE_HARDWARE_KEY"))
+    );
+    // An untrusted copy of the key is still allowed.
+    let mut untrusted = b.clone();
+    untrusted.hostname = Some("b".into());
+    store.write_blocking(|tx| tx.update_node(&b, &untrusted, true, 0))?;
+    let version: i64 = sqlite(&store)
+        .lock()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    assert_eq!(version, 5);
     Ok(())
 }

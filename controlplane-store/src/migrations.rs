@@ -194,3 +194,69 @@ INSERT OR IGNORE INTO node_identifier_digests (digest, node_id)
     WHERE json_valid(n.identifier_digests) AND json_type(n.identifier_digests) = 'array'
       AND j.type = 'text';
 "#;
+
+/// Migration 5: the uniqueness of a trusted hardware key, enforced by the store (issue 18.13),
+/// and operators' approvals of re-joins (issue 19.1).
+///
+/// A store written before it may hold two nodes with the same trusted key (only code kept them
+/// apart). The oldest holder (by `created_at`, then id: the node JoinService's lookup finds) keeps
+/// the key trusted; every other one is demoted as the Inventory controller demotes a duplicate at
+/// run time: `hardware_key_trusted = 0`, its `HardwareKeyTrusted` condition `false` with reason
+/// `DuplicateKey` naming the holder, a `hardwareKey -> duplicate` event, and `version + 1` (its
+/// trust changed). Then the partial unique index can be built, so opening such a store never
+/// fails. `json_each`/`json_group_array`/`strftime` are SQLite's; PostgreSQL would use
+/// `jsonb_array_elements` and `now()`.
+///
+/// `rejoin_requests` holds at most one request per node: a re-join in place of a platform node
+/// that matched by identifiers only waits there for `nodes.approveRejoin`.
+pub const M005_ACCESS: &str = r#"
+CREATE TEMP TABLE m005_demoted AS
+    SELECT r.id AS node_id,
+           (SELECT k.id FROM nodes k WHERE k.hardware_key = r.hardware_key
+                AND k.hardware_key_trusted = 1 ORDER BY k.created_at, k.id LIMIT 1) AS keeper
+    FROM (SELECT id, hardware_key,
+                 ROW_NUMBER() OVER (PARTITION BY hardware_key ORDER BY created_at, id) AS rn
+          FROM nodes WHERE hardware_key_trusted = 1 AND hardware_key IS NOT NULL) r
+    WHERE r.rn > 1;
+
+UPDATE nodes SET
+    hardware_key_trusted = 0,
+    version = version + 1,
+    conditions = CASE WHEN json_valid(conditions) AND json_type(conditions) = 'array' THEN (
+        SELECT json_group_array(CASE WHEN json_extract(c.value, '$.type') = 'HardwareKeyTrusted'
+            THEN json_set(c.value,
+                '$.status', 'false',
+                '$.reason', 'DuplicateKey',
+                '$.message', 'node ' || d.keeper || ' already holds this trusted hardware key; uniqueness refused',
+                '$.lastTransitionTime', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+            ELSE json(c.value) END)
+        FROM json_each(nodes.conditions) c, m005_demoted d WHERE d.node_id = nodes.id)
+        ELSE conditions END
+WHERE id IN (SELECT node_id FROM m005_demoted);
+
+INSERT INTO node_events (node_id, at, kind, from_value, to_value, actor, message)
+    SELECT node_id, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER), 'hardwareKey',
+           NULL, 'duplicate', 'migration',
+           'node ' || keeper || ' already holds this trusted hardware key; uniqueness refused'
+    FROM m005_demoted;
+
+DROP TABLE m005_demoted;
+
+CREATE UNIQUE INDEX nodes_trusted_hardware_key ON nodes(hardware_key)
+    WHERE hardware_key_trusted = 1;
+
+CREATE TABLE rejoin_requests (
+    id                   TEXT PRIMARY KEY,             -- rejoin_...
+    node_id              TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+    token_id             TEXT NOT NULL,                -- the join token the machine presented
+    hardware_key         TEXT,
+    hardware_key_trusted INTEGER NOT NULL DEFAULT 0,   -- as the control plane recomputed it
+    identifier_digests   TEXT NOT NULL DEFAULT '[]',   -- JSON array of hex digests, sorted
+    hostname             TEXT,
+    peer                 TEXT,                         -- source address of the join
+    requested_at         BIGINT NOT NULL,
+    approved_at          BIGINT,
+    approved_by          TEXT
+);
+CREATE UNIQUE INDEX rejoin_requests_node ON rejoin_requests(node_id);
+"#;

@@ -197,6 +197,19 @@ fn index_identifier_digests(
     Ok(())
 }
 
+/// `e`, or [`StoreError::DuplicateTrustedKey`] when it is the trusted-key index refusing `key`.
+fn key_conflict(e: rusqlite::Error, key: Option<&str>) -> StoreError {
+    if let rusqlite::Error::SqliteFailure(f, Some(msg)) = &e
+        && f.code == rusqlite::ErrorCode::ConstraintViolation
+        && msg.contains("nodes.hardware_key")
+    {
+        return StoreError::DuplicateTrustedKey {
+            key: key.unwrap_or_default().to_owned(),
+        };
+    }
+    e.into()
+}
+
 /// `NODE_COLUMNS` qualified with the `n.` alias, so they stay unambiguous next to `pools p`.
 fn node_columns_n() -> String {
     NODE_COLUMNS
@@ -520,7 +533,8 @@ impl Tx<'_> {
                 to_json(&n.identifier_digests),
                 now,
             ],
-        )?;
+        )
+        .map_err(|e| key_conflict(e, n.hardware_key.as_deref()))?;
         index_identifier_digests(tx, &n.id, &n.identifier_digests)
     }
 
@@ -563,7 +577,8 @@ impl Tx<'_> {
         values.extend(sets.into_iter().map(|(_, v)| v));
         let n = tx
             .prepare_cached(&sql)?
-            .execute(rusqlite::params_from_iter(values))?;
+            .execute(rusqlite::params_from_iter(values))
+            .map_err(|e| key_conflict(e, after.hardware_key.as_deref()))?;
         if n != 1 {
             return Ok(false);
         }

@@ -24,6 +24,24 @@ pub struct JoinToken {
     pub created_at: i64,
 }
 
+impl JoinToken {
+    /// Why this (authenticated) token cannot be spent at `now`: revoked, expired or used up.
+    /// `None`: it can.
+    pub fn refusal_at(&self, now: i64) -> Option<TokenRefusal> {
+        let id = self.id.clone();
+        if self.revoked {
+            return Some(TokenRefusal::Revoked { id });
+        }
+        if self.expires_at <= now {
+            return Some(TokenRefusal::Expired { id });
+        }
+        match self.max_uses {
+            Some(max) if self.uses >= max => Some(TokenRefusal::UsedUp { id, max }),
+            _ => None,
+        }
+    }
+}
+
 /// Why a token was refused. The message never contains the secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenRefusal {
@@ -125,6 +143,12 @@ impl Tx<'_> {
         consume(self.sqlite(), token, now)
     }
 
+    /// Spends one use of the token `id` (after [`Reader::authenticate_token`] and
+    /// [`JoinToken::refusal_at`] allowed it).
+    pub fn spend_token(&self, id: &str) -> Result<(), StoreError> {
+        spend(self.sqlite(), id)
+    }
+
     /// `tokens.revoke`: the token is refused from now on. Returns false for an unknown id.
     pub fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
         let n = self.sqlite().execute(
@@ -136,6 +160,16 @@ impl Tx<'_> {
 }
 
 impl Reader<'_> {
+    /// The token `<id>.<secret>` names, if the secret is right: `Malformed` or `Unknown`
+    /// otherwise. Says nothing about revocation, expiry or uses ([`JoinToken::refusal_at`]) and
+    /// spends nothing.
+    pub fn authenticate_token(
+        &self,
+        token: &str,
+    ) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
+        authenticate(self.sqlite(), token)
+    }
+
     /// Every token, newest first.
     pub fn tokens(&self) -> Result<Vec<JoinToken>, StoreError> {
         let mut stmt = self.sqlite().prepare(&format!(
@@ -146,10 +180,9 @@ impl Reader<'_> {
     }
 }
 
-fn consume(
+fn authenticate(
     conn: &rusqlite::Connection,
     token: &str,
-    now: i64,
 ) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
     let Some((id, secret)) = token.trim().split_once('.') else {
         return Ok(Err(TokenRefusal::Malformed));
@@ -171,21 +204,30 @@ fn consume(
     if hash != hash_secret(secret) {
         return Ok(Err(TokenRefusal::Unknown { id: id.to_owned() }));
     }
-    if tok.revoked {
-        return Ok(Err(TokenRefusal::Revoked { id: tok.id }));
-    }
-    if tok.expires_at <= now {
-        return Ok(Err(TokenRefusal::Expired { id: tok.id }));
-    }
-    if let Some(max) = tok.max_uses
-        && tok.uses >= max
-    {
-        return Ok(Err(TokenRefusal::UsedUp { id: tok.id, max }));
-    }
+    Ok(Ok(tok))
+}
+
+fn spend(conn: &rusqlite::Connection, id: &str) -> Result<(), StoreError> {
     conn.execute(
         "UPDATE join_tokens SET uses = uses + 1 WHERE id = ?1",
-        params![tok.id],
+        params![id],
     )?;
+    Ok(())
+}
+
+fn consume(
+    conn: &rusqlite::Connection,
+    token: &str,
+    now: i64,
+) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
+    let tok = match authenticate(conn, token)? {
+        Ok(t) => t,
+        Err(r) => return Ok(Err(r)),
+    };
+    if let Some(r) = tok.refusal_at(now) {
+        return Ok(Err(r));
+    }
+    spend(conn, &tok.id)?;
     Ok(Ok(JoinToken {
         uses: tok.uses + 1,
         ..tok

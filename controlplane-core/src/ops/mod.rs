@@ -7,6 +7,7 @@
 //! which holds the write lock before the first read, so a read-check-write sequence cannot
 //! interleave with another writer. Node rows change only through [`crate::edit::Edit`].
 
+pub mod membership;
 pub mod nodes;
 pub mod pools;
 pub mod sites;

@@ -114,6 +114,11 @@ impl Core {
                 .node_verb(b, a, node_ops::end_dedicated_root)
                 .await
                 .map(A::NodesEndDedicatedRoot),
+            R::NodesApproveRejoin(b) => self
+                .nodes_approve_rejoin(b, a)
+                .await
+                .map(A::NodesApproveRejoin),
+            R::NodesMove(b) => self.nodes_move(b, a).await.map(A::NodesMove),
             R::PoolsCreate(b) => self
                 .write(move |tx| ops::pools::create(tx, &b))
                 .await

@@ -135,6 +135,35 @@ impl Core {
         Ok(out)
     }
 
+    /// `nodes.approveRejoin`: answered with the node as `nodes.get` shows it (the request
+    /// approved).
+    pub(super) async fn nodes_approve_rejoin(
+        &self,
+        b: ApproveRejoinRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        self.write(move |tx| {
+            ops::membership::approve_rejoin(tx, &b.node_id, b.version, &actor, &b.request_id)?;
+            query::get_node(tx, &b.node_id)
+        })
+        .await
+    }
+
+    /// `nodes.move` (the spec and identity stay: nothing to push).
+    pub(super) async fn nodes_move(
+        &self,
+        b: MoveRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        self.write(move |tx| {
+            let n = ops::membership::move_node(tx, &b.node_id, b.version, &actor, &b.pool_id)?;
+            detail(tx, &n)
+        })
+        .await
+    }
+
     pub(super) async fn pools_list(&self) -> Result<PoolList, OpError> {
         self.read(|r| {
             Ok(PoolList {

@@ -129,6 +129,8 @@ verbs! {
     NodesUpdateSpec => "nodes.updateSpec", SpecRequest, NodeDetail, "Replace the desired spec (generation + 1) and push it to the node.";
     NodesStartDedicatedRoot => "nodes.startDedicatedRoot", LeaseRequest, LeaseStarted, "Start a dedicated-root lease (trust becomes tenant-controlled).";
     NodesEndDedicatedRoot => "nodes.endDedicatedRoot", NodeMutation, NodeDetail, "End the dedicated-root lease and restore the trust before it.";
+    NodesApproveRejoin => "nodes.approveRejoin", ApproveRejoinRequest, NodeDetail, "Approve a machine's pending re-join in place of a platform node (matched by its identifiers, not a trusted hardware key).";
+    NodesMove => "nodes.move", MoveRequest, NodeDetail, "Move the node to another pool; role, trust, owner, adapter and drivers follow the target pool.";
     PoolsCreate => "pools.create", NewPool, Pool, "Create a pool.";
     PoolsGet => "pools.get", PoolRef, Pool, "One pool.";
     PoolsList => "pools.list", NoArgs, PoolList, "Every pool.";

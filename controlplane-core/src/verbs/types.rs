@@ -103,6 +103,28 @@ pub struct LeaseRequest {
     pub tenant_id: String,
 }
 
+/// `nodes.approveRejoin`: the request shown by `nodes.get` (`rejoinRequest.id`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApproveRejoinRequest {
+    #[serde(alias = "id")]
+    pub node_id: String,
+    pub version: u64,
+    /// `rejoin_…`: the node's pending request.
+    pub request_id: String,
+}
+
+/// `nodes.move`: the pool the node moves to.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MoveRequest {
+    #[serde(alias = "id")]
+    pub node_id: String,
+    pub version: u64,
+    /// The pool the node moves to.
+    pub pool_id: String,
+}
+
 /// `nodes.list` answer.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct NodeList {

@@ -1,7 +1,8 @@
 //! `GET /v1/bundles/{commandId}`: the logs.collect bundle (gzip-compressed tar) of a command,
 //! streamed from `<state dir>/bundles/<command id>.tar.gz` in 64 KiB reads. Headers:
-//! `Content-Length`, `Content-Type: application/gzip`, and `X-Bundle-Sha256` (lowercase hex, from
-//! the command's result, checked by the gateway at upload).
+//! `Content-Length`, `Content-Type: application/gzip`, and `X-Bundle-Sha256` (lowercase hex): the
+//! digest the gateway computed over the bytes it received and stored, never the one the node
+//! reports in the command's result (a node could claim anything there).
 
 use std::sync::Arc;
 
@@ -80,13 +81,10 @@ pub async fn download(
             }
         }
     });
-    let sha = cmd
-        .result
-        .as_ref()
-        .and_then(|r| r.get("sha256"))
-        .and_then(|s| s.as_str())
-        .unwrap_or_default()
-        .to_owned();
+    let sha = crate::gateway::upload::stored_digest(&path)
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?
+        .unwrap_or_default();
     let mut resp = (
         [
             (header::CONTENT_TYPE, "application/gzip".to_owned()),

@@ -60,8 +60,23 @@ pub async fn download(
             cmd["nodeId"]
         );
     }
-    let want_sha = cmd["result"]["sha256"].as_str().map(str::to_owned);
+    let claimed = cmd["result"]["sha256"].as_str().map(str::to_owned);
     let mut resp = c.get_stream(&format!("/v1/bundles/{id}")).await?;
+    // The digest the gateway computed when the bundle arrived; the node's own claim only where
+    // an older server sends none.
+    let served = resp
+        .headers()
+        .get("x-bundle-sha256")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let (Some(s), Some(c)) = (&served, &claimed)
+        && s != c
+    {
+        eprintln!(
+            "warning: node reported SHA-256 {c} for bundle {id}; the control plane received {s}"
+        );
+    }
+    let want_sha = served.or(claimed);
     let total = resp.content_length().unwrap_or(0);
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
@@ -92,7 +107,7 @@ pub async fn download(
         && w != sha
     {
         let _ = tokio::fs::remove_file(&part).await;
-        bail!("bundle {id}: SHA-256 {sha} does not match the command's {w}");
+        bail!("bundle {id}: SHA-256 {sha} does not match the {w} the control plane stored");
     }
     tokio::fs::rename(&part, file)
         .await

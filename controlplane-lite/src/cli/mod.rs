@@ -92,6 +92,12 @@ pub struct ServeArgs {
     /// An empty value (`BCCTL_METRICS_LISTEN=` in /etc/default/bcctl) means off.
     #[arg(long, env = "BCCTL_METRICS_LISTEN", value_parser = parse_optional_addr)]
     pub metrics_listen: Option<OptionalAddr>,
+    /// Initialise the state dir: a new CA, an empty store, an API token. Only a dir that was
+    /// never initialised; without this flag only an empty (or absent) one is. An initialised dir
+    /// with a missing or broken ca.crt, ca.key or state.db is never re-initialised: the start is
+    /// refused naming the file.
+    #[arg(long)]
+    pub init: bool,
 }
 
 /// A listen address that may be given empty (off), as environment files often leave it.
@@ -125,6 +131,9 @@ impl ServeArgs {
         cfg.node_cert_ttl = self.node_cert_ttl;
         cfg.join_attempts_per_minute = self.join_attempts_per_minute;
         cfg.metrics_listen = self.metrics_listen.and_then(|a| a.0);
+        if self.init {
+            cfg.init = controlplane_lite::state_dir::Init::Explicit;
+        }
         cfg
     }
 }

@@ -117,6 +117,23 @@ pub enum NodesCommand {
         #[arg(long)]
         version: Option<u64>,
     },
+    /// Approve a machine's pending re-join in place (`nodes get` shows the request; the agent's
+    /// log names it too). The machine joins at its next attempt, without a new token.
+    ApproveRejoin {
+        node_id: String,
+        /// The request id (`rejoin_…`).
+        request_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Move the node to another pool (role, trust, owner, adapter and drivers follow the pool).
+    Move {
+        node_id: String,
+        #[arg(long)]
+        pool: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
     /// Run a command on the node (inventory.refresh, diag.nvml, logs.collect, gpu.reset, node.reboot).
     Run {
         node_id: String,
@@ -267,6 +284,21 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
             version,
             json!({"tenantId": tenant}),
         )),
+        N::ApproveRejoin {
+            node_id,
+            request_id,
+            version,
+        } => Ok((
+            Method::NodesApproveRejoin,
+            node_id,
+            version,
+            json!({"requestId": request_id}),
+        )),
+        N::Move {
+            node_id,
+            pool,
+            version,
+        } => Ok((Method::NodesMove, node_id, version, json!({"poolId": pool}))),
         N::List { .. } | N::Get { .. } | N::Events { .. } | N::Run { .. } | N::Logs { .. } => {
             bail!("not a node mutation")
         }

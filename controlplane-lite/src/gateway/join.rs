@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_protocol::pb::{JoinRequest, JoinResponse, join_server::Join};
-use cpl_core::join::{JoinError, JoinFacts, Joined};
+use cpl_core::join::{self as decision, AwaitingApproval, JoinError, JoinFacts, Joined};
 use cpl_store::Store;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -75,6 +75,8 @@ fn refusal_outcome(r: &JoinError) -> JoinOutcome {
         JoinError::Token(_) => JoinOutcome::RefusedToken,
         JoinError::Placement(_) => JoinOutcome::RefusedPlacement,
         JoinError::Duplicate(_) => JoinOutcome::RefusedDuplicate,
+        JoinError::AgentlessPool { .. } => JoinOutcome::RefusedPlacement,
+        JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } => JoinOutcome::RefusedScope,
         JoinError::Failed(_) => JoinOutcome::Error,
     }
 }
@@ -84,8 +86,22 @@ fn refusal_status(r: &JoinError) -> Status {
         JoinError::Token(_) => Status::unauthenticated(r.to_string()),
         JoinError::Placement(_) => Status::failed_precondition(r.to_string()),
         JoinError::Duplicate(_) => Status::already_exists(r.to_string()),
+        JoinError::AgentlessPool { .. } => Status::failed_precondition(r.to_string()),
+        JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } => {
+            Status::failed_precondition(r.to_string())
+        }
         JoinError::Failed(_) => Status::internal(r.to_string()),
     }
+}
+
+/// The answer to a re-join that waits for an operator: `UNAVAILABLE`, which the agent retries
+/// with its backoff (with the same token), so the approval lets it in without a new token.
+pub fn awaiting_status(a: &AwaitingApproval) -> Status {
+    Status::unavailable(format!(
+        "REJOIN_PENDING_APPROVAL: this machine matches node {node} by its identifiers but not by a trusted hardware key; an operator must approve the re-join in place (bcctl nodes approve-rejoin {node} {req}). This agent keeps retrying with its join token and joins once approved",
+        node = a.node_id,
+        req = a.request_id
+    ))
 }
 
 impl JoinService {
@@ -108,17 +124,22 @@ impl JoinService {
                 csr_pem.len()
             )));
         }
-        if let Err(e) = rcgen::CertificateSigningRequestParams::from_pem(csr_pem) {
+        // The key type too: one the CA cannot issue for correctly is refused here, before the
+        // store (and the token) is touched.
+        if let Err(e) = crate::ca::check_csr(csr_pem) {
             self.metrics.join(JoinOutcome::RefusedInvalid);
-            return Err(Status::invalid_argument(format!(
-                "certificate signing request is invalid: {e}"
-            )));
+            return Err(Status::invalid_argument(e.to_string()));
         }
         Ok(())
     }
 
-    /// The core's join decision in one write transaction; a refusal rolls it back.
-    async fn decide(&self, req: &JoinRequest) -> Result<Joined, Status> {
+    /// The core's join decision in one write transaction; a refusal rolls it back, a re-join
+    /// waiting for approval commits its request and is answered `UNAVAILABLE`.
+    async fn decide(
+        &self,
+        peer: Option<std::net::SocketAddr>,
+        req: &JoinRequest,
+    ) -> Result<Joined, Status> {
         let hw = req.hardware.clone().unwrap_or_default();
         let facts = JoinFacts {
             token: req.token.clone(),
@@ -126,21 +147,32 @@ impl JoinService {
             trusted: hw.trusted,
             identifier_digests: hw.identifier_digests,
             hostname: (!req.hostname.is_empty()).then(|| req.hostname.clone()),
+            peer: peer.map(|p| p.ip().to_string()),
         };
         let registry = Arc::clone(&self.registry);
         let outcome = self
             .store
             .write(move |tx| cpl_core::join::join(tx, &facts, &|id| registry.sender(id).is_some()))
             .await;
-        outcome.map_err(|refusal| {
-            self.metrics.join(refusal_outcome(&refusal));
-            if matches!(refusal, JoinError::Failed(_)) {
-                tracing::error!(error = %refusal, "join failed");
-            } else {
-                tracing::warn!(reason = %refusal, "join refused");
+        match outcome {
+            Ok(decision::JoinOutcome::Joined(j)) => Ok(j),
+            Ok(decision::JoinOutcome::AwaitingApproval(a)) => {
+                self.metrics.join(JoinOutcome::PendingApproval);
+                if a.new_request {
+                    tracing::warn!(node_id = %a.node_id, request = %a.request_id, "re-join in place waits for an operator's approval");
+                }
+                Err(awaiting_status(&a))
             }
-            refusal_status(&refusal)
-        })
+            Err(refusal) => {
+                self.metrics.join(refusal_outcome(&refusal));
+                if matches!(refusal, JoinError::Failed(_)) {
+                    tracing::error!(error = %refusal, "join failed");
+                } else {
+                    tracing::warn!(reason = %refusal, "join refused");
+                }
+                Err(refusal_status(&refusal))
+            }
+        }
     }
 }
 
@@ -164,7 +196,7 @@ impl JoinService {
         span: &tracing::Span,
     ) -> Result<Response<JoinResponse>, Status> {
         self.precheck(peer, &req.csr_pem)?;
-        let joined = self.decide(&req).await?;
+        let joined = self.decide(peer, &req).await?;
         span.record("node_id", joined.node_id.as_str());
         let (certificate_pem, ident) = self
             .ca

@@ -4,7 +4,10 @@
 //! generation; both are checked against the store when the stream opens.
 
 pub mod join;
+#[cfg(test)]
+mod join_tests;
 pub mod registry;
+pub mod report_rate;
 mod session;
 pub mod upload;
 
@@ -72,6 +75,10 @@ pub struct GatewayService {
     pub commands: cpl_core::commands::Commands,
     /// Heartbeat, inventory and flush metrics (`bcctl_…`).
     pub metrics: crate::metrics::Metrics,
+    /// Each node's bound on reports that need the store.
+    pub reports: Arc<report_rate::ReportLimiter>,
+    /// Commands with an upload in progress: one at a time per command.
+    pub uploads: Arc<upload::InFlight>,
 }
 
 impl GatewayService {

@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use super::GatewayService;
 use super::registry::SessionHandle;
+use super::report_rate::{self, Admit};
 use crate::ca::NodeIdentity;
 
 /// Largest inventory document accepted, bytes (the agent shrinks a bigger one before sending).
@@ -171,6 +172,22 @@ async fn serve(
             tracing::debug!(got = m.epoch, "message of a stale epoch dropped");
             continue;
         }
+        if let Some(kind) = store_bound(&m.msg) {
+            match gw.reports.admit(&node_id) {
+                Admit::Yes => {}
+                Admit::Dropped { log } => {
+                    gw.metrics.report_dropped(kind);
+                    if let Some(n) = log {
+                        tracing::warn!(
+                            dropped = n,
+                            per_second = report_rate::REPORTS_PER_SECOND,
+                            "agent sends reports faster than its node's bound; dropping the excess"
+                        );
+                    }
+                    continue;
+                }
+            }
+        }
         let write = match m.msg {
             Some(agent_message::Msg::Heartbeat(hb)) => {
                 gw.heartbeats.note(&node_id, epoch, now_ms());
@@ -233,6 +250,18 @@ async fn serve(
     // ended still counts) and then ends.
     if let Err(e) = writer.await {
         tracing::error!(error = %e, "session writer failed");
+    }
+}
+
+/// The `kind` label of a message that costs a store write (bounded per node), `None` for the
+/// rest (heartbeats, Hello, Goodbye).
+fn store_bound(m: &Option<agent_message::Msg>) -> Option<&'static str> {
+    match m {
+        Some(agent_message::Msg::Inventory(_)) => Some("inventory"),
+        Some(agent_message::Msg::SpecStatus(_)) => Some("specStatus"),
+        Some(agent_message::Msg::CommandUpdate(_)) => Some("commandUpdate"),
+        Some(agent_message::Msg::Event(_)) => Some("event"),
+        _ => None,
     }
 }
 

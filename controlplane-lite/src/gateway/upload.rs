@@ -1,8 +1,17 @@
 //! `Gateway.Upload`: a logs.collect bundle from the node that owns the command, in order, each
 //! chunk at most [`MAX_CHUNK_BYTES`]; the total size and SHA-256 on the last chunk must match what
-//! arrived. The bundle is written to `<bundles dir>/<command id>.tar.gz.part` and renamed into
-//! place only when it checks out, so a reader never sees half a bundle.
+//! arrived. The bundle is written to a temp file of its own in the bundles dir (a unique name:
+//! two uploads never share one) and renamed to `<command id>.tar.gz` only when it checks out, so
+//! a reader never sees half a bundle.
+//!
+//! One upload per command at a time ([`InFlight`]; a second is refused with `ABORTED`). The
+//! SHA-256 the gateway computed is written beside the bundle (`<command id>.tar.gz.sha256`,
+//! before the bundle takes its name) and is what the download serves, never the digest the node
+//! reports in its result. A stored bundle is never replaced: an upload of the same bytes again
+//! (an agent that lost the answer) succeeds without writing, other bytes are refused
+//! (`ALREADY_EXISTS`).
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use bc_protocol::pb::{UploadChunk, UploadResult};
@@ -16,6 +25,66 @@ use cpl_store::CommandRecord;
 pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
 /// Largest bundle accepted, bytes (1 GiB).
 pub const MAX_BUNDLE_BYTES: u64 = 1024 * 1024 * 1024;
+
+/// Commands whose upload is in progress.
+#[derive(Debug, Default)]
+pub struct InFlight(parking_lot::Mutex<HashSet<String>>);
+
+/// Holds a command's upload slot; released when dropped (the upload ended, however).
+#[derive(Debug)]
+struct Slot<'a> {
+    set: &'a InFlight,
+    command_id: String,
+}
+
+impl InFlight {
+    /// Takes the slot of `command_id`, or `None` while another upload holds it.
+    fn take(&self, command_id: &str) -> Option<Slot<'_>> {
+        self.0.lock().insert(command_id.to_owned()).then(|| Slot {
+            set: self,
+            command_id: command_id.to_owned(),
+        })
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.set.0.lock().remove(&self.command_id);
+    }
+}
+
+/// The file holding the SHA-256 (lowercase hex) the gateway computed for the bundle at `bundle`.
+pub fn digest_path(bundle: &Path) -> PathBuf {
+    let mut name = bundle.as_os_str().to_owned();
+    name.push(".sha256");
+    PathBuf::from(name)
+}
+
+/// The SHA-256 the gateway computed for a stored bundle: its digest file, or for a bundle stored
+/// before digest files existed, the bundle's bytes hashed now. `None` when there is no bundle.
+pub async fn stored_digest(bundle: &Path) -> std::io::Result<Option<String>> {
+    match tokio::fs::read_to_string(digest_path(bundle)).await {
+        Ok(s) if !s.trim().is_empty() => return Ok(Some(s.trim().to_owned())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut file = match tokio::fs::File::open(bundle).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::io::AsyncReadExt::read(&mut file, &mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+    }
+    Ok(Some(hex::encode(hash.finalize())))
+}
 
 /// Where the bundle of `command_id` lives; `None` unless the id is a plain token.
 pub fn bundle_path(dir: &Path, command_id: &str) -> Option<PathBuf> {
@@ -56,28 +125,47 @@ pub async fn receive(
         .map_err(|e| Status::unavailable(e.to_string()))?
         .ok_or_else(|| Status::not_found(format!("command {cid} not found")))?;
     check_command(&cmd, node_id)?;
+    let _slot = gw.uploads.take(&cid).ok_or_else(|| {
+        Status::aborted(format!(
+            "another upload for command {cid} is in progress; one upload per command at a time"
+        ))
+    })?;
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| internal("creating", &dir, e))?;
-    let part = path.with_extension("gz.part");
-    let mut file = tokio::fs::File::create(&part)
-        .await
-        .map_err(|e| internal("creating", &part, e))?;
-    let outcome = write_chunks(&mut file, &part, &cid, first, &mut inbound).await;
+    // A name of its own (0600, random suffix), removed when dropped: a failed or abandoned
+    // upload leaves nothing behind, and two uploads never write one file.
+    let (std_file, part) = tempfile::Builder::new()
+        .prefix(&format!(".{cid}."))
+        .suffix(".part")
+        .tempfile_in(&dir)
+        .map_err(|e| internal("creating a temp file in", &dir, e))?
+        .into_parts();
+    let mut file = tokio::fs::File::from_std(std_file);
+    let r = write_chunks(&mut file, &part, &cid, first, &mut inbound).await?;
     drop(file);
-    match outcome {
-        Ok(r) => {
-            tokio::fs::rename(&part, &path)
-                .await
-                .map_err(|e| internal("renaming", &part, e))?;
-            tracing::info!(bytes = r.bytes, sha256 = %r.sha256, "bundle stored");
-            Ok(r)
+    match stored_digest(&path)
+        .await
+        .map_err(|e| internal("reading the digest of", &path, e))?
+    {
+        Some(stored) if stored == r.sha256 => {
+            tracing::info!(sha256 = %r.sha256, "bundle uploaded again with the same bytes; kept");
+            return Ok(r);
         }
-        Err(s) => {
-            let _ = tokio::fs::remove_file(&part).await;
-            Err(s)
+        Some(stored) => {
+            return Err(Status::already_exists(format!(
+                "command {cid} already has a bundle (sha256 {stored}); a bundle is stored once"
+            )));
         }
+        None => {}
     }
+    let digest = digest_path(&path);
+    crate::ca::write_atomic(&digest, format!("{}\n", r.sha256).as_bytes(), 0o600)
+        .map_err(|e| Status::internal(e.to_string()))?;
+    part.persist(&path)
+        .map_err(|e| internal("renaming", &e.path, e.error))?;
+    tracing::info!(bytes = r.bytes, sha256 = %r.sha256, "bundle stored");
+    Ok(r)
 }
 
 /// Whether `node_id` may upload a bundle for `cmd`.

@@ -67,6 +67,10 @@ pub enum JoinOutcome {
     RefusedPlacement,
     /// The machine's record has a live session (a cloned machine).
     RefusedDuplicate,
+    /// A re-join in place outside the token's pool or site, or across trust levels.
+    RefusedScope,
+    /// A re-join in place of a platform node waits for an operator's approval.
+    PendingApproval,
     /// The store or the CA failed.
     Error,
 }
@@ -81,6 +85,8 @@ impl JoinOutcome {
         JoinOutcome::RefusedToken,
         JoinOutcome::RefusedPlacement,
         JoinOutcome::RefusedDuplicate,
+        JoinOutcome::RefusedScope,
+        JoinOutcome::PendingApproval,
         JoinOutcome::Error,
     ];
 
@@ -94,6 +100,8 @@ impl JoinOutcome {
             JoinOutcome::RefusedToken => "refused_token",
             JoinOutcome::RefusedPlacement => "refused_placement",
             JoinOutcome::RefusedDuplicate => "refused_duplicate",
+            JoinOutcome::RefusedScope => "refused_scope",
+            JoinOutcome::PendingApproval => "pending_approval",
             JoinOutcome::Error => "error",
         }
     }
@@ -113,6 +121,11 @@ const COMMAND_STATES: &[CommandState] = &[
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -136,6 +149,7 @@ struct Inner {
     sessions: Gauge,
     heartbeats: Counter,
     joins: Family<OutcomeLabel, Counter>,
+    reports_dropped: Family<KindLabel, Counter>,
     commands: Family<StateLabel, Gauge>,
     nodes: Family<ConnectivityLabel, Gauge>,
     nodes_by_provision_state: Family<ProvisionStateLabel, Gauge>,
@@ -181,6 +195,12 @@ impl Metrics {
         );
         let joins = Family::<OutcomeLabel, Counter>::default();
         registry.register("bcctl_join", "Join attempts by outcome", joins.clone());
+        let reports_dropped = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "bcctl_reports_dropped",
+            "Agent reports dropped because their node sent more than its report rate allows",
+            reports_dropped.clone(),
+        );
         let commands = Family::<StateLabel, Gauge>::default();
         registry.register(
             "bcctl_commands",
@@ -226,6 +246,7 @@ impl Metrics {
                 sessions,
                 heartbeats,
                 joins,
+                reports_dropped,
                 commands,
                 nodes,
                 nodes_by_provision_state,
@@ -251,6 +272,15 @@ impl Metrics {
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.as_str(),
             })
+            .inc();
+    }
+
+    /// A report of `kind` (`inventory`, `specStatus`, `commandUpdate`, `event`) was dropped over
+    /// its node's report rate (`bcctl_reports_dropped_total{kind}`).
+    pub fn report_dropped(&self, kind: &'static str) {
+        self.inner
+            .reports_dropped
+            .get_or_create(&KindLabel { kind })
             .inc();
     }
 

@@ -298,7 +298,10 @@ fn command_names_and_error_codes_keep_their_spelling() {
             "diag.nvml",
             "logs.collect",
             "gpu.reset",
-            "node.reboot"
+            "node.reboot",
+            "bmc.verify",
+            "bmc.power",
+            "bmc.setBootDevice"
         ]
     );
     for c in CommandErrorCode::ALL {

@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod fake_agent;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
@@ -105,6 +107,8 @@ impl ControlPlane {
 
     fn start_with_args(dir: &Path, extra: &[&str]) -> Self {
         let (bcctl, _) = bins();
+        // A new dir is initialised explicitly (`--init`): it is not empty, it holds serve.log.
+        let new = !dir.join("state-dir.json").exists() && !dir.join("state.db").exists();
         std::fs::create_dir_all(dir).unwrap();
         let _ = std::fs::remove_file(dir.join("endpoints.json"));
         let log = std::fs::OpenOptions::new()
@@ -122,6 +126,7 @@ impl ControlPlane {
             ])
             .arg("--state-dir")
             .arg(dir)
+            .args(if new { &["--init"][..] } else { &[][..] })
             .args(extra)
             .env("BCCTL_LOG", "info,controlplane_lite=debug")
             .stdin(Stdio::null())

@@ -87,7 +87,14 @@ impl Harness {
         std::fs::create_dir_all(&dir)?;
         let db_path = dir.join("state.db");
         let token = {
-            let store = Store::open(&db_path)?;
+            // Locked and initialised (or checked) as `bcctl serve` does; the lock is released
+            // before `bcctl serve` starts on the dir.
+            let state = controlplane_lite::server::open_state(
+                &dir,
+                "bc.local",
+                controlplane_lite::state_dir::Init::IfEmpty,
+            )?;
+            let store = state.store.clone();
             crate::cli::dev::ensure_dev_pool(&store)?;
             // Headroom: a join whose reply was lost retries and re-joins in place, which spends
             // a use too.

@@ -1,0 +1,142 @@
+//! Issue 19.2: nothing an agent reports moves the `version` operators' writes are checked
+//! against, on every report path (session open and close, heartbeat revival, Inventory with
+//! acceptance, SpecStatus, XID events and command results through Health), while operators'
+//! verbs and the control plane's own controllers still do.
+
+use bc_protocol::{Connectivity, ProvisionState};
+use cpl_store::{CommandRecord, CommandState, NodeRecord, Store};
+use serde_json::json;
+
+use crate::error::OpError;
+use crate::ops::nodes as node_ops;
+use crate::reports::{InventoryReport, SpecReport, record_inventory, record_spec_status};
+use crate::sessions::{self, SessionOpen};
+use crate::test_utils::{TestResult, node};
+
+fn get(tx: &cpl_store::Reader<'_>, id: &str) -> Result<NodeRecord, OpError> {
+    tx.node(id)?.ok_or_else(|| OpError::node_not_found(id))
+}
+
+fn diag(result: serde_json::Value) -> CommandRecord {
+    CommandRecord {
+        id: "cmd_1".into(),
+        node_id: "node_r".into(),
+        name: "diag.nvml".into(),
+        args: json!({}),
+        state: CommandState::Succeeded,
+        progress: 100,
+        result: Some(result),
+        error_code: None,
+        error_message: None,
+        actor: "t".into(),
+        created_at: 0,
+        sent_at: None,
+        started_at: None,
+        finished_at: None,
+        deadline_at: 1,
+    }
+}
+
+#[test]
+fn no_report_path_moves_the_version_and_operators_still_win() -> TestResult {
+    let store = Store::open_in_memory()?;
+    store.write_blocking(|tx| -> TestResult {
+        node(tx, "node_r", None)?;
+        let v = get(tx, "node_r")?.version;
+        let open = SessionOpen {
+            node_id: "node_r".into(),
+            gateway_id: "gw".into(),
+            boot_id: "b".into(),
+            agent_version: "1".into(),
+        };
+        let epoch = sessions::open(tx, &open)?.ok_or("opened")?.epoch;
+        let digests = vec!["d1".to_owned(), "d2".to_owned()];
+        let report = |doc: &'static [u8], sha: &'static str| InventoryReport {
+            hardware_key: "k",
+            trusted: true,
+            digests: &[],
+            document: doc,
+            sha256: sha,
+        };
+        let mut inv = report(br#"{"hostname":"r","gpus":[]}"#, "s1");
+        inv.digests = &digests;
+        // A new document, with acceptance (adopting -> adopted) and the trusted-key condition.
+        assert_eq!(
+            record_inventory(tx, "node_r", epoch, &inv)?,
+            Some(ProvisionState::Adopted)
+        );
+        // SpecStatus with changing text, converged and not: what the flood of 19.2 sent.
+        for i in 0..50u32 {
+            let s = SpecReport {
+                generation: 1,
+                converged: i.is_multiple_of(2),
+                reason: if i.is_multiple_of(2) {
+                    ""
+                } else {
+                    "BindFailed"
+                },
+                message: &format!("attempt {i}"),
+            };
+            record_spec_status(tx, "node_r", epoch, &s)?;
+        }
+        // Health from the agent's diag result and XID report.
+        let fail = diag(json!({"nvmlAvailable": true, "verdict": "fail", "action": "resetGpu"}));
+        crate::health::apply_command_result(tx, &fail)?;
+        let pass = diag(json!({"nvmlAvailable": true, "verdict": "pass"}));
+        crate::health::apply_command_result(tx, &pass)?;
+        // Liveness marks it unreachable (a controller: moves version), a heartbeat revives it (the
+        // agent: does not), then Goodbye.
+        let swept = get(tx, "node_r")?;
+        let last = swept.last_seen.unwrap_or(0);
+        sessions::sweep(tx, last + 10_000, 1_000, 60_000)?;
+        let after_sweep = get(tx, "node_r")?;
+        assert_eq!(after_sweep.connectivity, Connectivity::Unreachable);
+        assert_eq!(
+            after_sweep.version,
+            v + 1,
+            "Liveness is the control plane's own"
+        );
+        sessions::flush_heartbeats(tx, &[("node_r".into(), epoch, last + 11_000)])?;
+        sessions::close_clean(tx, "node_r", epoch, "shutdown")?;
+        let n = get(tx, "node_r")?;
+        assert_eq!(n.connectivity, Connectivity::Disconnected);
+        assert_eq!(n.provision_state, ProvisionState::Adopted);
+        assert!(n.hardware_key_trusted);
+        assert!(n.conditions.iter().any(|c| c.type_ == "SpecConverged"));
+        assert_eq!(
+            n.version,
+            v + 1,
+            "only the Liveness sweep moved the version; every report left it"
+        );
+        assert!(
+            tx.events("node_r")?.len() > 5,
+            "reports still record their events"
+        );
+        // The operator's read before all of that still writes.
+        node_ops::cordon(tx, "node_r", after_sweep.version, "operator:o")?;
+        Ok(())
+    })
+}
+
+#[test]
+fn xid_events_from_the_agent_leave_the_version() -> TestResult {
+    let store = Store::open_in_memory()?;
+    store.write_blocking(|tx| -> TestResult {
+        node(tx, "node_r", None)?;
+        Ok(())
+    })?;
+    let v = store.read_blocking(|r| get(r, "node_r"))?.version;
+    let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    for i in 0..5 {
+        let ev =
+            json!({"xid": 79, "class": "rebootRequired", "pciBusId": format!("0000:0{i}:00.0")});
+        rt.block_on(crate::health::on_xid(&store, "node_r", &ev));
+    }
+    let n = store.read_blocking(|r| get(r, "node_r"))?;
+    assert!(
+        n.no_schedule_reasons.iter().any(|r| r == "XidCritical"),
+        "{n:?}"
+    );
+    assert_eq!(n.version, v);
+    Ok(())
+}

@@ -1,0 +1,169 @@
+//! Issue 19.5 and 19.6: an initialised state dir with a missing, empty or unreadable CA file or
+//! store refuses to start naming the file; only a new dir is initialised; one process per dir.
+
+use super::*;
+use crate::server::open_state;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A dir initialised the way `bcctl serve` does it, then unlocked.
+fn initialised() -> Result<(tempfile::TempDir, PathBuf, String), Box<dyn std::error::Error>> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("cp");
+    let opened = open_state(&dir, "bc.test", Init::IfEmpty)?;
+    let pin = opened.ca.pin()?;
+    drop(opened);
+    Ok((tmp, dir, pin))
+}
+
+fn refusal(dir: &Path) -> String {
+    match open_state(dir, "bc.test", Init::IfEmpty) {
+        Ok(_) => "started".to_owned(),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_new_dir_is_initialised_once_and_reopened_with_the_same_ca() -> TestResult {
+    let (_tmp, dir, pin) = initialised()?;
+    for f in [
+        STORE_FILE,
+        CA_KEY_FILE,
+        CA_CERT_FILE,
+        MARKER_FILE,
+        "api-token",
+        LOCK_FILE,
+    ] {
+        assert!(dir.join(f).is_file(), "{f}");
+    }
+    let again = open_state(&dir, "bc.test", Init::IfEmpty)?;
+    assert_eq!(again.ca.pin()?, pin);
+    drop(again);
+    // --init on it is refused: it is not new.
+    let err = open_state(&dir, "bc.test", Init::Explicit)
+        .err()
+        .ok_or("--init")?;
+    assert!(err.to_string().contains("already initialised"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn every_missing_or_broken_file_is_named_and_nothing_is_re_created() -> TestResult {
+    type Break = fn(&Path) -> std::io::Result<()>;
+    let cases: [(&str, Break, &str); 7] = [
+        (CA_CERT_FILE, |p| fs::remove_file(p), "is missing"),
+        (CA_KEY_FILE, |p| fs::remove_file(p), "is missing"),
+        (STORE_FILE, |p| fs::remove_file(p), "is missing"),
+        (STORE_FILE, |p| fs::write(p, b""), "is empty"),
+        (
+            STORE_FILE,
+            |p| fs::write(p, b"not sqlite at all"),
+            "not a SQLite",
+        ),
+        (CA_CERT_FILE, |p| fs::write(p, b""), "is empty"),
+        // Unreadable (the tests run as root, so no mode would stop them): a directory.
+        (
+            CA_KEY_FILE,
+            |p| fs::remove_file(p).and_then(|()| fs::create_dir(p)),
+            "not a regular file",
+        ),
+    ];
+    for (file, break_it, says) in cases {
+        let (_tmp, dir, _) = initialised()?;
+        let key_before = fs::read(dir.join(CA_KEY_FILE)).ok();
+        break_it(&dir.join(file))?;
+        let msg = refusal(&dir);
+        assert!(
+            msg.contains(&format!("{}", dir.join(file).display())) && msg.contains(says),
+            "{file}: {msg}"
+        );
+        assert!(
+            msg.contains("restore") && msg.contains("--init"),
+            "the recovery: {msg}"
+        );
+        // Nothing was made in its place: no new CA, no empty store.
+        if file != CA_KEY_FILE {
+            assert_eq!(fs::read(dir.join(CA_KEY_FILE)).ok(), key_before, "{file}");
+        }
+        if file == STORE_FILE && says == "is missing" {
+            assert!(!dir.join(STORE_FILE).exists(), "no empty store");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_dir_without_the_marker_still_counts_as_initialised_by_its_files() -> TestResult {
+    // A dir from before the marker: its files are the evidence.
+    let (_tmp, dir, _) = initialised()?;
+    fs::remove_file(dir.join(MARKER_FILE))?;
+    fs::remove_file(dir.join(CA_CERT_FILE))?;
+    let msg = refusal(&dir);
+    assert!(msg.contains("ca.crt is missing"), "{msg}");
+    // With the files whole it starts and gets the marker.
+    let (_tmp2, dir2, _) = initialised()?;
+    fs::remove_file(dir2.join(MARKER_FILE))?;
+    drop(open_state(&dir2, "bc.test", Init::IfEmpty)?);
+    assert!(dir2.join(MARKER_FILE).is_file());
+    // The marker alone (every file gone) still says: initialised.
+    for f in [STORE_FILE, CA_KEY_FILE, CA_CERT_FILE] {
+        fs::remove_file(dir2.join(f))?;
+    }
+    assert!(
+        refusal(&dir2).contains("state.db is missing"),
+        "{}",
+        refusal(&dir2)
+    );
+    Ok(())
+}
+
+#[test]
+fn another_ca_or_a_key_of_another_ca_is_refused() -> TestResult {
+    let (_tmp, dir, _) = initialised()?;
+    let (_tmp2, other, _) = initialised()?;
+    fs::copy(other.join(CA_CERT_FILE), dir.join(CA_CERT_FILE))?;
+    let msg = refusal(&dir);
+    assert!(
+        msg.contains("does not belong") || msg.contains("is not the CA"),
+        "{msg}"
+    );
+    fs::copy(other.join(CA_KEY_FILE), dir.join(CA_KEY_FILE))?;
+    let msg = refusal(&dir);
+    assert!(
+        msg.contains("is not the CA this dir was initialised with"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+#[test]
+fn only_an_empty_dir_is_initialised_without_init() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("cp");
+    fs::create_dir(&dir)?;
+    fs::write(dir.join("serve.log"), b"old log")?;
+    let err = open_state(&dir, "bc.test", Init::IfEmpty)
+        .err()
+        .ok_or("not empty")?;
+    let msg = err.to_string();
+    assert!(msg.contains("serve.log") && msg.contains("--init"), "{msg}");
+    assert!(!dir.join(CA_KEY_FILE).exists());
+    drop(open_state(&dir, "bc.test", Init::Explicit)?);
+    assert!(dir.join(MARKER_FILE).is_file());
+    Ok(())
+}
+
+#[test]
+fn a_second_holder_is_refused_naming_the_first_ones_pid() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let first = StateDir::lock(tmp.path())?;
+    let err = StateDir::lock(tmp.path()).err().ok_or("locked")?;
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
+    );
+    drop(first);
+    drop(StateDir::lock(tmp.path())?);
+    Ok(())
+}
