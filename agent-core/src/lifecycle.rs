@@ -154,12 +154,33 @@ where
         }
     }
 
+    /// `id` with the configured control-plane address when one is configured and differs from the
+    /// address the node joined at (kept in `node.json`): the operator's configuration says where
+    /// the control plane is now (it moved, or `bcctl dev --state-dir` restarted it on another
+    /// port); the certificate still proves the same identity to the same CA. `node.json` is left
+    /// as it is.
+    fn at_configured_address(&self, id: Arc<Identity>) -> Arc<Identity> {
+        match self.lc.config.control_plane.as_deref() {
+            Some(cp) if cp != id.node.control_plane => {
+                tracing::info!(
+                    joined_at = %id.node.control_plane,
+                    configured = %cp,
+                    "the configured control plane differs from the one this node joined at; using the configured one"
+                );
+                let mut moved = (*id).clone();
+                moved.node.control_plane = cp.to_owned();
+                Arc::new(moved)
+            }
+            _ => id,
+        }
+    }
+
     /// The stored identity, or a new one from a join; `None` when a stop came first.
     async fn identity(&mut self) -> Result<Option<Arc<Identity>>, LifecycleError> {
         loop {
             if let Some(id) = self.lc.store.load()? {
                 tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "using stored identity");
-                return Ok(Some(id));
+                return Ok(Some(self.at_configured_address(id)));
             }
             let cfg = self.lc.config;
             let (Some(cp), Some(pin)) = (cfg.control_plane.as_deref(), cfg.ca_pin.as_deref())
