@@ -2,6 +2,7 @@
 //! this machine, until the node is adopted; and again on the same `--state-dir`, where the
 //! restarted control plane listens on new ports and the agent must follow its configured address
 //! rather than the one stored when it joined.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
 
