@@ -104,7 +104,7 @@ fn artifacts() -> &'static (PathBuf, PathBuf) {
             return (lib, smi);
         }
         let own = target.join("fake-nvml-for-tests");
-        let status = std::process::Command::new(option_env!("CARGO").unwrap_or("cargo"))
+        let status = bc_e2e::cargo_command()
             .args(["build", "-p", "fake-nvml", "--target-dir"])
             .arg(&own)
             .current_dir(env!("CARGO_MANIFEST_DIR"))

@@ -33,14 +33,38 @@ fn profile_dir() -> PathBuf {
         .to_owned()
 }
 
+/// A `cargo` command for a test to build with, without the variables cargo set for the test
+/// itself (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, …): inherited, they change the fingerprint of
+/// every crate whose build reads them, and the whole workspace is rebuilt from a test.
+pub fn cargo_command() -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut cmd = Command::new(cargo);
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        if k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_MANIFEST_")
+            || k.starts_with("CARGO_BIN_")
+            || matches!(
+                k,
+                "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+            )
+        {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
 /// Paths of the built binaries, building them once.
 pub fn bins() -> &'static (PathBuf, PathBuf) {
     static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BINS.get_or_init(|| {
         let dir = profile_dir();
         let target = dir.parent().expect("target dir").to_owned();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut cmd = Command::new(cargo);
+        let mut cmd = cargo_command();
         // The same targets and feature resolution as `cargo test --workspace`, so after that
         // command this build has nothing to do; run alone, it brings the binaries up to date.
         cmd.args(["build", "--workspace", "--bins", "--tests", "--target-dir"])
