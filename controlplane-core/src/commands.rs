@@ -43,6 +43,9 @@ pub enum CommandError {
     },
     #[error("args must be a JSON object")]
     BadArgs,
+    /// The arguments break the command's typed contract (`bc_protocol::commands`).
+    #[error(transparent)]
+    InvalidArgs(#[from] bc_protocol::commands::ArgsError),
     /// A destructive command on a node that still takes work.
     #[error("{name} needs node {node_id} cordoned or draining first (or args.force: true)")]
     NotCordoned { node_id: String, name: String },
@@ -57,7 +60,9 @@ impl CommandError {
     pub fn code(&self) -> ErrorCode {
         match self {
             CommandError::NodeNotFound(_) | CommandError::NotFound(_) => ErrorCode::NotFound,
-            CommandError::UnknownName(_) | CommandError::BadArgs => ErrorCode::InvalidArgument,
+            CommandError::UnknownName(_) | CommandError::BadArgs | CommandError::InvalidArgs(_) => {
+                ErrorCode::InvalidArgument
+            }
             CommandError::NotAllowed { .. } => ErrorCode::PermissionDenied,
             CommandError::AlreadyOver { .. } | CommandError::NotCordoned { .. } => {
                 ErrorCode::InvalidState
@@ -77,7 +82,7 @@ impl From<CommandError> for OpError {
                 kind: "command",
                 id,
             },
-            CommandError::UnknownName(_) | CommandError::BadArgs => {
+            CommandError::UnknownName(_) | CommandError::BadArgs | CommandError::InvalidArgs(_) => {
                 OpError::InvalidArgument(message)
             }
             CommandError::NotAllowed { .. } => OpError::PermissionDenied(message),
@@ -137,6 +142,9 @@ impl Commands {
             .remove("force")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
+        // What the agent would refuse when it runs the command is refused here, before the
+        // command is queued or sent.
+        bc_protocol::commands::check_args(parsed, &args)?;
         let now = now_ms();
         let rec = CommandRecord {
             id: new_command_id(),

@@ -56,6 +56,7 @@ pub mod query;
 pub mod reports;
 pub mod schedulable;
 pub mod sessions;
+pub mod text;
 pub mod verbs;
 
 #[cfg(test)]

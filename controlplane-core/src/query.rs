@@ -11,7 +11,7 @@ use crate::error::OpError;
 #[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeFilter {
-    pub pool_id: Option<String>,
+    pub pool_id: Option<crate::text::Id>,
     pub provision_state: Option<ProvisionState>,
     pub connectivity: Option<Connectivity>,
     /// `true`: only schedulable nodes; `false`: only unschedulable ones.
@@ -22,7 +22,7 @@ pub struct NodeFilter {
 /// so the list agrees with what the placer would book.
 pub fn list_nodes(conn: &Reader<'_>, f: &NodeFilter) -> Result<Vec<NodeDetail>, OpError> {
     let q = NodeQuery {
-        pool_id: f.pool_id.clone(),
+        pool_id: f.pool_id.as_ref().map(|p| p.to_string()),
         provision_state: f.provision_state,
         connectivity: f.connectivity,
         schedulable: f.schedulable,

@@ -18,7 +18,7 @@ pub(crate) fn site(tx: &Tx<'_>, kind: SiteKind, owner: Option<&str>) -> Result<S
         &NewSite {
             name: "s".into(),
             kind,
-            owner_tenant_id: owner.map(str::to_owned),
+            owner_tenant_id: owner.map(Into::into),
         },
     )
 }
@@ -31,7 +31,7 @@ pub(crate) fn pool(tx: &Tx<'_>, kind: PoolKind, owner: Option<&str>) -> Result<P
             kind,
             agent: PoolAgent::Bcd,
             site_id: None,
-            owner_tenant_id: owner.map(str::to_owned),
+            owner_tenant_id: owner.map(Into::into),
             hardware_profile: HardwareProfile::default(),
         },
     )

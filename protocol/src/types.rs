@@ -157,6 +157,8 @@ string_enum! {
         PermissionDenied => "PERMISSION_DENIED",
         Internal => "INTERNAL",
         Unavailable => "UNAVAILABLE",
+        /// The request body is over the operator API's size limit.
+        PayloadTooLarge => "PAYLOAD_TOO_LARGE",
     }
 }
 

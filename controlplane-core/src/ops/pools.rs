@@ -7,21 +7,22 @@ use cpl_store::{HardwareProfile, Pool, Reader, Tx, now_ms};
 
 use super::new_id;
 use crate::error::OpError;
+use crate::text::{Id, Name};
 
 /// `pools.create` request.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewPool {
-    pub name: String,
+    pub name: Name,
     pub kind: PoolKind,
     #[serde(default = "default_agent")]
     #[schema(default = "bcd")]
     pub agent: PoolAgent,
     #[serde(default)]
-    pub site_id: Option<String>,
+    pub site_id: Option<Id>,
     #[serde(default)]
-    pub owner_tenant_id: Option<String>,
-    #[serde(default)]
+    pub owner_tenant_id: Option<Id>,
+    #[serde(default, deserialize_with = "crate::text::profile")]
     pub hardware_profile: HardwareProfile,
 }
 
@@ -35,11 +36,11 @@ pub fn create(tx: &Tx<'_>, new: &NewPool) -> Result<Pool, OpError> {
     if new.name.trim().is_empty() {
         return Err(OpError::InvalidArgument("pool name is required".into()));
     }
-    let mut owner = new.owner_tenant_id.clone();
+    let mut owner = new.owner_tenant_id.clone().map(Id::into_string);
     if let Some(site_id) = &new.site_id {
         let site = tx.site(site_id)?.ok_or_else(|| OpError::NotFound {
             kind: "site",
-            id: site_id.clone(),
+            id: site_id.to_string(),
         })?;
         if site.kind == SiteKind::Custom {
             if owner.is_some() && owner != site.owner_tenant_id {
@@ -52,7 +53,7 @@ pub fn create(tx: &Tx<'_>, new: &NewPool) -> Result<Pool, OpError> {
     }
     let pool = Pool {
         id: new_id("pool"),
-        site_id: new.site_id.clone(),
+        site_id: new.site_id.clone().map(Id::into_string),
         name: new.name.trim().to_owned(),
         kind: new.kind,
         agent: new.agent,

@@ -262,11 +262,11 @@ impl Core {
             ));
         }
         let new = NewToken {
-            pool_id: b.pool_id,
-            site_id: b.site_id,
+            pool_id: b.pool_id.map(crate::text::Id::into_string),
+            site_id: b.site_id.map(crate::text::Id::into_string),
             ttl_ms: i64::try_from(ttl.saturating_mul(1000)).unwrap_or(i64::MAX),
             max_uses: b.max_uses,
-            description: b.description,
+            description: b.description.map(crate::text::Text::into_string),
         };
         let (tok, secret) = self.write(move |tx| ops::tokens::create(tx, &new)).await?;
         Ok(TokensCreateResponse {

@@ -188,8 +188,8 @@ impl Core {
         b: AllocationListRequest,
     ) -> Result<AllocationList, OpError> {
         let f = AllocationFilter {
-            pool_id: b.pool_id,
-            node_id: b.node_id,
+            pool_id: b.pool_id.map(crate::text::Id::into_string),
+            node_id: b.node_id.map(crate::text::Id::into_string),
             active_only: b.active_only,
         };
         self.read(move |r| {
@@ -240,7 +240,7 @@ impl Core {
         let rec = self.commands.get(&b.command_id).await?;
         let rec = rec.ok_or(OpError::NotFound {
             kind: "command",
-            id: b.command_id,
+            id: b.command_id.into_string(),
         })?;
         Ok(CommandView::from(&rec))
     }

@@ -36,8 +36,18 @@ fn parse<T: DeserializeOwned>(method: &str, body: Value) -> Result<T, OpError> {
     } else {
         body
     };
-    serde_json::from_value(body)
-        .map_err(|e| OpError::InvalidArgument(format!("{method}: invalid request body: {e}")))
+    // The error names the field (`name: a name is 70000 characters long, ...`): the bounded
+    // string types (`crate::text`) refuse while decoding, and their message alone does not say
+    // which field it was.
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            OpError::InvalidArgument(format!("{method}: invalid request body: {inner}"))
+        } else {
+            OpError::InvalidArgument(format!("{method}: invalid request body: {path}: {inner}"))
+        }
+    })
 }
 
 /// Declares the method table: `Variant => "wire.name", RequestType, ResponseType, "summary";`.
@@ -159,5 +169,7 @@ impl std::fmt::Display for Method {
     }
 }
 
+#[cfg(test)]
+mod bounds_tests;
 #[cfg(test)]
 mod verbs_tests;

@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 
 use crate::conditions::rfc3339_ms;
 use crate::detail::NodeDetail;
+use crate::text::{Id, Key, Name, ShortText, Text};
 
 /// A request without fields (`pools.list`, `sites.list`, `tokens.list`): any body is accepted
 /// and ignored.
@@ -35,7 +36,7 @@ pub struct Empty {}
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeRef {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
 }
 
 /// A node mutation: the node and the `version` the caller read (stale: `CONFLICT`).
@@ -43,7 +44,7 @@ pub struct NodeRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeMutation {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
 }
 
@@ -52,12 +53,12 @@ pub struct NodeMutation {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TaintRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     /// 1 to 63 characters of `[A-Za-z0-9._/-]`, starting with a letter or digit.
-    pub key: String,
+    pub key: Key,
     #[serde(default)]
-    pub value: String,
+    pub value: ShortText,
 }
 
 /// `nodes.untaint`.
@@ -65,9 +66,9 @@ pub struct TaintRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UntaintRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
-    pub key: String,
+    pub key: Key,
 }
 
 /// `nodes.setMaintenance`.
@@ -75,11 +76,11 @@ pub struct UntaintRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MaintenanceRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     pub maintenance: bool,
     #[serde(default)]
-    pub reason: Option<String>,
+    pub reason: Option<Text>,
 }
 
 /// `nodes.updateSpec`: the new desired spec (a `NodeSpec` object, docs/node-model.md).
@@ -87,7 +88,7 @@ pub struct MaintenanceRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpecRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     #[schema(value_type = Object)]
     pub spec: serde_json::Value,
@@ -98,9 +99,9 @@ pub struct SpecRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LeaseRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
-    pub tenant_id: String,
+    pub tenant_id: Id,
 }
 
 /// `nodes.list` answer.
@@ -127,7 +128,7 @@ pub struct LeaseStarted {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolRef {
     #[serde(alias = "id")]
-    pub pool_id: String,
+    pub pool_id: Id,
 }
 
 /// `pools.update`: name and hardware profile.
@@ -135,10 +136,10 @@ pub struct PoolRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolUpdate {
     #[serde(alias = "id")]
-    pub pool_id: String,
+    pub pool_id: Id,
     pub version: u64,
-    pub name: String,
-    #[serde(default)]
+    pub name: Name,
+    #[serde(default, deserialize_with = "crate::text::profile")]
     pub hardware_profile: HardwareProfile,
 }
 
@@ -147,7 +148,7 @@ pub struct PoolUpdate {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolDelete {
     #[serde(alias = "id")]
-    pub pool_id: String,
+    pub pool_id: Id,
     pub version: u64,
 }
 
@@ -162,7 +163,7 @@ pub struct PoolList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteRef {
     #[serde(alias = "id")]
-    pub site_id: String,
+    pub site_id: Id,
 }
 
 /// `sites.update`: a new name.
@@ -170,9 +171,9 @@ pub struct SiteRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteUpdate {
     #[serde(alias = "id")]
-    pub site_id: String,
+    pub site_id: Id,
     pub version: u64,
-    pub name: String,
+    pub name: Name,
 }
 
 /// `sites.delete`.
@@ -180,7 +181,7 @@ pub struct SiteUpdate {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteDelete {
     #[serde(alias = "id")]
-    pub site_id: String,
+    pub site_id: Id,
     pub version: u64,
 }
 
@@ -196,19 +197,19 @@ pub struct SiteList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokensCreateRequest {
     #[serde(default)]
-    pub pool_id: Option<String>,
+    pub pool_id: Option<Id>,
     #[serde(default)]
-    pub site_id: Option<String>,
+    pub site_id: Option<Id>,
     /// Seconds, 1 to 2,592,000 (30 days); default 3600.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2_592_000)]
     pub ttl_seconds: Option<u64>,
-    /// At least 1; default: unlimited.
+    /// 1 to 2^63-1 (what the store holds); default: unlimited.
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
     pub max_uses: Option<u64>,
     #[serde(default)]
-    pub description: Option<String>,
+    pub description: Option<Text>,
 }
 
 /// `tokens.create` answer: the secret is shown here once and never again, with the CA pin and
@@ -235,7 +236,7 @@ pub struct TokensCreateResponse {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenRef {
     #[serde(alias = "id")]
-    pub token_id: String,
+    pub token_id: Id,
 }
 
 /// `tokens.list` answer, newest first, never with secrets.
@@ -249,7 +250,7 @@ pub struct TokenList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationRef {
     #[serde(alias = "id")]
-    pub allocation_id: String,
+    pub allocation_id: Id,
 }
 
 /// `allocations.list` filters; absent matches everything.
@@ -257,9 +258,9 @@ pub struct AllocationRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationListRequest {
     #[serde(default)]
-    pub pool_id: Option<String>,
+    pub pool_id: Option<Id>,
     #[serde(default)]
-    pub node_id: Option<String>,
+    pub node_id: Option<Id>,
     /// Only allocations not released yet.
     #[serde(default)]
     pub active_only: bool,
@@ -275,9 +276,9 @@ pub struct AllocationList {
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandsCreateRequest {
-    pub node_id: String,
+    pub node_id: Id,
     /// `inventory.refresh`, `diag.nvml`, `logs.collect`, `gpu.reset` or `node.reboot`.
-    pub name: String,
+    pub name: Id,
     /// A JSON object; `force: true` lets a disruptive command reach a node that still takes work.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -292,7 +293,7 @@ pub struct CommandsCreateRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandRef {
-    pub command_id: String,
+    pub command_id: Id,
 }
 
 /// `commands.list` request.
@@ -300,7 +301,7 @@ pub struct CommandRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandsListRequest {
     #[serde(default)]
-    pub node_id: Option<String>,
+    pub node_id: Option<Id>,
     /// Default 100, at most 1000.
     #[serde(default)]
     pub limit: Option<u32>,

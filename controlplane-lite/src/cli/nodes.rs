@@ -334,10 +334,48 @@ async fn follow(args: &ClientArgs, c: &Client, id: &str) -> anyhow::Result<()> {
         ) {
             print(args, &v, render::object)?;
             if state != "succeeded" {
-                bail!("command {id} {state}");
+                bail!("{}", failure_line(id, &state, &v));
             }
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What `nodes run --wait` says when a command did not succeed: its state, and the error code
+/// and message the agent (or the control plane: `DEADLINE_EXCEEDED`, `CANCELLED`) gave.
+fn failure_line(id: &str, state: &str, v: &Value) -> String {
+    let err = v.get("error");
+    let code = err.and_then(|e| e.get("code")).and_then(Value::as_str);
+    let message = err.and_then(|e| e.get("message")).and_then(Value::as_str);
+    match (code, message) {
+        (Some(c), Some(m)) if !m.is_empty() => {
+            format!("command {id} {state}: {c}: {}", super::table::safe(m))
+        }
+        (Some(c), _) => format!("command {id} {state}: {c}"),
+        _ => format!("command {id} {state}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_command_says_its_code_and_message() {
+        let v = json!({"state": "failed", "error": {"code": "GPU_BUSY", "message": "pid 42 runs on 0000:1a:00.0"}});
+        assert_eq!(
+            failure_line("cmd_1", "failed", &v),
+            "command cmd_1 failed: GPU_BUSY: pid 42 runs on 0000:1a:00.0"
+        );
+        let esc = json!({"error": {"code": "X", "message": "a\u{1b}[2J"}});
+        assert_eq!(
+            failure_line("c", "failed", &esc),
+            "command c failed: X: a\\u{1b}[2J"
+        );
+        assert_eq!(
+            failure_line("c", "expired", &json!({})),
+            "command c expired"
+        );
     }
 }

@@ -13,12 +13,15 @@
 //! One module per command, named after it: [`diag`] (`diag.nvml`), [`reset`] (`gpu.reset`),
 //! [`logs`] (`logs.collect`), [`reboot`] (`node.reboot`), [`inventory`] (`inventory.refresh`);
 //! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry.
-//! [`CommandName`] names the commands and [`CommandErrorCode`] the codes of a failed one.
+//! [`CommandName`] names the commands and [`CommandErrorCode`] the codes of a failed one;
+//! [`check_args`] holds a command's arguments against its contract (the control plane refuses a
+//! bad one at `commands.create`).
 //!
 //! # Limitations
 //! Pure data and the small pure rules that belong to a type (the XID catalog's class of a number,
 //! the order of recommended actions). Collecting the data is the agent's business (`bcd-probes`).
 
+mod check;
 pub mod diag;
 pub mod inventory;
 pub mod logs;
@@ -27,6 +30,7 @@ pub mod reset;
 pub mod xid;
 
 pub use crate::types::CommandName;
+pub use check::{ArgsError, check_args};
 
 crate::string_enum! {
     /// `CommandUpdate.error.code` of a failed or cancelled command.
