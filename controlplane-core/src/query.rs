@@ -1,4 +1,5 @@
-//! Read verbs: `nodes.list` (filters by pool, provisionState, connectivity, schedulable),
+//! Read verbs: `nodes.list` (filters by pool, provisionState, connectivity, schedulable and
+//! labels; the label filter is applied to the rows the store returns, which carry the labels),
 //! `nodes.get`, `nodes.events`. They return NodeDetail, never the internal record.
 
 use bc_protocol::{Connectivity, ProvisionState};
@@ -16,6 +17,9 @@ pub struct NodeFilter {
     pub connectivity: Option<Connectivity>,
     /// `true`: only schedulable nodes; `false`: only unschedulable ones.
     pub schedulable: Option<bool>,
+    /// Only nodes carrying every one of these labels with exactly this value.
+    #[serde(default)]
+    pub labels: Option<std::collections::BTreeMap<crate::text::Key, crate::text::ShortText>>,
 }
 
 /// `nodes.list`: matching nodes by id, as NodeDetail. The schedulable filter is the SQL predicate,
@@ -27,9 +31,11 @@ pub fn list_nodes(conn: &Reader<'_>, f: &NodeFilter) -> Result<Vec<NodeDetail>, 
         connectivity: f.connectivity,
         schedulable: f.schedulable,
     };
+    let selector = f.labels.clone().unwrap_or_default();
     Ok(conn
         .list_nodes(&q)?
         .iter()
+        .filter(|(node, _)| crate::ops::labels::matches(node, &selector))
         .map(|(node, owner)| NodeDetail::new(node, owner.as_deref()))
         .collect())
 }

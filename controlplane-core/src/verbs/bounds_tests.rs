@@ -220,3 +220,84 @@ fn command_arguments_are_checked_against_their_contract_at_create() -> TestResul
     assert_eq!(create("logs.collect", json!({"since": "2h"})), None);
     Ok(())
 }
+
+#[test]
+fn labels_through_the_verbs_and_the_list_filter() -> TestResult {
+    let store = Store::open_in_memory()?;
+    store.with(|c| {
+        crate::test_utils::node(c, "node_1", None)?;
+        crate::test_utils::node(c, "node_2", None)?;
+        Ok(())
+    })?;
+    let d = call(
+        &store,
+        "nodes.setLabels",
+        json!({"nodeId": "node_1", "version": 1, "labels": {"rack": "r7", "tier": "gold"}}),
+    )?;
+    assert_eq!(d["labels"], json!({"rack": "r7", "tier": "gold"}));
+    assert_eq!(d["version"], 2);
+    call(
+        &store,
+        "nodes.setLabels",
+        json!({"nodeId": "node_2", "version": 1, "labels": {"rack": "r7"}}),
+    )?;
+    let ids = |filter: Value| -> Result<Vec<String>, OpError> {
+        let v = call(&store, "nodes.list", filter)?;
+        Ok(v["nodes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| n["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    };
+    assert_eq!(
+        ids(json!({"labels": {"rack": "r7"}}))?,
+        vec!["node_1", "node_2"]
+    );
+    assert_eq!(
+        ids(json!({"labels": {"rack": "r7", "tier": "gold"}}))?,
+        vec!["node_1"]
+    );
+    assert_eq!(
+        ids(json!({"labels": {"rack": "r8"}}))?,
+        Vec::<String>::new()
+    );
+    // A stale version is CONFLICT; removing is by key.
+    let stale = refusal(call(
+        &store,
+        "nodes.removeLabels",
+        json!({"nodeId": "node_1", "version": 1, "keys": ["tier"]}),
+    ));
+    assert_eq!(stale.map(|(c, _)| c), Some(ErrorCode::Conflict));
+    let d = call(
+        &store,
+        "nodes.removeLabels",
+        json!({"nodeId": "node_1", "version": 2, "keys": ["tier"]}),
+    )?;
+    assert_eq!(d["labels"], json!({"rack": "r7"}));
+    // Keys and values have the limits of crate::text.
+    assert_refused(
+        &store,
+        "nodes.setLabels",
+        json!({"nodeId": "node_1", "version": 3, "labels": {"-bad": "v"}}),
+        "labels",
+    );
+    assert_refused(
+        &store,
+        "nodes.setLabels",
+        json!({"nodeId": "node_1", "version": 3, "labels": {"k": "v\u{1b}"}}),
+        "labels",
+    );
+    assert_refused(
+        &store,
+        "nodes.list",
+        json!({"labels": {"k": "x".repeat(257)}}),
+        "labels",
+    );
+    let doc = serde_json::to_value(super::openapi::document())?;
+    assert!(doc["paths"]["/v1/nodes.setLabels"]["post"].is_object());
+    assert!(doc["paths"]["/v1/nodes.removeLabels"]["post"].is_object());
+    Ok(())
+}

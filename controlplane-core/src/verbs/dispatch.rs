@@ -88,6 +88,11 @@ impl Core {
                 .map(A::NodesDrain),
             R::NodesTaint(b) => self.nodes_taint(b, a).await.map(A::NodesTaint),
             R::NodesUntaint(b) => self.nodes_untaint(b, a).await.map(A::NodesUntaint),
+            R::NodesSetLabels(b) => self.nodes_set_labels(b, a).await.map(A::NodesSetLabels),
+            R::NodesRemoveLabels(b) => self
+                .nodes_remove_labels(b, a)
+                .await
+                .map(A::NodesRemoveLabels),
             R::NodesAdopt(b) => self
                 .node_verb(b, a, node_ops::adopt)
                 .await

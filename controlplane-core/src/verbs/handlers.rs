@@ -63,6 +63,32 @@ impl Core {
         .await
     }
 
+    pub(super) async fn nodes_set_labels(
+        &self,
+        b: SetLabelsRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        self.write(move |tx| {
+            let n = ops::labels::set_labels(tx, &b.node_id, b.version, &actor, &b.labels)?;
+            detail(tx, &n)
+        })
+        .await
+    }
+
+    pub(super) async fn nodes_remove_labels(
+        &self,
+        b: RemoveLabelsRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        self.write(move |tx| {
+            let n = ops::labels::remove_labels(tx, &b.node_id, b.version, &actor, &b.keys)?;
+            detail(tx, &n)
+        })
+        .await
+    }
+
     pub(super) async fn nodes_set_maintenance(
         &self,
         b: MaintenanceRequest,

@@ -123,7 +123,7 @@ macro_rules! verbs {
 }
 
 verbs! {
-    NodesList => "nodes.list", NodeFilter, NodeList, "List nodes, filtered by pool, provisionState, connectivity or schedulable.";
+    NodesList => "nodes.list", NodeFilter, NodeList, "List nodes, filtered by pool, provisionState, connectivity, schedulable or labels.";
     NodesGet => "nodes.get", NodeRef, NodeDetail, "One node (NodeDetail).";
     NodesEvents => "nodes.events", NodeRef, EventList, "A node's event log, oldest first.";
     NodesCordon => "nodes.cordon", NodeMutation, NodeDetail, "Cordon: no new work lands on the node.";
@@ -131,6 +131,8 @@ verbs! {
     NodesDrain => "nodes.drain", NodeMutation, NodeDetail, "Cordon, plus `draining` until the node's allocations are released.";
     NodesTaint => "nodes.taint", TaintRequest, NodeDetail, "Add or replace an operator taint (`taint:<key>` in noScheduleReasons).";
     NodesUntaint => "nodes.untaint", UntaintRequest, NodeDetail, "Remove an operator taint.";
+    NodesSetLabels => "nodes.setLabels", SetLabelsRequest, NodeDetail, "Add or replace labels on a node (others stay).";
+    NodesRemoveLabels => "nodes.removeLabels", RemoveLabelsRequest, NodeDetail, "Remove labels from a node.";
     NodesAdopt => "nodes.adopt", NodeMutation, NodeDetail, "Accept an adopting node by hand (`adopting -> adopted`).";
     NodesRecover => "nodes.recover", NodeMutation, NodeDetail, "Move a failed node back to failedFrom.";
     NodesSetMaintenance => "nodes.setMaintenance", MaintenanceRequest, NodeDetail, "Turn maintenance on (with a reason) or off.";

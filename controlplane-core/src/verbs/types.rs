@@ -71,6 +71,28 @@ pub struct UntaintRequest {
     pub key: Key,
 }
 
+/// `nodes.setLabels`: labels to add or replace (others stay).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetLabelsRequest {
+    #[serde(alias = "id")]
+    pub node_id: Id,
+    pub version: u64,
+    /// Key (1 to 63 characters of `[A-Za-z0-9._/-]`) to value (0 to 256 printable characters);
+    /// a node carries at most 64 labels.
+    pub labels: std::collections::BTreeMap<Key, ShortText>,
+}
+
+/// `nodes.removeLabels`: keys to remove (a key the node does not carry is skipped).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RemoveLabelsRequest {
+    #[serde(alias = "id")]
+    pub node_id: Id,
+    pub version: u64,
+    pub keys: Vec<Key>,
+}
+
 /// `nodes.setMaintenance`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -24,6 +24,9 @@ pub enum NodesCommand {
         connectivity: Option<bc_protocol::Connectivity>,
         #[arg(long)]
         schedulable: Option<bool>,
+        /// Only nodes with this label (`key=value`); repeatable, all must match.
+        #[arg(long = "label")]
+        labels: Vec<String>,
     },
     /// Show one node (NodeDetail).
     Get { node_id: String },
@@ -53,6 +56,22 @@ pub enum NodesCommand {
         key: String,
         #[arg(long, default_value = "")]
         value: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Add or replace labels (`key=value`, repeatable); other labels stay.
+    SetLabels {
+        node_id: String,
+        #[arg(required = true)]
+        labels: Vec<String>,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Remove labels by key.
+    RemoveLabels {
+        node_id: String,
+        #[arg(required = true)]
+        keys: Vec<String>,
         #[arg(long)]
         version: Option<u64>,
     },
@@ -152,8 +171,12 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             provision_state,
             connectivity,
             schedulable,
+            labels,
         } => {
-            let filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable});
+            let mut filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable});
+            if !labels.is_empty() {
+                filter["labels"] = Value::Object(label_map(&labels)?);
+            }
             let v: Value = c.call(Method::NodesList, &filter).await?;
             print(args, &v, |v| render::nodes(&items(v, "nodes")))
         }
@@ -236,6 +259,26 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
             key,
             version,
         } => Ok((Method::NodesUntaint, node_id, version, json!({"key": key}))),
+        N::SetLabels {
+            node_id,
+            labels,
+            version,
+        } => Ok((
+            Method::NodesSetLabels,
+            node_id,
+            version,
+            json!({"labels": label_map(&labels)?}),
+        )),
+        N::RemoveLabels {
+            node_id,
+            keys,
+            version,
+        } => Ok((
+            Method::NodesRemoveLabels,
+            node_id,
+            version,
+            json!({"keys": keys}),
+        )),
         N::SetMaintenance {
             node_id,
             maintenance,
@@ -271,6 +314,19 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
             bail!("not a node mutation")
         }
     }
+}
+
+/// `key=value` arguments as a JSON object of strings (the value may be empty: `key=`).
+fn label_map(pairs: &[String]) -> anyhow::Result<serde_json::Map<String, Value>> {
+    pairs
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("label {kv:?}: expected key=value"))?;
+            Ok((k.to_owned(), Value::String(v.to_owned())))
+        })
+        .collect()
 }
 
 /// The spec argument: JSON inline or `@file`.
