@@ -2,6 +2,7 @@
 //! Liveness, NodeLifecycle) and the helper every owner writes them through, which keeps
 //! `noScheduleReasons` in step in the same transaction.
 
+use bc_protocol::limits::{Field, bound};
 use bc_protocol::{Condition, ConditionStatus};
 use cpl_store::{HardwareProfile, NodeRecord, Tx};
 
@@ -52,6 +53,12 @@ pub fn apply(edit: &mut Edit, update: &ConditionUpdate) {
 }
 
 fn apply_as_owner(edit: &mut Edit, update: &ConditionUpdate) {
+    // The last guard before the store: a reason or message built from what a node reported (a
+    // SpecStatus, the GPU names of an inventory) is cut to its limit (bc_protocol::limits).
+    let mut update = update.clone();
+    bound(Field::ConditionReason, &mut update.reason);
+    bound(Field::ConditionMessage, &mut update.message);
+    let update = &update;
     let now = rfc3339_ms(edit.now());
     let conditions = &mut edit.node.conditions;
     let previous = conditions.iter().position(|c| c.type_ == update.type_);
@@ -236,6 +243,30 @@ mod tests {
             capacity_bucket(&SchedulingFacts::of(&n, None)),
             CapacityBucket::Unhealthy
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_condition_reason_and_message_are_cut_before_they_are_stored() -> Result<(), OpError> {
+        let store = Store::open_in_memory()?;
+        let n = store.write_blocking(|c| -> Result<NodeRecord, OpError> {
+            node(c, "node_a", None)?;
+            set_condition(
+                c,
+                "node_a",
+                &ConditionUpdate {
+                    type_: "SpecConverged".into(),
+                    status: ConditionStatus::False,
+                    reason: "R".repeat(500),
+                    message: "m".repeat(15 * 1024 * 1024),
+                    owner: "NodeLifecycle".into(),
+                },
+            )
+        })?;
+        let c = &n.conditions[0];
+        assert_eq!(c.message.chars().count(), 1024);
+        assert!(c.message.ends_with(bc_protocol::limits::MARKER));
+        assert_eq!(c.reason.chars().count(), 128);
         Ok(())
     }
 

@@ -102,7 +102,9 @@ fn store_document(
     n.hardware_key_trusted = report.trusted && holder.is_none();
     n.identifier_digests = report.digests.to_vec();
     if let Some(h) = document.get("hostname").and_then(|h| h.as_str()) {
-        n.hostname = Some(h.to_owned());
+        let mut h = h.to_owned();
+        bc_protocol::limits::bound(bc_protocol::limits::Field::Hostname, &mut h);
+        n.hostname = Some(h);
     }
     edit.bump();
     let count = report.digests.len();

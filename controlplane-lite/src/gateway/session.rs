@@ -44,10 +44,11 @@ async fn open_in(
     mut inbound: Streaming<AgentMessage>,
     span: tracing::Span,
 ) -> Result<mpsc::Receiver<Result<GatewayMessage, Status>>, Status> {
-    let first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
+    let mut first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
         .await
         .map_err(|_| Status::deadline_exceeded("no Hello within the hello timeout"))??
         .ok_or_else(|| Status::cancelled("stream closed before Hello"))?;
+    bound(&mut first);
     let Some(agent_message::Msg::Hello(hello)) = first.msg else {
         return Err(Status::failed_precondition(
             "the first message of a session must be Hello",
@@ -118,6 +119,15 @@ async fn open_in(
     Ok(rx)
 }
 
+/// Cuts what the agent sent to the limits of `bc_protocol::limits` (counted there, exposed as
+/// `bcctl_agent_text_truncated_total`): every message, before anything reads it.
+fn bound(m: &mut AgentMessage) {
+    let cut = bc_protocol::limits::bound_agent_message(m);
+    if !cut.is_empty() {
+        tracing::warn!(fields = ?cut, "agent text cut to its limits");
+    }
+}
+
 /// A message the session hands to its writer: everything that needs the store, in arrival order.
 #[derive(Debug)]
 enum Write {
@@ -153,7 +163,7 @@ async fn serve(
             _ = stop.changed() => break,
             next = inbound.message() => next,
         };
-        let m = match next {
+        let mut m = match next {
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(status) => {
@@ -167,6 +177,7 @@ async fn serve(
                 break;
             }
         };
+        bound(&mut m);
         if m.epoch != 0 && m.epoch != epoch {
             tracing::debug!(got = m.epoch, "message of a stale epoch dropped");
             continue;

@@ -215,6 +215,7 @@ impl Metrics {
             Unit::Seconds,
             heartbeat_flush.clone(),
         );
+        registry.register_collector(Box::new(TruncatedText));
         for o in JoinOutcome::ALL {
             let _ = joins.get_or_create(&OutcomeLabel {
                 outcome: o.as_str(),
@@ -325,6 +326,32 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)?;
         Ok(out)
+    }
+}
+
+/// `bcctl_agent_text_truncated_total{field}`: values agents sent that were cut to their limit
+/// (`bc_protocol::limits`, which counts where it cuts), read at scrape time.
+#[derive(Debug)]
+struct TruncatedText;
+
+impl prometheus_client::collector::Collector for TruncatedText {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let mut family = encoder.encode_descriptor(
+            "bcctl_agent_text_truncated",
+            "Values agents sent that were cut to their size limit, by field",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (field, n) in bc_protocol::limits::truncated_counts() {
+            let labels = [("field", field.name())];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
