@@ -103,8 +103,7 @@ fields! {
 /// Longest identifier digest kept, characters (hex SHA-256 is 64).
 pub const MAX_DIGEST_CHARS: usize = 128;
 
-const ZERO: AtomicU64 = AtomicU64::new(0);
-static COUNTS: [AtomicU64; Field::ALL.len()] = [ZERO; Field::ALL.len()];
+static COUNTS: [AtomicU64; Field::ALL.len()] = [const { AtomicU64::new(0) }; Field::ALL.len()];
 
 fn index(field: Field) -> usize {
     Field::ALL.iter().position(|f| *f == field).unwrap_or(0)
