@@ -47,6 +47,9 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store file could not be opened or migrated; `path` names it.
+    #[error("store {path}: {source}")]
+    OpenStore { path: PathBuf, source: StoreError },
     #[error(transparent)]
     Ca(#[from] CaError),
     /// tonic refused the TLS setup or the server failed.
@@ -77,6 +80,8 @@ pub struct ServeConfig {
     pub join_attempts_per_minute: u32,
     /// Prometheus metrics (`GET /metrics`) address; `None`: no metrics listener. Port 0 picks one.
     pub metrics_listen: Option<SocketAddr>,
+    /// How long logs.collect bundles are kept and how much room they may take.
+    pub bundle_retention: crate::bundle_store::Retention,
 }
 
 impl ServeConfig {
@@ -94,6 +99,7 @@ impl ServeConfig {
             node_cert_ttl: ca::DEFAULT_NODE_CERT_TTL,
             join_attempts_per_minute: 60,
             metrics_listen: None,
+            bundle_retention: crate::bundle_store::Retention::default(),
         }
     }
 }
@@ -135,6 +141,17 @@ fn state_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
         path: path.to_owned(),
         source,
     }
+}
+
+/// Creates the state dir 0700 (whatever the umask) and makes an existing one 0700: it holds the
+/// CA key, the API token and every node record.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
 }
 
 fn load_or_create_api_token(dir: &Path) -> Result<String, ServeError> {
@@ -251,6 +268,7 @@ fn parts(cfg: &ServeConfig, store: Store, ca: Arc<CertificateAuthority>) -> Part
             node_cert_ttl: cfg.node_cert_ttl,
             hello_timeout: Duration::from_secs(10),
             bundles_dir: cfg.state_dir.join("bundles"),
+            bundle_retention: cfg.bundle_retention,
         },
         registry: Arc::clone(&registry),
         heartbeats: Arc::new(HeartbeatBuffer::default()),
@@ -371,6 +389,27 @@ fn spawn_controllers(
         }
     });
 
+    // Bundles age out even when no upload comes to prune them.
+    let gw_bundles = p.gateway.clone();
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        let bundles = crate::bundle_store::BundleStore::new(
+            gw_bundles.cfg.bundles_dir.clone(),
+            gw_bundles.cfg.bundle_retention,
+        );
+        let mut tick = tokio::time::interval(crate::bundle_store::PRUNE_PERIOD);
+        let prune = async {
+            loop {
+                tick.tick().await;
+                crate::gateway::upload::prune(&gw_bundles, &bundles, None);
+            }
+        };
+        tokio::select! {
+            _ = prune => {}
+            _ = until => {}
+        }
+    });
+
     let (live_store, gw_live, live_cfg) = (p.store.clone(), p.gateway.clone(), cfg.liveness);
     let until = stopped(stop.clone());
     tasks.spawn(async move {
@@ -387,9 +426,10 @@ fn spawn_controllers(
 /// Starts the control plane: binds both listeners, writes `endpoints.json`, spawns the servers
 /// and controllers. Returns once everything listens.
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
-    std::fs::create_dir_all(&cfg.state_dir).map_err(state_err(&cfg.state_dir))?;
+    private_dir(&cfg.state_dir).map_err(state_err(&cfg.state_dir))?;
     let _ = std::fs::remove_file(cfg.state_dir.join(ENDPOINTS_FILE));
-    let store = Store::open(&cfg.state_dir.join("state.db"))?;
+    let db = cfg.state_dir.join("state.db");
+    let store = Store::open(&db).map_err(|source| ServeError::OpenStore { path: db, source })?;
     let ca = Arc::new(CertificateAuthority::load_or_create(
         &cfg.state_dir,
         &cfg.trust_domain,

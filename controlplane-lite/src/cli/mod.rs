@@ -92,6 +92,41 @@ pub struct ServeArgs {
     /// An empty value (`BCCTL_METRICS_LISTEN=` in /etc/default/bcctl) means off.
     #[arg(long, env = "BCCTL_METRICS_LISTEN", value_parser = parse_optional_addr)]
     pub metrics_listen: Option<OptionalAddr>,
+    /// logs.collect bundles older than this are deleted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+    pub bundle_max_age: Duration,
+    /// At most this many bundles are kept (the newest).
+    #[arg(long, default_value_t = 1000)]
+    pub bundle_max_count: usize,
+    /// At most this many bytes of bundles are kept (the newest); a larger bundle is refused.
+    /// Bytes, or with a K, M, G or T suffix (powers of 1024: `10G`, `512MiB`).
+    #[arg(long, value_parser = parse_bytes, default_value = "10G")]
+    pub bundle_max_bytes: u64,
+    /// An upload is refused before it would leave less than this free on the bundles' file
+    /// system. Same units as --bundle-max-bytes.
+    #[arg(long, value_parser = parse_bytes, default_value = "1G")]
+    pub bundle_min_free_bytes: u64,
+}
+
+/// A size: bytes, or a number with `K`, `M`, `G` or `T` (powers of 1024; `KiB`, `MiB`, ... and a
+/// trailing `B` accepted too).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number of bytes, e.g. 10G"))?;
+    let shift = match unit.trim().trim_end_matches("iB").trim_end_matches('B') {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        other => return Err(format!("{s:?}: unknown unit {other:?} (K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// A listen address that may be given empty (off), as environment files often leave it.
@@ -125,6 +160,28 @@ impl ServeArgs {
         cfg.node_cert_ttl = self.node_cert_ttl;
         cfg.join_attempts_per_minute = self.join_attempts_per_minute;
         cfg.metrics_listen = self.metrics_listen.and_then(|a| a.0);
+        cfg.bundle_retention = controlplane_lite::bundle_store::Retention {
+            max_age: self.bundle_max_age,
+            max_count: self.bundle_max_count,
+            max_bytes: self.bundle_max_bytes,
+            min_free_bytes: self.bundle_min_free_bytes,
+        };
         cfg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_in_powers_of_1024() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("10G"), Ok(10 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1KB"), Ok(1024));
+        assert!(parse_bytes("1Q").is_err());
+        assert!(parse_bytes("G").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
     }
 }

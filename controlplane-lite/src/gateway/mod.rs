@@ -37,6 +37,8 @@ pub struct GatewayConfig {
     pub hello_timeout: Duration,
     /// Where logs.collect bundles are stored (`<state dir>/bundles`).
     pub bundles_dir: std::path::PathBuf,
+    /// How long bundles are kept and how much room they may take.
+    pub bundle_retention: crate::bundle_store::Retention,
 }
 
 /// Heartbeats waiting to be written: node id -> (epoch, last seen ms).

@@ -12,6 +12,8 @@ use tonic::{Status, Streaming};
 
 use cpl_store::CommandRecord;
 
+use crate::bundle_store::BundleStore;
+
 /// Largest `data` in one chunk, bytes (1 MiB).
 pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
 /// Largest bundle accepted, bytes (1 GiB).
@@ -56,14 +58,17 @@ pub async fn receive(
         .map_err(|e| Status::unavailable(e.to_string()))?
         .ok_or_else(|| Status::not_found(format!("command {cid} not found")))?;
     check_command(&cmd, node_id)?;
-    tokio::fs::create_dir_all(&dir)
-        .await
+    let bundles = BundleStore::new(dir.clone(), gw.cfg.bundle_retention);
+    bundles
+        .ensure_dir()
         .map_err(|e| internal("creating", &dir, e))?;
+    prune(gw, &bundles, None);
     let part = path.with_extension("gz.part");
-    let mut file = tokio::fs::File::create(&part)
-        .await
+    let mut file = bundles
+        .create_file(&part)
+        .map(tokio::fs::File::from_std)
         .map_err(|e| internal("creating", &part, e))?;
-    let outcome = write_chunks(&mut file, &part, &cid, first, &mut inbound).await;
+    let outcome = write_chunks(&mut file, &part, &bundles, first, &mut inbound).await;
     drop(file);
     match outcome {
         Ok(r) => {
@@ -71,11 +76,38 @@ pub async fn receive(
                 .await
                 .map_err(|e| internal("renaming", &part, e))?;
             tracing::info!(bytes = r.bytes, sha256 = %r.sha256, "bundle stored");
+            prune(gw, &bundles, Some(&path));
             Ok(r)
         }
         Err(s) => {
             let _ = tokio::fs::remove_file(&part).await;
+            if s.code() == tonic::Code::ResourceExhausted {
+                gw.metrics.bundle_refused();
+                tracing::warn!(reason = %s.message(), "bundle upload refused");
+            }
             Err(s)
+        }
+    }
+}
+
+/// Prunes the bundle store by its retention rules, never `keep`; a failure is logged (an upload
+/// does not fail because an old bundle could not be deleted).
+pub(crate) fn prune(gw: &super::GatewayService, bundles: &BundleStore, keep: Option<&Path>) {
+    match bundles.prune(std::time::SystemTime::now(), keep) {
+        Ok(p) => {
+            gw.metrics.bundles_pruned(p.deleted);
+            if p.deleted > 0 {
+                tracing::info!(
+                    deleted = p.deleted,
+                    freed_bytes = p.freed_bytes,
+                    kept = p.kept,
+                    kept_bytes = p.kept_bytes,
+                    "old bundles deleted"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(dir = %bundles.dir().display(), error = %e, "pruning bundles failed")
         }
     }
 }
@@ -166,13 +198,17 @@ impl Assembler {
 async fn write_chunks(
     file: &mut tokio::fs::File,
     part: &Path,
-    cid: &str,
+    bundles: &BundleStore,
     first: UploadChunk,
     inbound: &mut Streaming<UploadChunk>,
 ) -> Result<UploadResult, Status> {
-    let mut asm = Assembler::new(cid);
+    let mut asm = Assembler::new(&first.command_id);
     let mut next = Some(first);
     while let Some(chunk) = next.take() {
+        // Refused with a clear error before the store or the disk would be over its limit.
+        bundles
+            .room_for(asm.offset, chunk.data.len() as u64)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let done = asm.accept(&chunk)?;
         file.write_all(&chunk.data)
             .await

@@ -142,6 +142,8 @@ struct Inner {
     nodes_gpu_unhealthy: Gauge,
     inventory_record: Histogram,
     heartbeat_flush: Histogram,
+    bundles_pruned: Counter,
+    bundles_refused: Counter,
     /// One scrape at a time: the scrape-time gauges are set and encoded together.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -216,6 +218,18 @@ impl Metrics {
             heartbeat_flush.clone(),
         );
         registry.register_collector(Box::new(TruncatedText));
+        let bundles_pruned = Counter::default();
+        registry.register(
+            "bcctl_bundles_pruned",
+            "logs.collect bundles deleted by the retention rules (age, count, bytes)",
+            bundles_pruned.clone(),
+        );
+        let bundles_refused = Counter::default();
+        registry.register(
+            "bcctl_bundle_uploads_refused",
+            "Bundle uploads refused because the bundle store or the disk had no room",
+            bundles_refused.clone(),
+        );
         for o in JoinOutcome::ALL {
             let _ = joins.get_or_create(&OutcomeLabel {
                 outcome: o.as_str(),
@@ -233,6 +247,8 @@ impl Metrics {
                 nodes_gpu_unhealthy,
                 inventory_record,
                 heartbeat_flush,
+                bundles_pruned,
+                bundles_refused,
                 scrape: tokio::sync::Mutex::new(()),
             }),
         };
@@ -258,6 +274,16 @@ impl Metrics {
     /// Storing one Inventory took `d` (`bcctl_inventory_record_duration_seconds`).
     pub fn observe_inventory(&self, d: Duration) {
         self.inner.inventory_record.observe(d.as_secs_f64());
+    }
+
+    /// `n` bundles were deleted by the retention rules (`bcctl_bundles_pruned_total`).
+    pub fn bundles_pruned(&self, n: usize) {
+        self.inner.bundles_pruned.inc_by(n as u64);
+    }
+
+    /// A bundle upload was refused for room (`bcctl_bundle_uploads_refused_total`).
+    pub fn bundle_refused(&self) {
+        self.inner.bundles_refused.inc();
     }
 
     /// Writing one heartbeat batch took `d` (`bcctl_heartbeat_flush_duration_seconds`).
