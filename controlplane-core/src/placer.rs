@@ -41,7 +41,7 @@ fn free_atoms(tx: &Tx<'_>, pool_id: &str) -> Result<Vec<(String, Vec<String>)>, 
     let mut out = Vec::with_capacity(rows.len());
     for (id, inv) in rows {
         // A corrupt inventory document books nothing rather than failing the whole pool.
-        let inv: Option<serde_json::Value> = inv.and_then(|s| serde_json::from_str(&s).ok());
+        let inv = inv.as_deref().and_then(crate::inventory::parse);
         let booked: BTreeSet<String> = tx.booked_atoms(&id)?.into_iter().collect();
         let free = gpu_atoms(inv.as_ref())
             .into_iter()
@@ -194,7 +194,7 @@ pub fn capacity(conn: &Reader<'_>, pool_id: &str) -> Result<PoolCapacity, OpErro
         free: 0,
     };
     for (id, inv, bucket) in rows {
-        let inv: Option<serde_json::Value> = inv.and_then(|s| serde_json::from_str(&s).ok());
+        let inv = inv.as_deref().and_then(crate::inventory::parse);
         let atoms = u32::try_from(gpu_atoms(inv.as_ref()).len()).unwrap_or(u32::MAX);
         let booked = u32::try_from(conn.booked_atoms(&id)?.len()).unwrap_or(0);
         cap.total = cap.total.saturating_add(atoms);

@@ -143,6 +143,7 @@ fn store_document(
             reason: reason.to_owned(),
             message,
             owner: "Inventory".to_owned(),
+            gpus: Vec::new(),
         },
     );
     Ok(())
@@ -200,6 +201,7 @@ pub fn record_spec_status(
             reason: reason.to_owned(),
             message: report.message.to_owned(),
             owner: "NodeLifecycle".to_owned(),
+            gpus: Vec::new(),
         },
     );
     Ok(Some(edit.save(tx)?.observed_generation))

@@ -81,7 +81,8 @@ pub(crate) fn force(
 /// it `gpus` GPUs in its inventory.
 pub(crate) fn ready_host(tx: &Tx<'_>, id: &str, gpus: usize) -> Result<NodeRecord, StoreError> {
     let inv = serde_json::json!({
-        "gpus": (0..gpus).map(|i| serde_json::json!({"index": i, "uuid": format!("GPU-{id}-{i}")})).collect::<Vec<_>>()
+        "schemaVersion": 1,
+        "gpus": (0..gpus).map(|i| serde_json::json!({"uuid": format!("GPU-{id}-{i}"), "pciBusId": format!("0000:{:02x}:00.0", i + 1), "source": "nvml"})).collect::<Vec<_>>()
     });
     force(tx, id, |n| {
         n.provision_state = ProvisionState::Adopted;

@@ -275,6 +275,7 @@ fn no_schedule_condition_drives_its_reason() -> TestResult {
         reason: "CountDiffers".into(),
         message: "expected 8, found 7".into(),
         owner: "Inventory".into(),
+        gpus: Vec::new(),
     };
     let n = store.with(|c| {
         Ok(write_tx(c, |tx| {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use bc_protocol::pb::GoodbyeReason;
 use cpl_store::{NewToken, NodeRecord, Reader, Store, Tx};
-use serde_json::Value;
 use tracing::Instrument;
 
 use super::types::*;
@@ -289,18 +288,14 @@ impl Core {
 
 /// The spec checks of `nodes.updateSpec` against the node as stored (`spec::validate`).
 fn validate_spec(node: &NodeRecord, spec: &bc_protocol::spec::NodeSpec) -> Result<(), OpError> {
-    let known: Option<Vec<bc_protocol::spec::KnownGpu>> = node.inventory()?.as_ref().map(|inv| {
-        inv.get("gpus")
-            .and_then(Value::as_array)
-            .map(|gs| {
-                gs.iter()
-                    .map(|g| bc_protocol::spec::KnownGpu {
-                        uuid: g.get("uuid").and_then(Value::as_str).map(str::to_owned),
-                        pci_address: g.get("pciBusId").and_then(Value::as_str).map(str::to_owned),
-                    })
-                    .collect()
+    let known: Option<Vec<bc_protocol::spec::KnownGpu>> = crate::inventory::of(node).map(|inv| {
+        inv.gpus
+            .into_iter()
+            .map(|g| bc_protocol::spec::KnownGpu {
+                uuid: g.uuid,
+                pci_address: Some(g.pci_bus_id),
             })
-            .unwrap_or_default()
+            .collect()
     });
     let ctx = bc_protocol::spec::ValidationContext {
         now_ms: cpl_store::now_ms(),

@@ -106,6 +106,7 @@ async fn fleet_gauges_come_from_the_store_at_scrape_time() {
                 message: "m".into(),
                 last_transition_time: "2026-01-01T00:00:00Z".into(),
                 owner: "Health".into(),
+                gpus: Vec::new(),
             };
             for (id, t, s) in [
                 ("node_a", "GpuUnhealthy", bc_protocol::ConditionStatus::True),
