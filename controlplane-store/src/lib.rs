@@ -236,6 +236,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M002_PLACEMENT),
         M::up(migrations::M003_COMMANDS),
         M::up(migrations::M004_SCALE),
+        M::up(migrations::M005_SESSIONS_AND_ACCEPTANCE),
     ])
 }
 

@@ -194,3 +194,12 @@ INSERT OR IGNORE INTO node_identifier_digests (digest, node_id)
     WHERE json_valid(n.identifier_digests) AND json_type(n.identifier_digests) = 'array'
       AND j.type = 'text';
 "#;
+
+/// Migration 5: a session whose stream broke without a Goodbye (`session_broken`: the node is
+/// `disconnected` at once, and Liveness still turns its silence into `unreachable`, which a clean
+/// Goodbye never does), and each pool's acceptance rules (`acceptance`, JSON
+/// `{requireTrustedKey?, deadlineSeconds?}`; absent keys take the kind's defaults).
+pub const M005_SESSIONS_AND_ACCEPTANCE: &str = r#"
+ALTER TABLE nodes ADD COLUMN session_broken INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN acceptance TEXT NOT NULL DEFAULT '{}';
+"#;

@@ -136,6 +136,8 @@ enum Write {
     Command(bc_protocol::pb::CommandUpdate),
     Xid(serde_json::Value),
     Goodbye(String),
+    /// The stream ended without a Goodbye and without the gateway ending it.
+    Broken,
 }
 
 /// Store writes one session may have queued before its reader waits for the writer.
@@ -158,9 +160,13 @@ async fn serve(
         write_loop(gw.clone(), node_id.clone(), epoch, wrx).instrument(tracing::Span::current()),
     );
     let mut clean = false;
+    let mut stopped = false;
     loop {
         let next = tokio::select! {
-            _ = stop.changed() => break,
+            _ = stop.changed() => {
+                stopped = true;
+                break;
+            }
             next = inbound.message() => next,
         };
         let mut m = match next {
@@ -228,9 +234,17 @@ async fn serve(
             break;
         }
     }
+    // The gateway ended it (superseded, revoked, deleted, shutting down: each records its own
+    // end, or none), or the agent said Goodbye; anything else is a broken transport, and the
+    // node is `disconnected` now rather than after the silence rule. Checked after the loop too:
+    // a stream may end in the same instant the gateway stops it.
+    let broken = !clean && !stopped && !*stop.borrow();
+    if broken {
+        let _ = wtx.send(Write::Broken).await;
+    }
     drop(wtx);
     gw.registry.remove_if(&node_id, epoch);
-    tracing::info!(clean, "session closed");
+    tracing::info!(clean, broken, "session closed");
     // The writer finishes what the session queued (a CommandUpdate sent just before the stream
     // ended still counts) and then ends.
     if let Err(e) = writer.await {
@@ -268,6 +282,16 @@ async fn write_loop(
             }
             Write::Command(u) => gw.commands.update(&node_id, u).await,
             Write::Xid(data) => cpl_core::health::on_xid(&gw.store, &node_id, &data).await,
+            Write::Broken => {
+                let id = node_id.clone();
+                if let Err(e) = gw
+                    .store
+                    .write(move |tx| sessions::close_broken(tx, &id, epoch))
+                    .await
+                {
+                    tracing::error!(error = %e, "recording the broken session failed");
+                }
+            }
             Write::Goodbye(reason) => {
                 let id = node_id.clone();
                 if let Err(e) = gw
