@@ -229,6 +229,7 @@ mod tests {
                         expected_gpu_model: None,
                         drivers: Default::default(),
                     },
+                    acceptance: Default::default(),
                 },
             )?;
             node(c, "node_a", Some(&p.id))?;

@@ -187,6 +187,7 @@ fn join_placement_role_trust_adapter_drivers() -> TestResult {
                 site_id: Some(custom.id.clone().into()),
                 owner_tenant_id: None,
                 hardware_profile: profile,
+                acceptance: Default::default(),
             },
         )
         .map_err(task)?;

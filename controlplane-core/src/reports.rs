@@ -9,7 +9,6 @@ use cpl_store::{StoreError, Tx};
 use crate::conditions::{ConditionUpdate, apply, refresh_profile_conditions};
 use crate::edit::Edit;
 use crate::error::OpError;
-use crate::ops::nodes::apply_transition;
 
 /// An inventory report as the agent sent it.
 #[derive(Debug, Clone, Copy)]
@@ -63,15 +62,9 @@ pub fn record_inventory(
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same save.
     refresh_profile_conditions(tx, &mut edit)?;
-    if edit.node.provision_state == ProvisionState::Adopting {
-        // NodeLifecycle acceptance, through the one provisionStateTable.
-        edit.act_as("NodeLifecycle");
-        apply_transition(
-            &mut edit,
-            ProvisionState::Adopted,
-            "acceptance passed: inventory received",
-        )?;
-    }
+    // NodeLifecycle acceptance (per pool: profile, trusted key), through the one
+    // provisionStateTable.
+    crate::acceptance::evaluate(tx, &mut edit)?;
     Ok(Some(edit.save(tx)?.provision_state))
 }
 

@@ -33,6 +33,7 @@ pub(crate) fn pool(tx: &Tx<'_>, kind: PoolKind, owner: Option<&str>) -> Result<P
             site_id: None,
             owner_tenant_id: owner.map(Into::into),
             hardware_profile: HardwareProfile::default(),
+            acceptance: Default::default(),
         },
     )
 }

@@ -389,6 +389,16 @@ fn spawn_controllers(
         }
     });
 
+    // NodeLifecycle: nodes still adopting past their pool's acceptance deadline fail.
+    let lifecycle_store = p.store.clone();
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = cpl_core::acceptance::run(lifecycle_store) => {}
+            _ = until => {}
+        }
+    });
+
     // Bundles age out even when no upload comes to prune them.
     let gw_bundles = p.gateway.clone();
     let until = stopped(stop.clone());

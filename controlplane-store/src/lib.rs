@@ -67,7 +67,7 @@ pub use events::{NewEvent, NodeEvent};
 pub use fleet::FleetCounts;
 pub use leases::DedicatedRootLease;
 pub use nodes::{MAX_INDEXED_DIGESTS, NewNode, NodeQuery, NodeRecord};
-pub use pools::{HardwareProfile, Pool};
+pub use pools::{Acceptance, HardwareProfile, Pool};
 pub use sites::Site;
 pub use taints::Taint;
 pub use tokens::{JoinToken, NewToken, TokenRefusal};

@@ -10,6 +10,7 @@
 pub mod labels;
 pub mod nodes;
 pub mod pools;
+pub mod retire;
 pub mod sites;
 pub mod tokens;
 

@@ -100,6 +100,10 @@ impl Core {
                 .node_verb(b, a, node_ops::recover)
                 .await
                 .map(A::NodesRecover),
+            R::NodesRetire(b) => self
+                .node_verb(b, a, ops::retire::retire)
+                .await
+                .map(A::NodesRetire),
             R::NodesSetMaintenance(b) => self
                 .nodes_set_maintenance(b, a)
                 .await

@@ -172,7 +172,14 @@ impl Core {
 
     pub(super) async fn pools_update(&self, b: PoolUpdate) -> Result<cpl_store::Pool, OpError> {
         self.write(move |tx| {
-            ops::pools::update(tx, &b.pool_id, b.version, &b.name, &b.hardware_profile)
+            ops::pools::update(
+                tx,
+                &b.pool_id,
+                b.version,
+                &b.name,
+                &b.hardware_profile,
+                b.acceptance.as_ref(),
+            )
         })
         .await
     }

@@ -135,6 +135,7 @@ verbs! {
     NodesRemoveLabels => "nodes.removeLabels", RemoveLabelsRequest, NodeDetail, "Remove labels from a node.";
     NodesAdopt => "nodes.adopt", NodeMutation, NodeDetail, "Accept an adopting node by hand (`adopting -> adopted`).";
     NodesRecover => "nodes.recover", NodeMutation, NodeDetail, "Move a failed node back to failedFrom.";
+    NodesRetire => "nodes.retire", NodeMutation, NodeDetail, "Retire a node (`-> retiring`; an adopted node, with nothing to tear down, on to `retired`).";
     NodesSetMaintenance => "nodes.setMaintenance", MaintenanceRequest, NodeDetail, "Turn maintenance on (with a reason) or off.";
     NodesRevokeIdentity => "nodes.revokeIdentity", NodeMutation, NodeDetail, "identityGeneration + 1: the node's certificates stop working and its session closes.";
     NodesDelete => "nodes.delete", NodeMutation, NodeDetail, "Delete the node (refused while it holds allocations).";

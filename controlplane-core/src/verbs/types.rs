@@ -163,6 +163,9 @@ pub struct PoolUpdate {
     pub name: Name,
     #[serde(default, deserialize_with = "crate::text::profile")]
     pub hardware_profile: HardwareProfile,
+    /// New acceptance rules; absent: unchanged.
+    #[serde(default)]
+    pub acceptance: Option<cpl_store::Acceptance>,
 }
 
 /// `pools.delete`.

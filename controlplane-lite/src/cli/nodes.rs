@@ -94,6 +94,12 @@ pub enum NodesCommand {
         #[arg(long)]
         version: Option<u64>,
     },
+    /// Retire a node (an adopted node goes on to `retired` at once).
+    Retire {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
     /// Turn maintenance on or off.
     SetMaintenance {
         node_id: String,
@@ -236,6 +242,7 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
         N::Drain { node_id, version } => plain(Method::NodesDrain, node_id, version),
         N::Adopt { node_id, version } => plain(Method::NodesAdopt, node_id, version),
         N::Recover { node_id, version } => plain(Method::NodesRecover, node_id, version),
+        N::Retire { node_id, version } => plain(Method::NodesRetire, node_id, version),
         N::RevokeIdentity { node_id, version } => {
             plain(Method::NodesRevokeIdentity, node_id, version)
         }
