@@ -16,7 +16,7 @@ use bc_protocol::pb::join_server::JoinServer;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 use cpl_core::commands::Commands;
 use cpl_core::liveness::{self, LivenessConfig};
@@ -55,6 +55,9 @@ pub enum ServeError {
     /// tonic refused the TLS setup or the server failed.
     #[error("gateway: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The gateway's TLS configuration could not be built.
+    #[error(transparent)]
+    GatewayTls(#[from] crate::gateway::listener::ListenerError),
     /// The metrics listener could not be started.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
@@ -82,6 +85,8 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// How long logs.collect bundles are kept and how much room they may take.
     pub bundle_retention: crate::bundle_store::Retention,
+    /// Connection caps and timeouts of the gateway listener.
+    pub gateway_limits: crate::gateway::listener::Limits,
 }
 
 impl ServeConfig {
@@ -100,6 +105,7 @@ impl ServeConfig {
             join_attempts_per_minute: 60,
             metrics_listen: None,
             bundle_retention: crate::bundle_store::Retention::default(),
+            gateway_limits: crate::gateway::listener::Limits::default(),
         }
     }
 }
@@ -185,9 +191,6 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
     }
     names
 }
-
-/// How long a gateway connection may take to finish its TLS handshake.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accept queue of the gateway listener. A restart storm opens thousands of connections within
 /// a second; with the usual 1,024 the kernel drops SYNs and clients wait for TCP's 1 s, 3 s, 7 s
@@ -303,13 +306,10 @@ fn spawn_gateway(
     names.sort();
     names.dedup();
     let (chain_pem, key_pem) = p.ca.server_cert(&names)?;
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(chain_pem, key_pem))
-        .client_ca_root(Certificate::from_pem(p.ca.cert_pem()))
-        .client_auth_optional(true)
-        // A connection that never finishes its handshake would hold a socket (and a file
-        // descriptor) forever.
-        .timeout(TLS_HANDSHAKE_TIMEOUT);
+    // TLS is done by the gateway's own listener (caps per address and in total, a handshake
+    // and a preface timeout: a connection that never finishes either would hold a socket, and a
+    // file descriptor, forever), which hands tonic finished connections.
+    let tls = crate::gateway::listener::tls_config(&chain_pem, &key_pem, p.ca.cert_pem())?;
     let join = JoinService {
         store: p.store.clone(),
         ca: Arc::clone(&p.ca),
@@ -322,7 +322,6 @@ fn spawn_gateway(
         metrics: p.metrics.clone(),
     };
     let mut grpc = Server::builder()
-        .tls_config(tls)?
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_nodelay(true);
@@ -330,8 +329,9 @@ fn spawn_gateway(
         GatewayServer::new(p.gateway.clone())
             .max_decoding_message_size(bc_protocol::MAX_SESSION_MESSAGE_BYTES),
     );
+    let (limits, metrics) = (cfg.gateway_limits, p.metrics.clone());
     tasks.spawn(async move {
-        let incoming = bc_net::accept_loop(listener);
+        let incoming = crate::gateway::listener::incoming(listener, tls, limits, metrics);
         if let Err(e) = router
             .serve_with_incoming_shutdown(incoming, stopped(stop))
             .await

@@ -92,6 +92,20 @@ pub struct ServeArgs {
     /// An empty value (`BCCTL_METRICS_LISTEN=` in /etc/default/bcctl) means off.
     #[arg(long, env = "BCCTL_METRICS_LISTEN", value_parser = parse_optional_addr)]
     pub metrics_listen: Option<OptionalAddr>,
+    /// Open gateway connections at most, all addresses together (0: no cap). Past it a new
+    /// connection is closed at accept.
+    #[arg(long, default_value_t = 50_000)]
+    pub gateway_max_connections: usize,
+    /// Open gateway connections at most from one source IP address (0: no cap). Nodes behind
+    /// one NAT address count together: raise it for a larger NAT'd site.
+    #[arg(long, default_value_t = 1024)]
+    pub gateway_max_connections_per_address: usize,
+    /// Time a gateway connection has to finish its TLS handshake.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub gateway_handshake_timeout: Duration,
+    /// Time a gateway connection has, after TLS, to send the HTTP/2 preface and first frame.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub gateway_preface_timeout: Duration,
     /// logs.collect bundles older than this are deleted.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
     pub bundle_max_age: Duration,
@@ -160,6 +174,12 @@ impl ServeArgs {
         cfg.node_cert_ttl = self.node_cert_ttl;
         cfg.join_attempts_per_minute = self.join_attempts_per_minute;
         cfg.metrics_listen = self.metrics_listen.and_then(|a| a.0);
+        cfg.gateway_limits = controlplane_lite::gateway::listener::Limits {
+            max_connections: self.gateway_max_connections,
+            max_per_address: self.gateway_max_connections_per_address,
+            handshake_timeout: self.gateway_handshake_timeout,
+            preface_timeout: self.gateway_preface_timeout,
+        };
         cfg.bundle_retention = controlplane_lite::bundle_store::Retention {
             max_age: self.bundle_max_age,
             max_count: self.bundle_max_count,

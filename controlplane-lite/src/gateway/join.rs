@@ -147,7 +147,7 @@ impl JoinService {
 #[tonic::async_trait]
 impl Join for JoinService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let peer = request.remote_addr();
+        let peer = super::listener::remote_addr(&request);
         let span = tracing::info_span!("join", peer = ?peer, node_id = tracing::field::Empty);
         let mut req = request.into_inner();
         // Hostname, agent version and identifiers are kept: bounded before anything reads them.

@@ -4,6 +4,7 @@
 //! generation; both are checked against the store when the stream opens.
 
 pub mod join;
+pub mod listener;
 pub mod registry;
 mod session;
 pub mod upload;
@@ -80,7 +81,7 @@ impl GatewayService {
     /// Checks the client certificate: chain already verified by TLS; here the node id and identity
     /// generation must match the store.
     async fn authenticate<T>(&self, req: &Request<T>) -> Result<NodeIdentity, Status> {
-        let certs = req.peer_certs().ok_or_else(|| {
+        let certs = listener::peer_certs(req).ok_or_else(|| {
             Status::unauthenticated("a node certificate is required (mutual TLS)")
         })?;
         let leaf = certs.first().ok_or_else(|| {

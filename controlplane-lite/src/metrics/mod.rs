@@ -99,6 +99,53 @@ impl JoinOutcome {
     }
 }
 
+/// Why the gateway refused a connection at accept (`bcctl_gateway_connections_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnRefused {
+    /// `--gateway-max-connections` open already.
+    Total,
+    /// `--gateway-max-connections-per-address` open from this address already.
+    PerAddress,
+}
+
+impl ConnRefused {
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnRefused::Total => "total",
+            ConnRefused::PerAddress => "per_address",
+        }
+    }
+}
+
+/// Why the gateway closed a connection before it served it
+/// (`bcctl_gateway_connections_closed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnClosed {
+    /// No finished TLS handshake within `--gateway-handshake-timeout`.
+    HandshakeTimeout,
+    /// The TLS handshake failed.
+    HandshakeFailed,
+    /// No HTTP/2 preface and first frame within `--gateway-preface-timeout` after TLS.
+    PrefaceTimeout,
+}
+
+impl ConnClosed {
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnClosed::HandshakeTimeout => "handshake_timeout",
+            ConnClosed::HandshakeFailed => "handshake_failed",
+            ConnClosed::PrefaceTimeout => "preface_timeout",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// Every command state, spelled as in the store.
 const COMMAND_STATES: &[CommandState] = &[
     CommandState::Queued,
@@ -144,6 +191,9 @@ struct Inner {
     heartbeat_flush: Histogram,
     bundles_pruned: Counter,
     bundles_refused: Counter,
+    gateway_connections: Gauge,
+    gateway_refused: Family<ReasonLabel, Counter>,
+    gateway_closed: Family<ReasonLabel, Counter>,
     /// One scrape at a time: the scrape-time gauges are set and encoded together.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -224,6 +274,34 @@ impl Metrics {
             "logs.collect bundles deleted by the retention rules (age, count, bytes)",
             bundles_pruned.clone(),
         );
+        let gateway_connections = Gauge::default();
+        registry.register(
+            "bcctl_gateway_connections",
+            "Open gateway connections (TLS handshakes in progress included)",
+            gateway_connections.clone(),
+        );
+        let gateway_refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "bcctl_gateway_connections_refused",
+            "Gateway connections closed at accept because a connection cap was reached, by reason (total, per_address)",
+            gateway_refused.clone(),
+        );
+        let gateway_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "bcctl_gateway_connections_closed",
+            "Gateway connections closed before they were served, by reason (handshake_timeout, handshake_failed, preface_timeout)",
+            gateway_closed.clone(),
+        );
+        for r in [ConnRefused::Total, ConnRefused::PerAddress] {
+            let _ = gateway_refused.get_or_create(&ReasonLabel { reason: r.as_str() });
+        }
+        for r in [
+            ConnClosed::HandshakeTimeout,
+            ConnClosed::HandshakeFailed,
+            ConnClosed::PrefaceTimeout,
+        ] {
+            let _ = gateway_closed.get_or_create(&ReasonLabel { reason: r.as_str() });
+        }
         let bundles_refused = Counter::default();
         registry.register(
             "bcctl_bundle_uploads_refused",
@@ -249,6 +327,9 @@ impl Metrics {
                 heartbeat_flush,
                 bundles_pruned,
                 bundles_refused,
+                gateway_connections,
+                gateway_refused,
+                gateway_closed,
                 scrape: tokio::sync::Mutex::new(()),
             }),
         };
@@ -274,6 +355,34 @@ impl Metrics {
     /// Storing one Inventory took `d` (`bcctl_inventory_record_duration_seconds`).
     pub fn observe_inventory(&self, d: Duration) {
         self.inner.inventory_record.observe(d.as_secs_f64());
+    }
+
+    /// `n` gateway connections are open (`bcctl_gateway_connections`).
+    pub fn gateway_connections(&self, n: usize) {
+        self.inner
+            .gateway_connections
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The gateway refused a connection at accept (`bcctl_gateway_connections_refused_total`).
+    pub fn gateway_refused(&self, why: ConnRefused) {
+        self.inner
+            .gateway_refused
+            .get_or_create(&ReasonLabel {
+                reason: why.as_str(),
+            })
+            .inc();
+    }
+
+    /// The gateway closed a connection before serving it
+    /// (`bcctl_gateway_connections_closed_total`).
+    pub fn gateway_closed(&self, why: ConnClosed) {
+        self.inner
+            .gateway_closed
+            .get_or_create(&ReasonLabel {
+                reason: why.as_str(),
+            })
+            .inc();
     }
 
     /// `n` bundles were deleted by the retention rules (`bcctl_bundles_pruned_total`).
