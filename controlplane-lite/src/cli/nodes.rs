@@ -103,6 +103,8 @@ pub enum NodesCommand {
     /// Turn maintenance on or off.
     SetMaintenance {
         node_id: String,
+        /// `true` or `false`.
+        #[arg(action = clap::ArgAction::Set)]
         maintenance: bool,
         #[arg(long)]
         reason: Option<String>,
