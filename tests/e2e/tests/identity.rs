@@ -141,7 +141,10 @@ fn wiped_state_rejoins_in_place_and_a_clone_is_refused_while_the_original_is_con
     agent.kill9();
     std::fs::remove_dir_all(&dir).unwrap();
     // The gateway still thinks the old session may be alive until the stream breaks.
-    eventually(WAIT, "old session gone", || {
+    // The re-joined agent is kept (bound): dropping it kills it, and since issue 18 item 10 a
+    // killed agent's node is `disconnected` at once, where it used to look connected for the
+    // silence period (which is all this test's last check saw).
+    let _rejoined_agent = eventually(WAIT, "old session gone", || {
         let again = Agent::start(&cp, &dir, Some(&token), &["--root", &root]);
         let ok = eventually(Duration::from_secs(10), "joined or refused", || {
             if dir.join("node.json").exists() {
