@@ -9,9 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bc_protocol::commands::diag::{DiagArgs, ExpectedGpus};
 use bc_protocol::pb::{Cancel, Command, GatewayMessage, gateway_message::Msg};
 use bc_protocol::{CommandName, ErrorCode, Trust};
 use cpl_store::{CommandRecord, CommandState, Store, StoreError, Tx, now_ms};
+use serde::Deserialize;
 use tracing::Instrument;
 
 use crate::error::OpError;
@@ -386,17 +388,24 @@ fn queue(
         });
     }
     if name == CommandName::DiagNvml
-        && rec.args.get("expectedGpus").is_none()
+        && let Ok(given) = DiagArgs::deserialize(&rec.args)
+        && given.expected_gpus.is_none()
         && let Some(pool) = node.pool_id.as_deref()
         && let Some(p) = tx.pool(pool)?
         && let Some(count) = p.hardware_profile.expected_gpu_count
         && let Some(a) = rec.args.as_object_mut()
     {
-        // The pool's hardware profile says what the node should have.
-        a.insert(
-            "expectedGpus".to_owned(),
-            serde_json::json!({"count": count, "name": p.hardware_profile.expected_gpu_model}),
-        );
+        // The pool's hardware profile says what the node should have; the keys come from the
+        // typed contract (`DiagArgs`), merged into the operator's arguments.
+        let expected = DiagArgs {
+            expected_gpus: Some(ExpectedGpus {
+                count,
+                name: p.hardware_profile.expected_gpu_model.clone(),
+            }),
+        };
+        if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(&expected) {
+            a.extend(m);
+        }
     }
     tx.insert_command(&rec)?;
     Ok(())

@@ -216,7 +216,9 @@ async fn serve(
                 let _ = wtx.send(Write::Goodbye(reason)).await;
                 break;
             }
-            Some(agent_message::Msg::Event(ev)) if ev.r#type == "xid" => {
+            Some(agent_message::Msg::Event(ev))
+                if ev.r#type == bc_protocol::commands::EventType::Xid.as_str() =>
+            {
                 tracing::warn!(message = %ev.message, "XID reported");
                 Write::Xid(serde_json::from_slice(&ev.data_json).unwrap_or_default())
             }
