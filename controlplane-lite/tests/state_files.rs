@@ -34,8 +34,9 @@ async fn the_state_dir_and_the_store_are_private() {
 #[tokio::test]
 async fn a_store_that_cannot_be_opened_is_named() {
     let tmp = tempfile::tempdir().unwrap();
-    // state.db is a directory: SQLite cannot open it.
-    std::fs::create_dir_all(tmp.path().join("state.db")).unwrap();
+    // state.db is not a database (a torn copy, another file put in its place): SQLite's own
+    // message names no file.
+    std::fs::write(tmp.path().join("state.db"), vec![0x5a; 8192]).unwrap();
     let err = start(config(tmp.path()))
         .await
         .expect_err("start must fail");
