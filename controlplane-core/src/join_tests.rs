@@ -35,9 +35,10 @@ fn pool(tx: &Tx<'_>, site: &str, kind: PoolKind, agent: PoolAgent) -> Result<Str
             name: "p".into(),
             kind,
             agent,
-            site_id: Some(site.to_owned()),
+            site_id: Some(site.into()),
             owner_tenant_id: None,
             hardware_profile: Default::default(),
+            acceptance: Default::default(),
         },
     )?
     .id)
@@ -61,7 +62,7 @@ fn fleet(tx: &Tx<'_>) -> Result<Fleet, OpError> {
             &NewSite {
                 name: "s".into(),
                 kind,
-                owner_tenant_id: owner.map(str::to_owned),
+                owner_tenant_id: owner.map(Into::into),
             },
         )
         .map(|s| s.id)

@@ -37,6 +37,7 @@
 //! process; with several replicas they will need a leader (DESIGN.md).
 #![forbid(unsafe_code)]
 
+pub mod acceptance;
 pub mod commands;
 pub mod conditions;
 pub mod detail;
@@ -57,6 +58,7 @@ pub mod query;
 pub mod reports;
 pub mod schedulable;
 pub mod sessions;
+pub mod text;
 pub mod verbs;
 
 #[cfg(test)]

@@ -260,3 +260,15 @@ CREATE TABLE rejoin_requests (
 );
 CREATE UNIQUE INDEX rejoin_requests_node ON rejoin_requests(node_id);
 "#;
+
+/// Migration 6: a session whose stream broke without a Goodbye (`session_broken`: the node is
+/// `disconnected` at once, and Liveness still turns its silence into `unreachable`, which a clean
+/// Goodbye never does), and each pool's acceptance rules (`acceptance`, JSON
+/// `{requireTrustedKey?, deadlineSeconds?}`; absent keys take the kind's defaults), with an index
+/// on `provision_state` for the acceptance deadline sweep (it reads the `adopting` nodes every
+/// second).
+pub const M006_SESSIONS_AND_ACCEPTANCE: &str = r#"
+ALTER TABLE nodes ADD COLUMN session_broken INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN acceptance TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX nodes_provision_state ON nodes(provision_state);
+"#;

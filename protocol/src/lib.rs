@@ -27,6 +27,7 @@
 pub mod commands;
 pub mod inventory;
 pub mod kinds;
+pub mod limits;
 #[cfg(feature = "openapi")]
 mod schema;
 pub mod spec;

@@ -45,10 +45,11 @@ async fn open_in(
     mut inbound: Streaming<AgentMessage>,
     span: tracing::Span,
 ) -> Result<mpsc::Receiver<Result<GatewayMessage, Status>>, Status> {
-    let first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
+    let mut first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
         .await
         .map_err(|_| Status::deadline_exceeded("no Hello within the hello timeout"))??
         .ok_or_else(|| Status::cancelled("stream closed before Hello"))?;
+    bound(&mut first);
     let Some(agent_message::Msg::Hello(hello)) = first.msg else {
         return Err(Status::failed_precondition(
             "the first message of a session must be Hello",
@@ -119,6 +120,15 @@ async fn open_in(
     Ok(rx)
 }
 
+/// Cuts what the agent sent to the limits of `bc_protocol::limits` (counted there, exposed as
+/// `bcctl_agent_text_truncated_total`): every message, before anything reads it.
+fn bound(m: &mut AgentMessage) {
+    let cut = bc_protocol::limits::bound_agent_message(m);
+    if !cut.is_empty() {
+        tracing::warn!(fields = ?cut, "agent text cut to its limits");
+    }
+}
+
 /// A message the session hands to its writer: everything that needs the store, in arrival order.
 #[derive(Debug)]
 enum Write {
@@ -127,6 +137,8 @@ enum Write {
     Command(bc_protocol::pb::CommandUpdate),
     Xid(serde_json::Value),
     Goodbye(String),
+    /// The stream ended without a Goodbye and without the gateway ending it.
+    Broken,
 }
 
 /// Store writes one session may have queued before its reader waits for the writer.
@@ -149,12 +161,16 @@ async fn serve(
         write_loop(gw.clone(), node_id.clone(), epoch, wrx).instrument(tracing::Span::current()),
     );
     let mut clean = false;
+    let mut stopped = false;
     loop {
         let next = tokio::select! {
-            _ = stop.changed() => break,
+            _ = stop.changed() => {
+                stopped = true;
+                break;
+            }
             next = inbound.message() => next,
         };
-        let m = match next {
+        let mut m = match next {
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(status) => {
@@ -168,6 +184,7 @@ async fn serve(
                 break;
             }
         };
+        bound(&mut m);
         if m.epoch != 0 && m.epoch != epoch {
             tracing::debug!(got = m.epoch, "message of a stale epoch dropped");
             continue;
@@ -219,7 +236,9 @@ async fn serve(
                 let _ = wtx.send(Write::Goodbye(reason)).await;
                 break;
             }
-            Some(agent_message::Msg::Event(ev)) if ev.r#type == "xid" => {
+            Some(agent_message::Msg::Event(ev))
+                if ev.r#type == bc_protocol::commands::EventType::Xid.as_str() =>
+            {
                 tracing::warn!(message = %ev.message, "XID reported");
                 Write::Xid(serde_json::from_slice(&ev.data_json).unwrap_or_default())
             }
@@ -243,9 +262,17 @@ async fn serve(
             break;
         }
     }
+    // The gateway ended it (superseded, revoked, deleted, shutting down: each records its own
+    // end, or none), or the agent said Goodbye; anything else is a broken transport, and the
+    // node is `disconnected` now rather than after the silence rule. Checked after the loop too:
+    // a stream may end in the same instant the gateway stops it.
+    let broken = !clean && !stopped && !*stop.borrow();
+    if broken {
+        let _ = wtx.send(Write::Broken).await;
+    }
     drop(wtx);
     gw.registry.remove_if(&node_id, epoch);
-    tracing::info!(clean, "session closed");
+    tracing::info!(clean, broken, "session closed");
     // The writer finishes what the session queued (a CommandUpdate sent just before the stream
     // ended still counts) and then ends.
     if let Err(e) = writer.await {
@@ -295,6 +322,16 @@ async fn write_loop(
             }
             Write::Command(u) => gw.commands.update(&node_id, u).await,
             Write::Xid(data) => cpl_core::health::on_xid(&gw.store, &node_id, &data).await,
+            Write::Broken => {
+                let id = node_id.clone();
+                if let Err(e) = gw
+                    .store
+                    .write(move |tx| sessions::close_broken(tx, &id, epoch))
+                    .await
+                {
+                    tracing::error!(error = %e, "recording the broken session failed");
+                }
+            }
             Write::Goodbye(reason) => {
                 let id = node_id.clone();
                 if let Err(e) = gw

@@ -2,6 +2,8 @@
 //! issue 19.6) and whether it is whole (issue 19.5).
 //!
 //! # Design
+//! - **Private**: the dir is made 0700 whatever the umask, an existing one too, before anything
+//!   is read or written in it.
 //! - **Lock**: `serve.lock` in the dir, `flock(LOCK_EX | LOCK_NB)`, held until the process ends
 //!   (the kernel drops it with the process, so a `kill -9` leaves no stale lock). The holder writes
 //!   its pid into the file; a second `bcctl serve` on the dir exits naming that pid, before it
@@ -21,7 +23,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -88,6 +90,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateDirError + '_ {
     }
 }
 
+/// Creates `dir` 0700 (whatever the umask) and makes an existing one 0700: it holds the CA key,
+/// the API token and every node record.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
 /// How `bcctl serve` may initialise a dir.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Init {
@@ -119,11 +131,7 @@ impl StateDir {
     /// Creates `path` (0700) if needed and takes its lock, writing this process's pid into the
     /// lock file. Errors: [`StateDirError::Locked`] naming the holder's pid.
     pub fn lock(path: &Path) -> Result<Self, StateDirError> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(path)
-            .map_err(io(path))?;
+        private_dir(path).map_err(io(path))?;
         let lock_path = path.join(LOCK_FILE);
         // Not truncated before the lock is ours: the holder's pid must stay readable.
         let file = OpenOptions::new()

@@ -167,3 +167,31 @@ fn a_second_holder_is_refused_naming_the_first_ones_pid() -> TestResult {
     drop(StateDir::lock(tmp.path())?);
     Ok(())
 }
+
+#[test]
+fn the_dir_is_made_private_whatever_it_was() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("cp");
+    fs::create_dir(&dir)?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
+    drop(StateDir::lock(&dir)?);
+    assert_eq!(fs::metadata(&dir)?.permissions().mode() & 0o777, 0o700);
+    Ok(())
+}
+
+#[test]
+fn a_store_sqlite_cannot_open_is_named() -> TestResult {
+    // The header passes the integrity check; SQLite refuses the rest with a message that names
+    // no file, so the start-up error names it.
+    let (_tmp, dir, _) = initialised()?;
+    let mut bytes = b"SQLite format 3\0".to_vec();
+    bytes.extend(std::iter::repeat_n(0x5a, 8192));
+    fs::write(dir.join(STORE_FILE), bytes)?;
+    let msg = refusal(&dir);
+    assert!(
+        msg.contains(&format!("store {}", dir.join(STORE_FILE).display())),
+        "{msg}"
+    );
+    Ok(())
+}
