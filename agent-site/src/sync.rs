@@ -150,3 +150,7 @@ pub async fn run(site: Arc<Site>, mut stop: watch::Receiver<bool>) {
         pollers.abort_all();
     }
 }
+
+#[cfg(test)]
+#[path = "sync_tests.rs"]
+mod tests;

@@ -144,10 +144,31 @@ async fn handle(mut client: TcpStream, st: Arc<State>) {
     let Ok(mut upstream) = TcpStream::connect(st.upstream).await else {
         return;
     };
-    if upstream.write_all(&buf[..head_end + length]).await.is_err() {
+    // Upstream closes after its answer (one request per connection).
+    let mut request: String = head
+        .split("\r\n")
+        .filter(|l| {
+            !l.is_empty()
+                && !l
+                    .split_once(':')
+                    .is_some_and(|(k, _)| k.trim().eq_ignore_ascii_case("connection"))
+        })
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    request.push_str("Connection: close\r\n\r\n");
+    let mut out = request.into_bytes();
+    out.extend_from_slice(&buf[head_end..head_end + length]);
+    if upstream.write_all(&out).await.is_err() {
         return;
     }
-    let _ = tokio::io::copy(&mut upstream, &mut client).await;
+    // The whole answer first, so the request counts as in flight until the client has it all
+    // (a client that got its answer may send the next request before upstream closes).
+    let mut answer = Vec::new();
+    if upstream.read_to_end(&mut answer).await.is_err() {
+        return;
+    }
+    let _ = client.write_all(&answer).await;
+    drop(_in_flight);
     let _ = client.shutdown().await;
 }
 
