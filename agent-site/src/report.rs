@@ -92,6 +92,7 @@ mod tests {
             reachable: true,
             error: String::new(),
             observed_at_ms: 1,
+            error_code: String::new(),
         }
     }
 

@@ -44,6 +44,7 @@ pub async fn observe(site: &Site, a: &Assignment, bmc: &ManagedBmc) -> (PowerObs
                 reachable: true,
                 error: String::new(),
                 observed_at_ms: now,
+                error_code: String::new(),
             },
             (p, true, String::new()),
         ),
@@ -58,6 +59,7 @@ pub async fn observe(site: &Site, a: &Assignment, bmc: &ManagedBmc) -> (PowerObs
                     reachable: false,
                     error: f.message,
                     observed_at_ms: now,
+                    error_code: code.clone(),
                 },
                 (PowerState::Unknown, false, code),
             )

@@ -109,14 +109,8 @@ async fn a_slow_bmc_does_not_hold_up_the_others() {
         for o in &r.observations {
             match o.node_id.as_str() {
                 "node_fast" => {
+                    // Reported before the slow BMC's first observation (this loop ends there).
                     assert!(o.reachable, "{o:?}");
-                    if fast_seen == 0 {
-                        assert_eq!(
-                            slow.in_flight(),
-                            1,
-                            "the fast BMC answered while the slow one still had not"
-                        );
-                    }
                     fast_seen += 1;
                 }
                 "node_slow" => {

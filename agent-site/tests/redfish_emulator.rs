@@ -48,6 +48,15 @@ async fn verify_reads_the_system_and_names_what_went_wrong() {
             &format!("{}/redfish/v1/Chassis/1", sushy.root_address()),
             None,
         ),
+        // A credential rotation under test: the current password is wrong, the candidate right.
+        pb::ManagedBmc {
+            candidate: Some(endpoint(&sushy.address(&systems[2].uuid), PASSWORD)),
+            ..bmc(
+                "node_rotating",
+                &sushy.address(&systems[2].uuid),
+                Some("old-password"),
+            )
+        },
     ]));
 
     let f = verify(&site, "node_good").await.unwrap();
@@ -91,6 +100,16 @@ async fn verify_reads_the_system_and_names_what_went_wrong() {
         assert!(!e.message.contains("wrong-password"), "{node}: {e}");
     }
     let e = verify(&site, "node_unknown").await.expect_err("unknown");
+    assert_eq!(e.code, CommandErrorCode::BmcUnknown);
+    let e = verify(&site, "node_rotating")
+        .await
+        .expect_err("old password");
+    assert_eq!(e.code, CommandErrorCode::BmcAuthFailed);
+    let f = verify_candidate(&site, "node_rotating").await.unwrap();
+    assert_eq!(f.uuid.as_deref(), Some(systems[2].uuid.as_str()));
+    let e = verify_candidate(&site, "node_good")
+        .await
+        .expect_err("no candidate");
     assert_eq!(e.code, CommandErrorCode::BmcUnknown);
     let e = power_at(&site, "node_good", PowerAction::Off, EPOCH + 1)
         .await

@@ -246,6 +246,7 @@ async fn site_agent_holds_a_session_drives_a_bmc_under_its_lease_and_leaks_no_cr
         .find(|(_, o)| o.node_id == "node_badpw")
         .unwrap();
     assert!(!bad.1.reachable && bad.1.error.contains("401"), "{bad:?}");
+    assert_eq!(bad.1.error_code, "BMC_AUTH_FAILED");
 
     // Delivered again under a valid lease, the interrupted command still does not run.
     fake.push(command(

@@ -7,7 +7,7 @@
 //!
 //! One request per connection: the proxy answers and closes (sushy-emulator closes its
 //! connections too). A request is in flight from the moment its head and body are read until
-//! its answer is written, or until the client gives up and closes.
+//! all but the last byte of its answer is written, or until the client gives up and closes.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::net::SocketAddr;
@@ -167,8 +167,12 @@ async fn handle(mut client: TcpStream, st: Arc<State>) {
     if upstream.read_to_end(&mut answer).await.is_err() {
         return;
     }
-    let _ = client.write_all(&answer).await;
+    // The request stops counting before its last byte is sent: once the client has that byte it
+    // may start the next request at once, and a count that lagged behind would see both.
+    let (most, last) = answer.split_at(answer.len().saturating_sub(1));
+    let _ = client.write_all(most).await;
     drop(_in_flight);
+    let _ = client.write_all(last).await;
     let _ = client.shutdown().await;
 }
 

@@ -74,12 +74,21 @@ pub fn assignment(bmcs: Vec<pb::ManagedBmc>) -> pb::SiteAssignment {
 }
 
 pub async fn verify(site: &Site, node: &str) -> Result<BmcFacts, CommandFailure> {
+    verify_with(site, node, false).await
+}
+
+/// `bmc.verify` with the candidate credentials.
+pub async fn verify_candidate(site: &Site, node: &str) -> Result<BmcFacts, CommandFailure> {
+    verify_with(site, node, true).await
+}
+
+async fn verify_with(site: &Site, node: &str, candidate: bool) -> Result<BmcFacts, CommandFailure> {
     let v = bcd_site::commands::verify(
         site,
         VerifyArgs {
             node_id: node.to_owned(),
             lease_epoch: EPOCH,
-            candidate: false,
+            candidate,
         },
     )
     .await?;
