@@ -36,6 +36,7 @@
 //! assignment again. Redfish sessions (`X-Auth-Token`) are not used: Basic authentication on
 //! every request.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod address;
 pub mod bmc;
