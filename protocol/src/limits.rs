@@ -106,6 +106,8 @@ fields! {
     PowerState => "powerReport.observations.power", 16;
     /// `PowerObservation.error`, characters (what the BMC answered: a status code and message).
     PowerError => "powerReport.observations.error", 1024;
+    /// `PowerObservation.error_code`, characters (a command error code such as `BMC_UNREACHABLE`).
+    PowerErrorCode => "powerReport.observations.errorCode", 64;
 }
 
 /// Longest identifier digest kept, characters (hex SHA-256 is 64).
@@ -208,6 +210,7 @@ fn bound_power(o: &mut PowerObservation, cut: &mut Vec<Field>) {
         (Field::PowerNodeId, &mut o.node_id),
         (Field::PowerState, &mut o.power),
         (Field::PowerError, &mut o.error),
+        (Field::PowerErrorCode, &mut o.error_code),
     ] {
         // Named once in the returned list however many observations were cut (a site reports
         // many nodes in one message); each cut is still counted.
@@ -405,6 +408,7 @@ mod tests {
             reachable: false,
             error: big.clone(),
             observed_at_ms: 1,
+            error_code: big.clone(),
         };
         let mut power = AgentMessage {
             epoch: 1,
@@ -415,7 +419,12 @@ mod tests {
         };
         assert_eq!(
             bound_agent_message(&mut power),
-            vec![Field::PowerNodeId, Field::PowerState, Field::PowerError]
+            vec![
+                Field::PowerNodeId,
+                Field::PowerState,
+                Field::PowerError,
+                Field::PowerErrorCode
+            ]
         );
         assert!(counted(Field::PowerError) >= before + 2);
         let Some(Msg::PowerReport(p)) = &power.msg else {
