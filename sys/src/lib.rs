@@ -13,6 +13,10 @@
 //!   only on a terminal.
 //! - [`notify`]: [`notify::Notifier`] — `READY=1`, `WATCHDOG=1`, `STATUS=`, `STOPPING=1` to
 //!   `NOTIFY_SOCKET` (path or `@abstract`), and the watchdog interval and ping task.
+//! - [`userfile`]: [`userfile::UserDir`] — the one rule for files a root process writes on a
+//!   user's behalf (`~/.ssh/authorized_keys`, and every later caller): walked and opened by
+//!   descriptor, no symlink a user could have made, one link, the user's or root's, bounded
+//!   reads, atomic replacement with the user's ownership.
 //!
 //! # Limitations
 //! Linux only (`AF_UNIX` abstract names, unix permission bits). Must not depend on any other
@@ -22,3 +26,4 @@
 pub mod atomic;
 pub mod logging;
 pub mod notify;
+pub mod userfile;

@@ -28,6 +28,7 @@
 
 pub mod devices;
 pub mod ssh;
+pub mod ssh_block;
 #[cfg(test)]
 mod test_utils;
 
