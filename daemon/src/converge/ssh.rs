@@ -91,24 +91,32 @@ pub struct Account {
     pub home: PathBuf,
 }
 
-/// Looks `name` up in `<root>/etc/passwd` (`name:x:uid:gid:gecos:home:shell`), then in NSS when
-/// the root is `/`.
-pub fn lookup_user(root: &HostRoot, name: &str) -> Result<Account, SshError> {
-    if let Ok(text) = root.read_to_string("/etc/passwd") {
-        for line in text.lines() {
+/// Every well-formed account of `<root>/etc/passwd` (`name:x:uid:gid:gecos:home:shell`), in
+/// file order; an unreadable file gives none.
+pub fn passwd_accounts(root: &HostRoot) -> Vec<Account> {
+    let Ok(text) = root.read_to_string("/etc/passwd") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
             let f: Vec<&str> = line.split(':').collect();
-            if let [n, _, uid, gid, _, home, ..] = f.as_slice()
-                && *n == name
-                && let (Ok(uid), Ok(gid)) = (uid.parse(), gid.parse())
-            {
-                return Ok(Account {
-                    name: name.to_owned(),
-                    uid,
-                    gid,
+            match f.as_slice() {
+                [n, _, uid, gid, _, home, ..] if !n.is_empty() => Some(Account {
+                    name: (*n).to_owned(),
+                    uid: uid.parse().ok()?,
+                    gid: gid.parse().ok()?,
                     home: PathBuf::from(home),
-                });
+                }),
+                _ => None,
             }
-        }
+        })
+        .collect()
+}
+
+/// Looks `name` up in `<root>/etc/passwd`, then in NSS when the root is `/`.
+pub fn lookup_user(root: &HostRoot, name: &str) -> Result<Account, SshError> {
+    if let Some(a) = passwd_accounts(root).into_iter().find(|a| a.name == name) {
+        return Ok(a);
     }
     if root.root() == Path::new("/")
         && let Ok(Some(u)) = nix::unistd::User::from_name(name)
