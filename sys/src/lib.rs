@@ -9,6 +9,8 @@
 //! # Design
 //! - [`atomic`]: [`atomic::write`] — temp file in the target's directory (mode bits set when it
 //!   is created), write, fsync the file, rename over the target, fsync the directory.
+//! - [`lockfile`]: [`lockfile::lock`] — one process per directory: an exclusive `flock(2)` on a
+//!   lock file holding the holder's pid, kept for the process's life.
 //! - [`logging`]: [`logging::init`] — the fmt subscriber on stderr with an `EnvFilter`, colours
 //!   only on a terminal.
 //! - [`notify`]: [`notify::Notifier`] — `READY=1`, `WATCHDOG=1`, `STATUS=`, `STOPPING=1` to
@@ -24,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod atomic;
+pub mod lockfile;
 pub mod logging;
 pub mod notify;
 pub mod userfile;
