@@ -218,3 +218,30 @@ fn invalid_wire_spec_is_reported_not_applied() -> Result<(), Box<dyn std::error:
     assert!(rig.bus.writes.lock().is_empty());
     Ok(())
 }
+
+#[tokio::test]
+async fn an_unsafe_authorized_keys_is_reported_as_such_and_left_alone()
+-> Result<(), Box<dyn std::error::Error>> {
+    let rig = Rig::new()?;
+    let shadow = rig.tmp.path().join("root/etc/shadow");
+    std::fs::write(&shadow, "root:$6$hash:19000::::::\n")?;
+    let ssh = rig.tmp.path().join("root/home/ops/.ssh");
+    std::fs::create_dir_all(&ssh)?;
+    std::fs::hard_link(&shadow, ssh.join("authorized_keys"))?;
+    let (tx, rx) = watch::channel(None);
+    let (stx, mut srx) = mpsc::channel(8);
+    let _task = rig.applier().spawn(rx, stx);
+    let _ = tx.send(Some((1, spec(&[], "ops", vec![key("k", None)]))));
+    let st = next(&mut srx).await;
+    assert_eq!(
+        (st.converged, st.reason.as_str()),
+        (false, "AuthorizedKeysUnsafe"),
+        "{st:?}"
+    );
+    assert!(st.message.contains("hard links"), "{}", st.message);
+    assert_eq!(
+        std::fs::read_to_string(&shadow)?,
+        "root:$6$hash:19000::::::\n"
+    );
+    Ok(())
+}

@@ -19,7 +19,7 @@
 //!   the last spec is applied again before the control plane is reached: `driver_override` does
 //!   not survive a reboot, and expired keys must go even if the node never reconnects.
 //! - A failed apply is retried with jittered, capped backoff until it converges or a newer
-//!   generation arrives ([`task`]): no new spec is needed after a busy GPU frees up or a full
+//!   generation arrives (the `task` module): no new spec is needed after a busy GPU frees up or a full
 //!   state dir gets space back.
 //! - Break-glass expiry does not depend on `spec.json`: each key's expiry is written into the
 //!   managed block ([`ssh_block`]), the users with a block are recorded apart ([`managed`], and
