@@ -290,7 +290,14 @@ fn a_session_refused_for_good_ends_the_reconnect_loop_with_a_clear_status() {
         "Hello names node node_0 but the certificate is node node_7".to_owned(),
     );
     let cp = Cp::start(vec![], Some(refusal));
-    let _agent = joined(&root, &dir, &cp);
+    // Not `joined`: the refused identity may be moved aside before node.json is ever seen.
+    let _agent = Agent::start(
+        &root,
+        &dir,
+        &cp.fake.url,
+        &cp.fake.pin,
+        &["--join-token", "abcdef.0123456789abcdef"],
+    );
     eventually("status refused", || {
         (status(&dir)["state"] == "refused").then_some(())
     });
@@ -301,9 +308,20 @@ fn a_session_refused_for_good_ends_the_reconnect_loop_with_a_clear_status() {
             .is_some_and(|m| m.contains("node_7") && m.contains("join token")),
         "{st}"
     );
-    // Several reconnect backoffs later (100 ms base): still the one attempt.
+    // Several reconnect backoffs later (100 ms base): still the one attempt, and the identity
+    // kept aside.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(cp.fake.seen.lock().session_attempts, 1);
+    assert!(!dir.join("node.json").exists());
+    let retired = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("node.json.retired-")
+        });
+    assert!(retired);
 }
 
 #[test]
