@@ -189,3 +189,36 @@ async fn a_failed_apply_is_retried_until_it_converges_without_a_new_spec()
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn retries_while_nobody_reads_statuses_never_stop_key_expiry()
+-> Result<(), Box<dyn std::error::Error>> {
+    let rig = Rig::new()?;
+    let t0 = rig.now.load(Ordering::SeqCst);
+    // A GPU that stays busy: the apply fails and is retried again and again.
+    rig.probe.busy.lock().insert(B.to_owned(), vec![4711]);
+    let (tx, rx) = watch::channel(None);
+    // The session is down: nobody reads the statuses (the agent's channel holds 16).
+    let (stx, _srx) = mpsc::channel(16);
+    let _task = rig
+        .applier()
+        .with_retry(Duration::from_millis(1), Duration::from_millis(2))
+        .spawn(rx, stx);
+    let _ = tx.send(Some((
+        1,
+        spec(
+            &[(B, GpuDriver::VfioPci)],
+            "ops",
+            vec![key("brief", Some(t0 + 500))],
+        ),
+    )));
+    until("the key installed", || rig.keys_of("ops").contains("brief")).await;
+    // Far more retries than the channel holds.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rig.now.store(t0 + 500, Ordering::SeqCst);
+    until("the expired key removed while retries go on", || {
+        !rig.keys_of("ops").contains("brief")
+    })
+    .await;
+    Ok(())
+}

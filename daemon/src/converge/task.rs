@@ -10,6 +10,10 @@
 //!   no space converge without a new spec. Each retry reports its SpecStatus like any apply.
 //! - Expired keys are swept from the managed blocks on disk when the task starts (before any
 //!   spec, whatever `spec.json` says) and at every expiry or [`super::EXPIRY_RECHECK`].
+//! - The task never waits on its status channel: while the session is down nobody reads it,
+//!   and a retry loop must not stop the expiry sweeps. A report equal to the last one is not
+//!   sent again; when the channel is full the newest report waits in one slot ([`Outbox`]) and
+//!   replaces an older one waiting there (the control plane only needs the newest).
 
 use std::time::Duration;
 
@@ -18,6 +22,55 @@ use bcd_core::backoff::Backoff;
 use tokio::sync::{mpsc, watch};
 
 use super::{AppliedState, Applier, ApplyOutcome, Desired, EXPIRY_RECHECK, REASON_CONVERGED};
+
+/// Reports on their way to the session, without ever blocking the task.
+struct Outbox {
+    tx: mpsc::Sender<pb::SpecStatus>,
+    /// The last report handed over or waiting: an identical one is not sent again.
+    last: Option<pb::SpecStatus>,
+    /// The newest report that did not fit in the channel.
+    waiting: Option<pb::SpecStatus>,
+}
+
+impl Outbox {
+    fn new(tx: mpsc::Sender<pb::SpecStatus>) -> Self {
+        Self {
+            tx,
+            last: None,
+            waiting: None,
+        }
+    }
+
+    /// Hands `r` over if there is room, else keeps it (the newest) for [`Outbox::flush`].
+    fn send(&mut self, r: pb::SpecStatus) {
+        if self.last.as_ref() == Some(&r) {
+            return;
+        }
+        self.last = Some(r.clone());
+        self.waiting = None;
+        match self.tx.try_send(r) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(r)) => self.waiting = Some(r),
+            // The agent is shutting down; the state is saved already.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Resolves once the waiting report is in the channel; never while none waits.
+    async fn flush(&mut self) {
+        if self.waiting.is_none() {
+            return std::future::pending().await;
+        }
+        if let Ok(permit) = self.tx.reserve().await
+            && let Some(r) = self.waiting.take()
+        {
+            permit.send(r);
+        } else {
+            // Closed: nothing will ever read it.
+            self.waiting = None;
+        }
+    }
+}
 
 /// How one apply ended, for the retry decision.
 enum Reported {
@@ -42,6 +95,7 @@ impl Applier {
         mut desired: watch::Receiver<Desired>,
         status: mpsc::Sender<pb::SpecStatus>,
     ) {
+        let mut outbox = Outbox::new(status);
         let state = match AppliedState::load(&self.state_dir) {
             Ok(s) => s,
             Err(e) => {
@@ -64,7 +118,7 @@ impl Applier {
         loop {
             if let Some((generation, spec)) = pending.take() {
                 let (s, reported) = self
-                    .apply_and_report(state, generation, spec.clone(), &desired, &status)
+                    .apply_and_report(state, generation, spec.clone(), &desired, &mut outbox)
                     .await;
                 state = s;
                 current = Some((generation, spec));
@@ -112,6 +166,7 @@ impl Applier {
                     retry_at = None;
                     pending = current.clone();
                 }
+                () = outbox.flush() => {}
             }
         }
     }
@@ -122,7 +177,7 @@ impl Applier {
         generation: u64,
         spec: pb::NodeSpec,
         desired: &watch::Receiver<Desired>,
-        status: &mpsc::Sender<pb::SpecStatus>,
+        outbox: &mut Outbox,
     ) -> (AppliedState, Reported) {
         let this = self.clone();
         let watch = desired.clone();
@@ -141,9 +196,7 @@ impl Applier {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %e, generation, "spec apply panicked");
-                let _ = status
-                    .send(failed(generation, "InternalError", &e.to_string()))
-                    .await;
+                outbox.send(failed(generation, "InternalError", &e.to_string()));
                 let state = AppliedState::load(&self.state_dir).unwrap_or_default();
                 return (state, Reported::Failed { retry: true });
             }
@@ -184,8 +237,7 @@ impl Applier {
             _ => Reported::Done,
         };
         if let Some(r) = report {
-            // A closed receiver means the agent is shutting down; the state is saved already.
-            let _ = status.send(r).await;
+            outbox.send(r);
         }
         (state, reported)
     }
