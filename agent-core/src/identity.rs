@@ -17,9 +17,25 @@ pub trait IdentityStore: Send + Sync + std::fmt::Debug {
     fn save(&self, identity: &Arc<Identity>) -> Result<(), StateError>;
     /// Replaces the key and certificate after a renewal (node id and generation stay).
     fn replace_certificate(&self, key_pem: &str, cert_pem: &str) -> Result<(), StateError>;
-    /// Retires a dead identity (revoked, deleted, expired) so it is never used again; `why` is
-    /// kept for people where the store can keep it.
+    /// Retires a dead identity (revoked, deleted, expired, broken) so it is never used again;
+    /// `why` is kept for people where the store can keep it.
     fn retire(&self, why: &str) -> Result<(), StateError>;
+
+    /// Checks a loaded identity before it is used; [`StateError::Broken`] names the file at
+    /// fault. Nothing to check by default (an identity held in memory came from a join).
+    fn verify(&self, _identity: &Identity) -> Result<(), StateError> {
+        Ok(())
+    }
+
+    /// [`IdentityStore::load`], then [`IdentityStore::verify`]: what the lifecycle takes into
+    /// use.
+    fn load_checked(&self) -> Result<Option<Arc<Identity>>, StateError> {
+        let id = self.load()?;
+        if let Some(i) = &id {
+            self.verify(i)?;
+        }
+        Ok(id)
+    }
 }
 
 impl IdentityStore for StateDir {
@@ -37,6 +53,12 @@ impl IdentityStore for StateDir {
 
     fn retire(&self, why: &str) -> Result<(), StateError> {
         self.retire_identity(why)
+    }
+
+    /// Files on disk can be cut, swapped or mixed up: every one is checked
+    /// ([`crate::identity_check::check`]).
+    fn verify(&self, identity: &Identity) -> Result<(), StateError> {
+        crate::identity_check::check(self.path(), identity)
     }
 }
 

@@ -23,7 +23,8 @@
 //! - [`handlers`] (`inventory.refresh`) and [`ops`] (`logs.collect`, `node.reboot`): commands any
 //!   mode serves as they are.
 //! - [`tls`] (CA-pin verifier, mutual TLS, the tonic connector), [`state`] (the state dir's
-//!   files), [`status`] (`status.json`).
+//!   files and its lock), [`identity_check`] (a stored identity checked file by file before use:
+//!   a broken one is named and, with a join token, moved aside), [`status`] (`status.json`).
 //! - `test_utils` (feature `test-utils`): a scripted fake control plane for protocol tests.
 //!
 //! # Limitations
@@ -36,6 +37,7 @@ pub mod backoff;
 pub mod executor;
 pub mod handlers;
 pub mod identity;
+pub mod identity_check;
 pub mod join;
 pub mod journal;
 pub mod lifecycle;

@@ -178,9 +178,19 @@ where
     /// The stored identity, or a new one from a join; `None` when a stop came first.
     async fn identity(&mut self) -> Result<Option<Arc<Identity>>, LifecycleError> {
         loop {
-            if let Some(id) = self.lc.store.load()? {
-                tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "using stored identity");
-                return Ok(Some(self.at_configured_address(id)));
+            match self.lc.store.load_checked() {
+                Ok(Some(id)) => {
+                    tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "using stored identity");
+                    return Ok(Some(self.at_configured_address(id)));
+                }
+                Ok(None) => {}
+                Err(e) if e.is_broken() => {
+                    if !self.broken_identity(e).await? {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
             }
             let cfg = self.lc.config;
             let (Some(cp), Some(pin)) = (cfg.control_plane.as_deref(), cfg.ca_pin.as_deref())
@@ -242,6 +252,33 @@ where
         }
     }
 
+    /// A stored identity that cannot be used (`e` names the file). With a new join token at hand
+    /// it is retired like a revoked one (moved aside, with a note) and `true` lets the join
+    /// follow; without one the lifecycle stops with `e` (it says what to do), or waits for a
+    /// token file and returns `false` when a stop came first.
+    async fn broken_identity(&mut self, e: StateError) -> Result<bool, LifecycleError> {
+        let why = e.to_string();
+        let fresh = self
+            .lc
+            .tokens
+            .token()
+            .is_some_and(|t| self.stale_token.as_ref() != Some(&t));
+        if fresh {
+            tracing::error!(error = %why, "the stored node identity is broken: moving it aside and joining again with the join token given");
+            self.lc.store.retire(&format!(
+                "broken identity moved aside before a new join: {why}"
+            ))?;
+            self.hooks.identity_broken(&why, true);
+            return Ok(true);
+        }
+        if !self.lc.tokens.can_wait() {
+            return Err(e.into());
+        }
+        self.hooks.identity_broken(&why, false);
+        tracing::error!(error = %why, "the stored node identity is broken and there is no join token: waiting for one (join_token_file is re-read every 30 s)");
+        Ok(self.sleep(TOKEN_RECHECK).await)
+    }
+
     /// Takes `identity` into use; `false` (and the identity retired) when its certificate expired
     /// while the node was off.
     fn usable(&mut self, identity: &Identity) -> Result<bool, LifecycleError> {
@@ -287,6 +324,10 @@ where
                 SessionEnd::Shutdown => return Ok(Next::Stop),
                 SessionEnd::Revoked(why) => {
                     self.retire_revoked(&why)?;
+                    return Ok(Next::Rejoin);
+                }
+                SessionEnd::Refused(why) => {
+                    self.retire_refused(&why)?;
                     return Ok(Next::Rejoin);
                 }
                 SessionEnd::Rotate { key_pem, cert_pem } => {
@@ -355,6 +396,28 @@ where
     }
 }
 
+impl<M, S, T, H> Run<'_, '_, M, S, T, H>
+where
+    M: Machine,
+    S: IdentityStore,
+    T: TokenSource,
+    H: SessionHooks + Observer,
+{
+    /// The gateway refuses this identity for good (see [`SessionEnd::Refused`]): like a
+    /// revocation, it is retired (kept aside for people, with the gateway's words) and only a
+    /// new join token brings the node back. No reconnect loop.
+    fn retire_refused(&mut self, why: &str) -> Result<(), LifecycleError> {
+        let why = format!(
+            "the control plane refuses this node identity ({why}); it is moved aside: give the agent a new join token (--join-token, or a token in join_token_file) to join again"
+        );
+        self.lc.store.retire(&why)?;
+        self.hooks.refused(&why);
+        tracing::error!(reason = %why, "session refused for good; not reconnecting");
+        self.stale_token = self.lc.tokens.token();
+        Ok(())
+    }
+}
+
 /// When to renew: a random point between 70 % and 90 % of the certificate's life, counted from
 /// when it was issued (notBefore is backdated 5 minutes for clock skew).
 pub fn renew_at(cert_pem: &str) -> Option<tokio::time::Instant> {
@@ -368,6 +431,9 @@ pub fn renew_at(cert_pem: &str) -> Option<tokio::time::Instant> {
     Some(tokio::time::Instant::now() + Duration::from_millis(u64::try_from(wait).unwrap_or(0)))
 }
 
+#[cfg(test)]
+#[path = "broken_identity_tests.rs"]
+mod broken_identity_tests;
 #[cfg(test)]
 #[path = "lifecycle_tests.rs"]
 mod tests;

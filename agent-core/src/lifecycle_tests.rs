@@ -24,7 +24,7 @@ use crate::journal::Journal;
 use crate::test_utils::{EPOCH, FakeControlPlane};
 
 #[derive(Debug, Default)]
-struct TestMachine {
+pub(super) struct TestMachine {
     runs: AtomicUsize,
 }
 
@@ -63,8 +63,8 @@ impl Machine for TestMachine {
 
 /// Hooks that converge at once and write down what they were told.
 #[derive(Debug, Default)]
-struct Recorder {
-    events: Arc<Mutex<Vec<String>>>,
+pub(super) struct Recorder {
+    pub(super) events: Arc<Mutex<Vec<String>>>,
 }
 
 impl Recorder {
@@ -95,6 +95,16 @@ impl Observer for Recorder {
     fn revoked(&mut self, _why: &str) {
         self.note("revoked");
     }
+    fn refused(&mut self, _why: &str) {
+        self.note("refused");
+    }
+    fn identity_broken(&mut self, _why: &str, rejoining: bool) {
+        self.note(if rejoining {
+            "broken, rejoining"
+        } else {
+            "broken"
+        });
+    }
     fn waiting_for_token(&mut self, _why: &str) {
         self.note("waiting");
     }
@@ -104,7 +114,7 @@ impl Observer for Recorder {
 }
 
 #[derive(Debug)]
-struct Token;
+pub(super) struct Token;
 
 impl TokenSource for Token {
     fn token(&self) -> Option<String> {
@@ -115,7 +125,7 @@ impl TokenSource for Token {
     }
 }
 
-fn config(fake: &FakeControlPlane) -> LifecycleConfig {
+pub(super) fn config(fake: &FakeControlPlane) -> LifecycleConfig {
     LifecycleConfig {
         control_plane: Some(fake.url.clone()),
         ca_pin: Some(fake.pin.clone()),
@@ -126,7 +136,7 @@ fn config(fake: &FakeControlPlane) -> LifecycleConfig {
     }
 }
 
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
+pub(super) async fn until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

@@ -100,6 +100,14 @@ pub trait Observer: Send {
     fn identity_ready(&mut self, _identity: &Identity) {}
     /// The identity was revoked or the node deleted; it is retired. `why` is for people.
     fn revoked(&mut self, _why: &str) {}
+    /// The control plane refuses this identity for good (a session refused with
+    /// `PERMISSION_DENIED` or `UNAUTHENTICATED`); it is retired and a new join token is needed.
+    /// `why` is the control plane's message and what to do, for people.
+    fn refused(&mut self, _why: &str) {}
+    /// The stored identity is unusable (a file missing, corrupt, or not matching the others;
+    /// `why` names the file and what to do). `rejoining`: a join token is at hand, the identity
+    /// was moved aside and a join follows; otherwise the agent waits for a token.
+    fn identity_broken(&mut self, _why: &str, _rejoining: bool) {}
     /// A session to `control_plane` is being opened.
     fn connecting(&mut self, _control_plane: &str) {}
     /// Welcome arrived: the session of `epoch` is open.

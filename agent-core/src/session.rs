@@ -33,6 +33,9 @@ pub enum SessionEnd {
     Shutdown,
     /// The identity was revoked or the node deleted: this identity must never be used again.
     Revoked(String),
+    /// The gateway refuses this identity for good (`PERMISSION_DENIED`, or an
+    /// `UNAUTHENTICATED` that is not a revocation): reconnecting cannot help.
+    Refused(String),
     /// A renewed certificate and its key: reconnect with them at once.
     Rotate {
         /// The new private key (PEM).
@@ -91,11 +94,24 @@ fn is_identity_refusal(status: &tonic::Status) -> bool {
         && (status.message().contains("revoked") || status.message().contains("no longer exists"))
 }
 
+/// A refusal no reconnect can change: the gateway will not take this certificate or this
+/// node's Hello (the gateway answers overload and outages with `UNAVAILABLE`).
+fn is_permanent_refusal(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+    )
+}
+
 fn refused(status: &tonic::Status, what: &str) -> SessionEnd {
     if is_identity_refusal(status) {
         return SessionEnd::Revoked(status.message().to_owned());
     }
-    SessionEnd::Retry(format!("{what}: {}: {}", status.code(), status.message()))
+    let why = format!("{what}: {}: {}", status.code(), status.message());
+    if is_permanent_refusal(status) {
+        return SessionEnd::Refused(why);
+    }
+    SessionEnd::Retry(why)
 }
 
 /// A new key and a certificate for it from `Gateway.Renew` (same node id and generation).

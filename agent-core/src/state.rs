@@ -1,6 +1,6 @@
 //! The agent's state dir (default `/var/lib/bcd`): `key.pem` (0600, never leaves the machine),
-//! `cert.pem`, `ca.pem`, `node.json` (node id, identity generation, control plane). Every write is
-//! atomic ([`bc_sys::atomic::write`]): temp file, fsync, rename, fsync of the directory.
+//! `cert.pem`, `ca.pem`, `node.json` (node id, identity generation, control plane), and
+//! `agent.lock` (the running agent's pid, under its `flock`). Every write is atomic ([`bc_sys::atomic::write`]): temp file, fsync, rename, fsync of the directory.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -21,12 +21,36 @@ pub enum StateError {
     /// A file could not be replaced atomically.
     #[error(transparent)]
     Write(#[from] bc_sys::atomic::AtomicWriteError),
+    /// The state dir's lock ([`LOCK_FILE`]) is held by another process, or cannot be taken.
+    #[error(transparent)]
+    Lock(#[from] bc_sys::lockfile::LockError),
     /// `node.json` is not what we wrote.
-    #[error("{path} is corrupt: {source}")]
+    #[error("{path} is corrupt: {source}; {}", BROKEN_ADVICE)]
     Corrupt {
         path: PathBuf,
         source: serde_json::Error,
     },
+    /// A file of the stored identity is missing, unreadable as what it must be, or does not
+    /// match the others (the key not the certificate's, a CA that did not issue it, `node.json`
+    /// naming another node than the certificate).
+    #[error("{path}: {problem}; {}", BROKEN_ADVICE)]
+    Broken {
+        /// The file at fault (for a mismatch, the one named first in `problem`).
+        path: PathBuf,
+        /// What is wrong with it, for people.
+        problem: String,
+    },
+}
+
+/// What every broken-identity message ends with: what to do about it.
+pub const BROKEN_ADVICE: &str = "the node identity in the state dir cannot be used. Give the agent a join token (--join-token, or a token in join_token_file) to move it aside and join again, or restore the file from a backup";
+
+impl StateError {
+    /// Whether the stored identity is unusable as it is (as opposed to a failed system call):
+    /// a join token can replace it.
+    pub fn is_broken(&self) -> bool {
+        matches!(self, StateError::Corrupt { .. } | StateError::Broken { .. })
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
@@ -35,6 +59,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
         source,
     }
 }
+
+/// The lock file in the state dir: the one process using the dir holds an exclusive
+/// `flock(2)` on it and has written its pid in it.
+pub const LOCK_FILE: &str = "agent.lock";
 
 /// `node.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,11 +125,20 @@ impl StateDir {
         &self.dir
     }
 
+    /// Takes the state dir's exclusive lock ([`LOCK_FILE`], [`bc_sys::lockfile`]) without
+    /// waiting: one agent per state dir. Keep it for the process's life. Held by another process:
+    /// [`StateError::Lock`] with that process's pid.
+    pub fn lock(&self) -> Result<bc_sys::lockfile::DirLock, StateError> {
+        Ok(bc_sys::lockfile::lock(&self.file(LOCK_FILE))?)
+    }
+
     fn file(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 
-    /// The stored identity; `None` when the node has not joined (no `node.json`).
+    /// The stored identity as its files say, not yet checked (see
+    /// [`crate::identity_check::check`]); `None` when the node has not joined (no `node.json`).
+    /// A missing or non-text key, certificate or CA file is [`StateError::Broken`].
     pub fn load_identity(&self) -> Result<Option<Identity>, StateError> {
         let node_path = self.file("node.json");
         let text = match fs::read_to_string(&node_path) {
@@ -115,7 +152,17 @@ impl StateDir {
         })?;
         let read = |name: &str| {
             let p = self.file(name);
-            fs::read_to_string(&p).map_err(io(&p))
+            fs::read_to_string(&p).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => StateError::Broken {
+                    path: p.clone(),
+                    problem: "is missing (node.json is there)".to_owned(),
+                },
+                std::io::ErrorKind::InvalidData => StateError::Broken {
+                    path: p.clone(),
+                    problem: "is not text (not PEM)".to_owned(),
+                },
+                _ => io(&p)(e),
+            })
         };
         Ok(Some(Identity {
             node,

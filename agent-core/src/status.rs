@@ -15,7 +15,9 @@ pub const ACK_WRITE_EVERY: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentStatus {
-    /// `joining`, `connecting`, `connected`, `disconnected`, `revoked`, `stopped`.
+    /// `joining`, `connecting`, `connected`, `disconnected`, `revoked`, `refused` (the control
+    /// plane refuses this identity for good; a new join token is needed), `broken` (the stored
+    /// identity is unusable; `message` names the file), `stopped`.
     pub state: String,
     pub node_id: Option<String>,
     pub identity_generation: Option<u64>,

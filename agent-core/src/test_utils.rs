@@ -26,6 +26,9 @@ use tokio_stream::Stream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
+/// The status code a refusing fake answers with ([`FakeControlPlane::start_with`]).
+pub use tonic::Code;
+
 /// The epoch every session of the fake gets.
 pub const EPOCH: u64 = 7;
 /// The heartbeat interval the fake asks for, ms.
@@ -38,6 +41,8 @@ pub struct Seen {
     pub joins: Vec<JoinRequest>,
     /// `(node id, messages in arrival order)` of each node's first session.
     pub sessions: Vec<(String, Vec<AgentMessage>)>,
+    /// Every `Gateway.Session` call, refused ones included.
+    pub session_attempts: usize,
 }
 
 impl Seen {
@@ -73,6 +78,8 @@ struct Service {
     push: tokio::sync::broadcast::Sender<gateway_message::Msg>,
     site_lease_expiry: Arc<AtomicI64>,
     acks_paused: Arc<AtomicBool>,
+    /// Refuse every session with this status (code, message).
+    refuse: Option<(tonic::Code, String)>,
 }
 
 #[tonic::async_trait]
@@ -112,6 +119,10 @@ impl Gateway for Service {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<SessionStream>, Status> {
+        self.seen.lock().session_attempts += 1;
+        if let Some((code, message)) = &self.refuse {
+            return Err(Status::new(*code, message.clone()));
+        }
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let (seen, script) = (Arc::clone(&self.seen), Arc::clone(&self.script));
@@ -193,6 +204,15 @@ impl FakeControlPlane {
     /// Starts the fake on a loopback port (a task of the current runtime); every session gets
     /// Welcome, then `script`.
     pub async fn start(script: Vec<gateway_message::Msg>) -> Self {
+        Self::start_with(script, None).await
+    }
+
+    /// Same, refusing every session with `refuse` (code, message) when given: a control plane
+    /// that joins nodes but will not hold their sessions.
+    pub async fn start_with(
+        script: Vec<gateway_message::Msg>,
+        refuse: Option<(tonic::Code, String)>,
+    ) -> Self {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -216,6 +236,7 @@ impl FakeControlPlane {
             push: tokio::sync::broadcast::channel(64).0,
             site_lease_expiry: Arc::new(AtomicI64::new(0)),
             acks_paused: Arc::new(AtomicBool::new(false)),
+            refuse,
         };
         let (seen, push, site_lease_expiry, acks_paused) = (
             Arc::clone(&service.seen),

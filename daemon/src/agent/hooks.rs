@@ -92,8 +92,32 @@ impl Observer for AgentHooks {
 
     fn waiting_for_token(&mut self, why: &str) {
         self.status.update(|s| {
+            // A refused or broken identity keeps its state and explanation: both say what to do.
+            if s.state == "refused" || s.state == "broken" {
+                return;
+            }
             s.state = "revoked".into();
             s.message = why.to_owned();
+        });
+    }
+
+    fn refused(&mut self, why: &str) {
+        self.status.update(|s| {
+            s.state = "refused".into();
+            s.message = why.to_owned();
+        });
+        self.notify_status("identity refused by the control plane: waiting for a new join token");
+    }
+
+    fn identity_broken(&mut self, why: &str, rejoining: bool) {
+        self.status.update(|s| {
+            s.state = "broken".into();
+            s.message = why.to_owned();
+        });
+        self.notify_status(if rejoining {
+            "stored identity broken: moved aside, joining again"
+        } else {
+            "stored identity broken: waiting for a join token"
         });
     }
 

@@ -76,6 +76,21 @@ pub enum AgentError {
     /// The state dir is unusable.
     #[error(transparent)]
     State(#[from] StateError),
+    /// Another agent holds the state dir's lock.
+    #[error(
+        "another bcd agent ({}) already runs on the state dir {}: stop it first, or give this one its own --state-dir (lock file {})",
+        holder.map_or_else(|| "pid unknown".to_owned(), |p| format!("pid {p}")),
+        state_dir.display(),
+        lock.display()
+    )]
+    Locked {
+        /// The state dir.
+        state_dir: PathBuf,
+        /// Its lock file.
+        lock: PathBuf,
+        /// The running agent's pid, as it wrote it in the lock file.
+        holder: Option<u32>,
+    },
     /// A flag is missing or wrong.
     #[error("{0}")]
     Usage(String),
@@ -210,6 +225,17 @@ async fn run_until(
 ) -> Result<(), AgentError> {
     let root = HostRoot::new(&cfg.root);
     let state = StateDir::open(&cfg.state_dir)?;
+    // One agent per state dir, for the process's life: taken before anything in it is written.
+    let _lock = state.lock().map_err(|e| match e {
+        StateError::Lock(bc_sys::lockfile::LockError::Held { path, holder }) => {
+            AgentError::Locked {
+                state_dir: cfg.state_dir.clone(),
+                lock: path,
+                holder,
+            }
+        }
+        other => AgentError::State(other),
+    })?;
     let status = StatusFile::new(state.path());
     if let Some(addr) = cfg.metrics_listen {
         let bound = crate::metrics::serve(addr, crate::metrics::global().clone()).await?;

@@ -1,100 +1,13 @@
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use bc_protocol::spec::{Devices, GpuBinding, GpuDriver, GpuMatch, SshKey};
-use chrono::{TimeZone, Utc};
+use std::sync::atomic::Ordering;
+use tokio::sync::{mpsc, watch};
 
-use super::test_utils::{BusyProbe, MemBus};
+use bc_protocol::spec::GpuDriver;
+
+use super::test_utils::{A, B, Rig, WAIT, key, next, spec};
 use super::*;
-
-// Generated with ssh-keygen for these tests; the private half was thrown away.
-const KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFoI/vRJxuXKIFpm08wZNESqDqg4OFGJz5u4IOqvbE7K";
-const A: &str = "0000:3b:00.0";
-const B: &str = "0000:86:00.0";
-const WAIT: Duration = Duration::from_secs(10);
-
-struct Rig {
-    tmp: tempfile::TempDir,
-    bus: Arc<MemBus>,
-    probe: Arc<BusyProbe>,
-    now: Arc<AtomicI64>,
-}
-
-impl Rig {
-    fn new() -> Result<Self, std::io::Error> {
-        let tmp = tempfile::tempdir()?;
-        let uid = nix::unistd::Uid::effective().as_raw();
-        let gid = nix::unistd::Gid::effective().as_raw();
-        std::fs::create_dir_all(tmp.path().join("root/etc"))?;
-        std::fs::write(
-            tmp.path().join("root/etc/passwd"),
-            format!("ops:x:{uid}:{gid}::/home/ops:/bin/sh\nalt:x:{uid}:{gid}::/home/alt:/bin/sh\n"),
-        )?;
-        std::fs::create_dir_all(tmp.path().join("root/home/ops"))?;
-        std::fs::create_dir_all(tmp.path().join("root/home/alt"))?;
-        std::fs::create_dir_all(tmp.path().join("state"))?;
-        Ok(Self {
-            tmp,
-            bus: Arc::new(MemBus::with_gpus(&[A, B])),
-            probe: Arc::new(BusyProbe::default()),
-            now: Arc::new(AtomicI64::new(chrono::Utc::now().timestamp_millis())),
-        })
-    }
-    fn state_dir(&self) -> PathBuf {
-        self.tmp.path().join("state")
-    }
-    fn applier(&self) -> Applier {
-        let now = self.now.clone();
-        Applier::new(
-            HostRoot::new(self.tmp.path().join("root")),
-            self.state_dir(),
-            self.probe.clone(),
-        )
-        .with_bus(self.bus.clone())
-        .with_clock(Arc::new(move || now.load(Ordering::SeqCst)))
-    }
-    fn keys_of(&self, user: &str) -> String {
-        std::fs::read_to_string(
-            self.tmp
-                .path()
-                .join(format!("root/home/{user}/.ssh/authorized_keys")),
-        )
-        .unwrap_or_default()
-    }
-}
-
-fn spec(gpus: &[(&str, GpuDriver)], user: &str, keys: Vec<SshKey>) -> pb::NodeSpec {
-    pb::NodeSpec::from(&NodeSpec {
-        devices: Devices {
-            gpus: gpus
-                .iter()
-                .map(|(a, d)| GpuBinding {
-                    match_: GpuMatch::PciAddress((*a).to_owned()),
-                    driver: *d,
-                })
-                .collect(),
-        },
-        break_glass_ssh: (!user.is_empty()).then(|| BreakGlassSsh {
-            user: user.to_owned(),
-            keys,
-        }),
-    })
-}
-
-fn key(comment: &str, expires_at_ms: Option<i64>) -> SshKey {
-    SshKey {
-        public_key: KEY.to_owned(),
-        comment: comment.to_owned(),
-        expires_at: expires_at_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
-    }
-}
-
-async fn next(rx: &mut mpsc::Receiver<pb::SpecStatus>) -> pb::SpecStatus {
-    match tokio::time::timeout(WAIT, rx.recv()).await {
-        Ok(Some(s)) => s,
-        other => panic!("no status: {other:?}"),
-    }
-}
 
 #[tokio::test]
 async fn converges_reports_and_a_second_apply_writes_nothing() -> Result<(), ConvergeError> {
@@ -303,5 +216,32 @@ fn invalid_wire_spec_is_reported_not_applied() -> Result<(), Box<dyn std::error:
     );
     assert_eq!(state.observed_generation, 0);
     assert!(rig.bus.writes.lock().is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unsafe_authorized_keys_is_reported_as_such_and_left_alone()
+-> Result<(), Box<dyn std::error::Error>> {
+    let rig = Rig::new()?;
+    let shadow = rig.tmp.path().join("root/etc/shadow");
+    std::fs::write(&shadow, "root:$6$hash:19000::::::\n")?;
+    let ssh = rig.tmp.path().join("root/home/ops/.ssh");
+    std::fs::create_dir_all(&ssh)?;
+    std::fs::hard_link(&shadow, ssh.join("authorized_keys"))?;
+    let (tx, rx) = watch::channel(None);
+    let (stx, mut srx) = mpsc::channel(8);
+    let _task = rig.applier().spawn(rx, stx);
+    let _ = tx.send(Some((1, spec(&[], "ops", vec![key("k", None)]))));
+    let st = next(&mut srx).await;
+    assert_eq!(
+        (st.converged, st.reason.as_str()),
+        (false, "AuthorizedKeysUnsafe"),
+        "{st:?}"
+    );
+    assert!(st.message.contains("hard links"), "{}", st.message);
+    assert_eq!(
+        std::fs::read_to_string(&shadow)?,
+        "root:$6$hash:19000::::::\n"
+    );
     Ok(())
 }

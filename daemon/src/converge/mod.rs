@@ -18,40 +18,57 @@
 //!   break-glass section, uuid → bus id memo) is written atomically after each apply. On start
 //!   the last spec is applied again before the control plane is reached: `driver_override` does
 //!   not survive a reboot, and expired keys must go even if the node never reconnects.
-//! - The key-expiry timer lives in the same task, so it runs whether or not a session is up; it
-//!   wakes at the next `expiresAt` (at least every [`EXPIRY_RECHECK`], in case the wall clock
-//!   jumps).
+//! - A failed apply is retried with jittered, capped backoff until it converges or a newer
+//!   generation arrives (the `task` module): no new spec is needed after a busy GPU frees up or a full
+//!   state dir gets space back.
+//! - Break-glass expiry does not depend on `spec.json`: each key's expiry is written into the
+//!   managed block ([`ssh_block`]), the users with a block are recorded apart ([`managed`], and
+//!   found again by scanning local accounts when that record is lost), and the sweep reads the
+//!   blocks themselves. The key-expiry timer lives in the same task, so it runs whether or not a
+//!   session is up; it wakes at the next expiry (at least every [`EXPIRY_RECHECK`], in case the
+//!   wall clock jumps).
 //!
 //! # Limitations
 //! A sysfs write in progress is not interrupted by a newer generation; the check happens between
 //! GPUs and before the SSH section.
 
 pub mod devices;
+pub mod managed;
 pub mod ssh;
+pub mod ssh_block;
+mod state;
+mod task;
 #[cfg(test)]
 mod test_utils;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+pub use state::{AppliedState, STATE_FILE, observed_generation};
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bc_protocol::pb;
 use bc_protocol::spec::{BreakGlassSsh, NodeSpec, valid_user_name};
-use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch};
+use parking_lot::Mutex;
 
 use bcd_probes::hostroot::HostRoot;
 use devices::{DeviceBinder, GpuProcessProbe, PciBus, SysfsPci};
-
-/// File in the state dir that holds [`AppliedState`].
-pub const STATE_FILE: &str = "spec.json";
+use managed::ManagedUsers;
+use ssh::SshError;
 
 /// Longest the expiry timer sleeps before it looks at the clock again.
 pub const EXPIRY_RECHECK: Duration = Duration::from_secs(60);
 
 /// `SpecStatus.reason` of a converged generation.
 pub const REASON_CONVERGED: &str = "Converged";
+
+/// First retry of a failed apply waits up to this long (full jitter); the ceiling doubles per
+/// failure.
+pub const RETRY_BASE: Duration = Duration::from_secs(1);
+
+/// Longest wait between retries of a failed apply.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// The newest desired state: `(generation, spec)`, `None` until the control plane sent one.
 pub type Desired = Option<(u64, pb::NodeSpec)>;
@@ -82,68 +99,6 @@ pub enum ConvergeError {
     },
 }
 
-/// What the node last applied, persisted as `<state_dir>/spec.json` (camelCase JSON).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AppliedState {
-    /// Highest generation that converged completely; 0 = none yet. Goes in `Hello`.
-    pub observed_generation: u64,
-    /// Generation of the last spec an apply was attempted for.
-    pub last_generation: u64,
-    /// That spec.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_spec: Option<NodeSpec>,
-    /// The break-glass section as last written to `authorized_keys`: what the expiry timer
-    /// enforces and what is cleaned up when the user changes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ssh_applied: Option<BreakGlassSsh>,
-    /// NVML uuid (lowercase) → bus id, remembered for GPUs that moved to `vfio-pci`.
-    #[serde(default)]
-    pub gpu_uuids: BTreeMap<String, String>,
-}
-
-impl AppliedState {
-    /// The state in `state_dir`; the default when there is none yet.
-    pub fn load(state_dir: &Path) -> Result<Self, ConvergeError> {
-        let path = state_dir.join(STATE_FILE);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|source| ConvergeError::Parse { path, source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(source) => Err(ConvergeError::Io {
-                op: "read",
-                path,
-                source,
-            }),
-        }
-    }
-
-    /// Writes the state atomically (temp file, fsync, rename, fsync of the directory), 0600.
-    pub fn save(&self, state_dir: &Path) -> Result<(), ConvergeError> {
-        let path = state_dir.join(STATE_FILE);
-        let bytes = serde_json::to_vec_pretty(self).map_err(|source| ConvergeError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        Ok(bc_sys::atomic::write(&path, &bytes, 0o600)?)
-    }
-
-    /// Earliest `expiresAt` (ms) after `now_ms` among the installed break-glass keys.
-    pub fn next_expiry_ms(&self, now_ms: i64) -> Option<i64> {
-        self.ssh_applied
-            .iter()
-            .flat_map(|s| &s.keys)
-            .filter(|k| k.expires_at.is_some() && !k.expired_at(now_ms))
-            .map(|k| k.expires_at_ms())
-            .min()
-    }
-}
-
-/// `observedGeneration` for `Hello`: from `<state_dir>/spec.json`, 0 when absent or unreadable.
-pub fn observed_generation(state_dir: &Path) -> u64 {
-    AppliedState::load(state_dir).map_or(0, |s| s.observed_generation)
-}
-
 /// How one apply ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApplyOutcome {
@@ -163,6 +118,11 @@ pub struct Applier {
     bus: Arc<dyn PciBus>,
     probe: Arc<dyn GpuProcessProbe>,
     clock: Clock,
+    retry_base: Duration,
+    retry_max: Duration,
+    /// The users with a managed block, opened on first use (a scan of local accounts when the
+    /// record is lost).
+    managed: Arc<Mutex<Option<ManagedUsers>>>,
 }
 
 impl std::fmt::Debug for Applier {
@@ -191,6 +151,9 @@ impl Applier {
             state_dir,
             probe,
             clock: system_clock(),
+            retry_base: RETRY_BASE,
+            retry_max: RETRY_MAX,
+            managed: Arc::default(),
         }
     }
 
@@ -198,6 +161,19 @@ impl Applier {
     pub fn with_bus(mut self, bus: Arc<dyn PciBus>) -> Self {
         self.bus = bus;
         self
+    }
+
+    /// Replaces the retry backoff of a failed apply ([`RETRY_BASE`], [`RETRY_MAX`]; tests).
+    pub fn with_retry(mut self, base: Duration, max: Duration) -> Self {
+        self.retry_base = base;
+        self.retry_max = max;
+        self
+    }
+
+    /// Runs `f` on the managed-user record, opening it first if needed.
+    fn with_managed<R>(&self, f: impl FnOnce(&mut ManagedUsers) -> R) -> R {
+        let mut g = self.managed.lock();
+        f(g.get_or_insert_with(|| ManagedUsers::open(&self.root, &self.state_dir)))
     }
 
     /// Replaces the clock (tests).
@@ -272,7 +248,8 @@ impl Applier {
         }
     }
 
-    /// Converges the break-glass section; returns the number of keys installed.
+    /// Converges the break-glass section; returns the number of keys installed. Blocks of
+    /// other users (from `spec.json` or the managed-user record) are removed first.
     fn apply_ssh(
         &self,
         state: &mut AppliedState,
@@ -280,12 +257,25 @@ impl Applier {
         failures: &mut Vec<(&'static str, String)>,
     ) -> usize {
         let now = (self.clock)();
-        // A block left for a user the spec no longer names is removed first.
-        if let Some(old) = &state.ssh_applied
-            && want.is_none_or(|w| w.user != old.user)
-        {
-            match ssh::converge(&self.root, &old.user, &[], now) {
-                Ok(_) => state.ssh_applied = None,
+        let applied_user = state.ssh_applied.as_ref().map(|s| s.user.clone());
+        let mut old: BTreeSet<String> = self.with_managed(|m| m.users()).into_iter().collect();
+        old.extend(applied_user.clone());
+        if let Some(w) = want {
+            old.remove(&w.user);
+        }
+        for user in old {
+            let from_state = applied_user.as_deref() == Some(user.as_str());
+            match ssh::converge(&self.root, &user, &[], now) {
+                Ok(_) => {
+                    self.with_managed(|m| m.remove(&user));
+                    if from_state {
+                        state.ssh_applied = None;
+                    }
+                }
+                // A recorded user whose account or home is gone has no block left to remove.
+                Err(SshError::UnknownUser(_) | SshError::NoHome(_)) if !from_state => {
+                    self.with_managed(|m| m.remove(&user));
+                }
                 Err(e) => failures.push((e.reason(), e.to_string())),
             }
         }
@@ -296,9 +286,17 @@ impl Applier {
             failures.push(("InvalidSpec", format!("invalid user name {:?}", want.user)));
             return 0;
         }
+        // Recorded before the block is written: a crash in between leaves a record, not an
+        // unknown block.
+        if want.keys.iter().any(|k| !k.expired_at(now)) {
+            self.with_managed(|m| m.add(&want.user));
+        }
         match ssh::converge(&self.root, &want.user, &want.keys, now) {
             Ok(out) => {
                 state.ssh_applied = Some(want.clone());
+                if out.installed == 0 {
+                    self.with_managed(|m| m.remove(&want.user));
+                }
                 out.installed
             }
             Err(e) => {
@@ -308,182 +306,63 @@ impl Applier {
         }
     }
 
-    /// Removes keys whose `expiresAt` has passed from the installed block and from `state`.
-    /// Returns whether `state` changed.
-    pub fn expire_keys(&self, state: &mut AppliedState) -> Result<bool, ssh::SshError> {
+    /// Removes keys whose expiry has passed: from `state` (the installed section of
+    /// `spec.json`), and from the managed block of every managed user, reading each key's
+    /// expiry from the block itself ([`ssh::sweep`]), so it works with `spec.json` lost.
+    pub fn expire_keys(&self, state: &mut AppliedState) -> Expiry {
         let now = (self.clock)();
-        let Some(applied) = &mut state.ssh_applied else {
-            return Ok(false);
-        };
-        if !applied.keys.iter().any(|k| k.expired_at(now)) {
-            return Ok(false);
+        let mut state_changed = false;
+        if let Some(applied) = &mut state.ssh_applied {
+            let before = applied.keys.len();
+            applied.keys.retain(|k| !k.expired_at(now));
+            state_changed = applied.keys.len() != before;
         }
-        let out = ssh::converge(&self.root, &applied.user, &applied.keys, now)?;
-        applied.keys.retain(|k| !k.expired_at(now));
-        tracing::info!(
-            user = %applied.user,
-            remaining = out.installed,
-            "break-glass keys expired and removed"
-        );
-        Ok(true)
-    }
-
-    /// Runs the converge task until `desired`'s sender is dropped. Statuses go to `status`.
-    pub fn spawn(
-        self,
-        desired: watch::Receiver<Desired>,
-        status: mpsc::Sender<pb::SpecStatus>,
-    ) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(self.run(desired, status))
-    }
-
-    async fn run(
-        self,
-        mut desired: watch::Receiver<Desired>,
-        status: mpsc::Sender<pb::SpecStatus>,
-    ) {
-        let mut state = match AppliedState::load(&self.state_dir) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "applied spec state unreadable; starting from none");
-                AppliedState::default()
-            }
-        };
-        // Before the control plane answers, the last spec is the best desired state we have.
-        let mut pending: Desired = desired.borrow_and_update().clone().or_else(|| {
-            state
-                .last_spec
-                .as_ref()
-                .map(|s| (state.last_generation, pb::NodeSpec::from(s)))
-        });
-        loop {
-            if let Some((generation, spec)) = pending.take() {
-                state = self
-                    .apply_and_report(state, generation, spec, &desired, &status)
-                    .await;
-            }
-            let now = (self.clock)();
-            let wait = state
-                .next_expiry_ms(now)
-                .map_or(EXPIRY_RECHECK, |at| {
-                    Duration::from_millis(u64::try_from(at - now).unwrap_or(0))
-                })
-                .min(EXPIRY_RECHECK);
-            tokio::select! {
-                changed = desired.changed() => {
-                    if changed.is_err() {
-                        return;
+        let mut next_expiry_ms = None::<i64>;
+        for user in self.with_managed(|m| m.users()) {
+            match ssh::sweep(&self.root, &user, now) {
+                Ok(out) => {
+                    if out.removed > 0 {
+                        tracing::info!(
+                            user = %user,
+                            removed = out.removed,
+                            remaining = out.remaining,
+                            "break-glass keys expired and removed"
+                        );
                     }
-                    pending = desired.borrow_and_update().clone();
-                }
-                () = tokio::time::sleep(wait) => {
-                    state = self.expire_and_save(state).await;
-                }
-            }
-        }
-    }
-
-    async fn apply_and_report(
-        &self,
-        state: AppliedState,
-        generation: u64,
-        spec: pb::NodeSpec,
-        desired: &watch::Receiver<Desired>,
-        status: &mpsc::Sender<pb::SpecStatus>,
-    ) -> AppliedState {
-        let this = self.clone();
-        let watch = desired.clone();
-        let job = tokio::task::spawn_blocking(move || {
-            let mut state = state;
-            let superseded = || {
-                watch
-                    .borrow()
-                    .as_ref()
-                    .is_some_and(|(g, _)| *g > generation)
-            };
-            let outcome = this.apply(&mut state, generation, &spec, &superseded);
-            (state, outcome)
-        });
-        let (mut state, outcome) = match job.await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(error = %e, generation, "spec apply panicked");
-                let _ = status
-                    .send(failed(generation, "InternalError", &e.to_string()))
-                    .await;
-                return AppliedState::load(&self.state_dir).unwrap_or_default();
-            }
-        };
-        let report = match outcome {
-            ApplyOutcome::Superseded => {
-                tracing::info!(generation, "spec apply superseded by a newer generation");
-                None
-            }
-            ApplyOutcome::Converged { message } => Some(pb::SpecStatus {
-                generation,
-                converged: true,
-                reason: REASON_CONVERGED.to_owned(),
-                message,
-            }),
-            ApplyOutcome::Failed { reason, message } => {
-                tracing::warn!(generation, %reason, %message, "spec did not converge");
-                Some(failed(generation, &reason, &message))
-            }
-        };
-        let report = match state.save(&self.state_dir) {
-            Ok(()) => report,
-            Err(e) => {
-                // Converged on the host but not remembered: a restart would report an older
-                // observedGeneration, so this generation is not claimed either.
-                tracing::error!(error = %e, "cannot persist applied spec");
-                if report.as_ref().is_some_and(|r| r.converged) {
-                    state.observed_generation =
-                        AppliedState::load(&self.state_dir).map_or(0, |s| s.observed_generation);
-                }
-                report.map(|_| failed(generation, "StateWriteFailed", &e.to_string()))
-            }
-        };
-        if let Some(r) = report {
-            // A closed receiver means the agent is shutting down; the state is saved already.
-            let _ = status.send(r).await;
-        }
-        state
-    }
-
-    async fn expire_and_save(&self, state: AppliedState) -> AppliedState {
-        let this = self.clone();
-        let job = tokio::task::spawn_blocking(move || {
-            let mut state = state;
-            match this.expire_keys(&mut state) {
-                Ok(true) => {
-                    if let Err(e) = state.save(&this.state_dir) {
-                        tracing::error!(error = %e, "cannot persist key expiry");
+                    if out.remaining == 0 {
+                        self.with_managed(|m| m.remove(&user));
+                    }
+                    if let Some(at) = out.next_expiry_ms {
+                        next_expiry_ms = Some(next_expiry_ms.map_or(at, |n| n.min(at)));
                     }
                 }
-                Ok(false) => {}
-                Err(e) => tracing::error!(error = %e, "cannot remove expired break-glass keys"),
+                Err(e @ (SshError::UnknownUser(_) | SshError::NoHome(_))) => {
+                    tracing::debug!(user = %user, error = %e, "no break-glass block to sweep");
+                }
+                Err(e) => {
+                    tracing::error!(user = %user, error = %e, "cannot remove expired break-glass keys");
+                }
             }
-            state
-        });
-        match job.await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "key expiry panicked");
-                AppliedState::load(&self.state_dir).unwrap_or_default()
-            }
+        }
+        Expiry {
+            state_changed,
+            next_expiry_ms,
         }
     }
 }
 
-fn failed(generation: u64, reason: &str, message: &str) -> pb::SpecStatus {
-    pb::SpecStatus {
-        generation,
-        converged: false,
-        reason: reason.to_owned(),
-        message: message.to_owned(),
-    }
+/// What [`Applier::expire_keys`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expiry {
+    /// Whether keys left the installed section of the state (it needs saving).
+    pub state_changed: bool,
+    /// Earliest expiry still in a managed block on disk, ms since the Unix epoch.
+    pub next_expiry_ms: Option<i64>,
 }
 
+#[cfg(test)]
+#[path = "recovery_tests.rs"]
+mod recovery_tests;
 #[cfg(test)]
 #[path = "converge_tests.rs"]
 mod tests;

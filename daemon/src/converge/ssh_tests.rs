@@ -1,5 +1,13 @@
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+
 use super::*;
 use chrono::{TimeZone, Utc};
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid};
+
+/// Name of the temp file a write goes through (bc_sys::userfile).
+const TEMP: &str = ".authorized_keys.bcd-tmp";
 
 // Generated with ssh-keygen for these tests; the private halves were thrown away.
 const KEY_A: &str =
@@ -180,7 +188,10 @@ fn symlinked_file_or_dir_is_refused_and_its_target_untouched()
     std::fs::create_dir_all(h.ssh_dir())?;
     std::os::unix::fs::symlink(&target, h.file())?;
     let err = converge(&h.root, "ops", &[key(KEY_A, "a", None)], NOW).err();
-    assert!(matches!(err, Some(SshError::Symlink(_))), "{err:?}");
+    assert!(
+        matches!(err, Some(SshError::File(UserFileError::Symlink(_)))),
+        "{err:?}"
+    );
     assert_eq!(err.map(|e| e.reason()), Some("AuthorizedKeysUnsafe"));
     assert_eq!(std::fs::read_to_string(&target)?, "root:*:1::::::\n");
 
@@ -189,7 +200,10 @@ fn symlinked_file_or_dir_is_refused_and_its_target_untouched()
     std::fs::create_dir_all(&elsewhere)?;
     std::os::unix::fs::symlink(&elsewhere, h.ssh_dir())?;
     let err = converge(&h.root, "ops", &[key(KEY_A, "a", None)], NOW).err();
-    assert!(matches!(err, Some(SshError::Symlink(_))), "{err:?}");
+    assert!(
+        matches!(err, Some(SshError::File(UserFileError::Symlink(_)))),
+        "{err:?}"
+    );
     assert_eq!(std::fs::read_dir(&elsewhere)?.count(), 0);
     Ok(())
 }
@@ -255,4 +269,93 @@ proptest::proptest! {
         // Replacing the block with itself changes nothing.
         proptest::prop_assert_eq!(splice(&with, &block, path).unwrap_or_default(), with);
     }
+}
+
+/// Owner, group, mode and bytes of a file: what must not change in a root file a user points at.
+fn fingerprint(p: &Path) -> std::io::Result<((u32, u32, u32), Vec<u8>)> {
+    Ok((owner_and_mode(p)?, std::fs::read(p)?))
+}
+
+/// A stand-in for `/etc/shadow`: root's (when the test runs as root), 0640, secret bytes.
+fn shadow(h: &Host) -> std::io::Result<PathBuf> {
+    let p = h.root.path("/etc/shadow");
+    std::fs::write(&p, "root:$6$secret-hash:19000::::::\n")?;
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o640))?;
+    Ok(p)
+}
+
+#[test]
+fn a_hard_linked_authorized_keys_is_refused_and_the_root_file_untouched()
+-> Result<(), Box<dyn std::error::Error>> {
+    let h = Host::new()?;
+    let target = shadow(&h)?;
+    std::fs::create_dir_all(h.ssh_dir())?;
+    std::fs::hard_link(&target, h.file())?;
+    let before = fingerprint(&target)?;
+    // No key to install (the repro: shadow was chowned and chmodded to the user) and one key
+    // (the repro: shadow's bytes were copied into the user's new file).
+    for keys in [vec![], vec![key(KEY_A, "a", None)]] {
+        let err = converge(&h.root, "ops", &keys, NOW).err();
+        assert_eq!(
+            err.as_ref().map(SshError::reason),
+            Some("AuthorizedKeysUnsafe"),
+            "{err:?}"
+        );
+        assert_eq!(fingerprint(&target)?, before, "the root file changed");
+        // The user's name still points at the same inode: nothing new holds shadow's bytes.
+        assert_eq!(
+            std::fs::metadata(h.file())?.ino(),
+            std::fs::metadata(&target)?.ino()
+        );
+        let leaked = std::fs::read_dir(h.ssh_dir())?
+            .filter_map(Result::ok)
+            .filter(|e| e.path() != h.file())
+            .count();
+        assert_eq!(leaked, 0, "a new file appeared in ~/.ssh");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_fifo_or_a_huge_sparse_authorized_keys_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+    let h = Host::new()?;
+    std::fs::create_dir_all(h.ssh_dir())?;
+    nix::unistd::mkfifo(&h.file(), Mode::from_bits_truncate(0o600))?;
+    let err = converge(&h.root, "ops", &[key(KEY_A, "a", None)], NOW).err();
+    assert_eq!(err.map(|e| e.reason()), Some("AuthorizedKeysUnsafe"));
+
+    std::fs::remove_file(h.file())?;
+    let f = File::create(h.file())?;
+    f.set_len(2 << 30)?; // 2 GiB, all holes: refused from its size, never read.
+    drop(f);
+    let err = converge(&h.root, "ops", &[key(KEY_A, "a", None)], NOW).err();
+    assert_eq!(
+        err.as_ref().map(SshError::reason),
+        Some("AuthorizedKeysUnsafe"),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::metadata(h.file())?.len(), 2 << 30);
+    Ok(())
+}
+
+#[test]
+fn a_home_symlink_planted_by_the_user_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+    let h = Host::new()?;
+    // `/home` is writable by the user here, so `~` is a link the user could have made.
+    let elsewhere = h.root.path("/etc/ssh-elsewhere");
+    std::fs::create_dir_all(&elsewhere)?;
+    std::fs::remove_dir_all(h.root.path("/home/ops"))?;
+    std::fs::set_permissions(
+        h.root.path("/home"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )?;
+    std::os::unix::fs::symlink(&elsewhere, h.root.path("/home/ops"))?;
+    let err = converge(&h.root, "ops", &[key(KEY_A, "a", None)], NOW).err();
+    assert_eq!(
+        err.as_ref().map(SshError::reason),
+        Some("AuthorizedKeysUnsafe"),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere)?.count(), 0);
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! Running the sources into a staging dir and streaming the tar through gzip into a file.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -36,48 +36,87 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
-/// Copies `reader` line by line through `redactor` into `out`, spending `budget` bytes. Returns
-/// (bytes written, cut at the budget).
+/// Bytes asked of a source per read. At least 8 KiB: `/dev/kmsg` returns one record per read and
+/// refuses a buffer smaller than the record.
+const READ_BYTES: usize = 64 * 1024;
+
+/// Cuts redacted output into the lines the budget is spent on: up to and including a newline,
+/// or [`MAX_LINE_BYTES`] when a line is longer. Cutting here is safe: secrets are gone already.
+#[derive(Debug, Default)]
+struct Lines {
+    pending: Vec<u8>,
+}
+
+impl Lines {
+    /// The next whole line (or piece of a long line) in `pending`; at the end, whatever is left.
+    fn next(&mut self, at_end: bool) -> Option<Vec<u8>> {
+        let max = usize::try_from(MAX_LINE_BYTES).unwrap_or(usize::MAX);
+        let window = &self.pending[..self.pending.len().min(max)];
+        let n = match window.iter().position(|b| *b == b'\n') {
+            Some(i) => i + 1,
+            None if self.pending.len() >= max => max,
+            None if at_end && !self.pending.is_empty() => self.pending.len(),
+            None => return None,
+        };
+        Some(self.pending.drain(..n).collect())
+    }
+}
+
+/// Writes one output line (newline normalised) if it fits `budget`; false when it does not.
+fn put_line(
+    line: &[u8],
+    out: &mut impl Write,
+    budget: &mut u64,
+    written: &mut u64,
+) -> std::io::Result<bool> {
+    let text = String::from_utf8_lossy(line);
+    let mut line = text.trim_end_matches(['\n', '\r']).to_owned();
+    line.push('\n');
+    let len = line.len() as u64;
+    if len > *budget {
+        return Ok(false);
+    }
+    out.write_all(line.as_bytes())?;
+    *budget -= len;
+    *written += len;
+    Ok(true)
+}
+
+/// Copies `reader` through `redactor` (a stream: no read or line cut hides a secret) into `out`
+/// line by line, spending `budget` bytes. Returns (bytes written, cut at the budget).
 fn copy_lines(
-    reader: impl Read,
+    mut reader: impl Read,
     out: &mut impl Write,
     redactor: &mut Redactor,
     budget: &mut u64,
 ) -> std::io::Result<(u64, bool)> {
-    let mut reader = BufReader::new(reader);
-    let mut buf = Vec::new();
+    let mut buf = vec![0u8; READ_BYTES];
+    let mut lines = Lines::default();
     let mut written = 0u64;
     loop {
-        buf.clear();
-        let n = match (&mut reader)
-            .take(MAX_LINE_BYTES)
-            .read_until(b'\n', &mut buf)
-        {
+        let n = match reader.read(&mut buf) {
             Ok(n) => n,
             // A non-blocking /dev/kmsg has no more records; a record overwritten while we read
             // (EPIPE) is skipped.
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => 0,
             Err(e) if e.raw_os_error() == Some(nix::libc::EPIPE) => continue,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
         if n == 0 {
-            break;
+            redactor.finish(&mut lines.pending);
+        } else {
+            redactor.push(&buf[..n], &mut lines.pending);
         }
-        let text = String::from_utf8_lossy(&buf);
-        let Some(mut line) = redactor.line(text.trim_end_matches(['\n', '\r'])) else {
-            continue;
-        };
-        line.push('\n');
-        let len = line.len() as u64;
-        if len > *budget {
-            return Ok((written, true));
+        while let Some(line) = lines.next(n == 0) {
+            if !put_line(&line, out, budget, &mut written)? {
+                return Ok((written, true));
+            }
         }
-        out.write_all(line.as_bytes())?;
-        *budget -= len;
-        written += len;
+        if n == 0 {
+            return Ok((written, false));
+        }
     }
-    Ok((written, false))
 }
 
 struct Staged {
@@ -396,162 +435,5 @@ pub fn collect(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn untar(path: &Path) -> Vec<(String, String)> {
-        let Ok(f) = File::open(path) else {
-            return Vec::new();
-        };
-        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(f));
-        let mut out = Vec::new();
-        if let Ok(entries) = ar.entries() {
-            for mut e in entries.flatten() {
-                let name = e
-                    .path()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_default();
-                let mut s = String::new();
-                let _ = e.read_to_string(&mut s);
-                out.push((name, s));
-            }
-        }
-        out
-    }
-
-    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
-        let p = dir.join(name);
-        let _ = std::fs::write(&p, format!("#!/bin/sh\n{body}\n"));
-        let _ = std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755));
-        p
-    }
-
-    /// `cfg` reading the kernel log of the host under `root`.
-    fn at(cfg: &OpsConfig, root: &Path) -> OpsConfig {
-        OpsConfig {
-            kmsg: root.join("dev/kmsg"),
-            ..cfg.clone()
-        }
-    }
-
-    #[test]
-    fn bundle_holds_redacted_sources_and_a_manifest() -> Result<(), Box<dyn std::error::Error>> {
-        let tmp = tempfile::tempdir()?;
-        std::fs::create_dir_all(tmp.path().join("root/dev"))?;
-        std::fs::write(
-            tmp.path().join("root/dev/kmsg"),
-            "6,1,100,-;NVRM: Xid (PCI:0000:1a:00): 79\n6,2,200,-;hello kernel\n",
-        )?;
-        let cfg = OpsConfig {
-            journalctl: script(
-                tmp.path(),
-                "journalctl",
-                "echo \"args: $*\"\necho 'join abc123.0123456789abcdef'\necho 'Authorization: Bearer sekrit'",
-            ),
-            ..OpsConfig::default()
-        };
-        let b = collect(
-            &at(&cfg, &tmp.path().join("root")),
-            &CollectArgs::default(),
-            None,
-        )?;
-        let files = untar(&b.path);
-        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, vec!["manifest.json", "journal.log", "kernel.log"]);
-        let journal = &files[1].1;
-        assert!(journal.contains("--no-pager"), "{journal}");
-        assert!(
-            !journal.contains("0123456789abcdef") && !journal.contains("sekrit"),
-            "{journal}"
-        );
-        assert!(files[2].1.contains("hello kernel"));
-        let m: Manifest = serde_json::from_str(&files[0].1)?;
-        assert!(!m.truncated);
-        assert_eq!(m.sources[0].redactions, 2);
-        assert_eq!(m.sources[2].status, SourceStatus::Missing);
-        assert_eq!(b.bytes, std::fs::metadata(&b.path)?.len());
-        assert_eq!(
-            b.sha256,
-            hex::encode(Sha256::digest(std::fs::read(&b.path)?))
-        );
-        Ok(())
-    }
-
-    #[test]
-    fn missing_sources_are_noted_and_max_bytes_cuts() -> Result<(), Box<dyn std::error::Error>> {
-        let tmp = tempfile::tempdir()?;
-        let cfg = OpsConfig {
-            journalctl: script(
-                tmp.path(),
-                "journalctl",
-                "i=0; while [ $i -lt 5000 ]; do echo line $i; i=$((i+1)); done",
-            ),
-            log_file: Some(tmp.path().join("nope.log")),
-            ..OpsConfig::default()
-        };
-        let root = tmp.path().join("no-root");
-        let args = CollectArgs {
-            max_bytes: Some(1000),
-            ..CollectArgs::default()
-        };
-        let b = collect(&at(&cfg, &root), &args, None)?;
-        assert!(b.manifest.truncated);
-        let j = &b.manifest.sources[0];
-        assert_eq!(j.status, SourceStatus::Truncated);
-        assert!(j.bytes <= 1000 && j.bytes > 900, "{j:?}");
-        assert_eq!(b.manifest.sources[1].status, SourceStatus::Missing);
-        assert_eq!(b.manifest.sources[2].status, SourceStatus::Missing);
-
-        let cfg = OpsConfig {
-            journalctl: tmp.path().join("no-journalctl"),
-            ..OpsConfig::default()
-        };
-        let b = collect(&at(&cfg, &root), &CollectArgs::default(), None)?;
-        let j = &b.manifest.sources[0];
-        assert_eq!(j.status, SourceStatus::Missing);
-        assert!(
-            j.reason
-                .as_deref()
-                .is_some_and(|r| r.contains("no-journalctl")),
-            "{j:?}"
-        );
-
-        // A failing journalctl that floods stderr neither hangs nor loses what it printed.
-        let cfg = OpsConfig {
-            journalctl: script(
-                tmp.path(),
-                "journalctl-bad",
-                "echo kept line\nhead -c 300000 /dev/zero | tr '\\0' e >&2\nexit 2",
-            ),
-            ..OpsConfig::default()
-        };
-        let b = collect(&at(&cfg, &root), &CollectArgs::default(), None)?;
-        let j = &b.manifest.sources[0];
-        assert_eq!(j.status, SourceStatus::Failed, "{j:?}");
-        assert_eq!(j.bytes, "kept line\n".len() as u64);
-        assert!(
-            j.reason.as_deref().is_some_and(|r| r.contains("exited")),
-            "{j:?}"
-        );
-        Ok(())
-    }
-
-    #[test]
-    fn the_real_kmsg_is_read_to_its_end_without_blocking() -> Result<(), Box<dyn std::error::Error>>
-    {
-        // Whatever this machine allows: collected (non-blocking read stops at the end of the
-        // ring buffer) or missing (no permission), never a hang.
-        let args = CollectArgs {
-            sources: Some(vec![Source::Kernel]),
-            ..CollectArgs::default()
-        };
-        let b = collect(&OpsConfig::default(), &args, None)?;
-        let k = &b.manifest.sources[0];
-        assert!(
-            matches!(k.status, SourceStatus::Collected | SourceStatus::Missing),
-            "{k:?}"
-        );
-        Ok(())
-    }
-}
+#[path = "collect_tests.rs"]
+mod tests;

@@ -1,8 +1,10 @@
 //! `logs.collect {since, sources, maxBytes}`: a gzip-compressed tar of the node's logs, with
 //! secrets redacted ([`redact`]) and a `manifest.json` saying what was collected, what was missing
-//! and why. Sources run as processes or are read as files, line by line, through the redactor into
-//! a staging dir, then the tar is streamed through gzip into a file while its SHA-256 is computed:
-//! memory stays at one line plus the compressor's window whatever the size of the logs.
+//! and why. Sources run as processes or are read as files, in 64 KiB reads, through the streaming
+//! redactor (no read or line cut hides a secret) and then cut into lines for the budget, into a
+//! staging dir; then the tar is streamed through gzip into a file while its SHA-256 is computed:
+//! memory stays at a read, the redactor's bounded hold-back and one line, plus the compressor's
+//! window, whatever the size of the logs.
 //!
 //! A missing `journalctl` or unreadable `/dev/kmsg` is noted in the manifest, not a failure. The
 //! sum of the collected (uncompressed, redacted) bytes never passes `maxBytes`: a source that would
@@ -20,7 +22,7 @@ use serde_json::Value;
 use crate::executor::{CommandRun, to_result};
 use crate::ops::OpsConfig;
 
-/// Longest line kept as one; longer lines are split, bytes.
+/// Longest output line kept as one; longer lines are split (after redaction), bytes.
 pub const MAX_LINE_BYTES: u64 = 64 * 1024;
 
 pub use bc_protocol::commands::logs::{
