@@ -19,6 +19,9 @@ fn config(dir: &Path) -> ServeConfig {
 
 #[tokio::test]
 async fn the_state_dir_and_the_store_are_private() {
+    // The most permissive umask: nothing below may depend on the caller's. (The other test of
+    // this binary makes no file whose mode it checks.)
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("state");
     // A state dir someone made world-readable.
@@ -28,6 +31,24 @@ async fn the_state_dir_and_the_store_are_private() {
     assert_eq!(mode(&dir), 0o700, "state dir");
     assert_eq!(mode(&dir.join("state.db")), 0o600, "state.db");
     assert_eq!(mode(&dir.join("api-token")), 0o600, "api-token");
+    // SQLite's write-ahead log and its index hold the same rows as state.db.
+    for side in ["state.db-wal", "state.db-shm"] {
+        let p = dir.join(side);
+        assert!(p.exists(), "{side} exists while serve runs (WAL mode)");
+        assert_eq!(mode(&p), 0o600, "{side}");
+    }
+    let loose: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| {
+            (
+                e.file_name(),
+                e.metadata().unwrap().permissions().mode() & 0o777,
+            )
+        })
+        .filter(|(_, m)| m & 0o022 != 0)
+        .collect();
+    assert!(loose.is_empty(), "writable by group or others: {loose:?}");
     running.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -170,6 +170,54 @@ fn metric(cp: &ControlPlane, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Issue 19.10 through the real gateway: a joined node once sent a 15 MiB SpecStatus message and
+/// it was stored whole in a condition. It is cut to its limit before the store, and counted.
+#[test]
+fn a_15_mib_spec_status_message_is_cut_before_it_is_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(&tmp.path().join("cp"), &["--metrics-listen", "127.0.0.1:0"]);
+    let fa = FakeAgent::new(&cp);
+    let j = fa
+        .join(&cp.create_token(&[]), "kb", true, &["b1", "b2"])
+        .unwrap();
+    let session = fa.session(&j);
+    eventually(WAIT, "session open", || {
+        (cp.node(&j.node_id)["connectivity"] == "connected").then_some(())
+    });
+    let big = "x".repeat(15 << 20);
+    let m = AgentMessage {
+        epoch: 0,
+        msg: Some(Msg::SpecStatus(SpecStatus {
+            generation: 1,
+            converged: false,
+            reason: "BindFailed".into(),
+            message: big,
+        })),
+    };
+    fa.rt.block_on(session.tx.send(m)).unwrap();
+    let message = eventually(WAIT, "the SpecConverged condition", || {
+        let node = cp.node(&j.node_id);
+        node["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "SpecConverged" && c["reason"] == "BindFailed")
+            .and_then(|c| c["message"].as_str().map(str::to_owned))
+    });
+    assert!(
+        message.chars().count() <= 1024 && message.ends_with(bc_protocol::limits::MARKER),
+        "stored {} characters",
+        message.len()
+    );
+    let cut = metric(
+        &cp,
+        "bcctl_agent_text_truncated_total{field=\"specStatus.message\"}",
+    );
+    assert!(cut >= 1.0, "the cut is counted: {cut}");
+    // The session survived its oversize message.
+    assert_eq!(cp.node(&j.node_id)["connectivity"], "connected");
+    drop(session);
+}
+
 #[test]
 fn a_flood_of_reports_never_locks_operators_out() {
     let tmp = tempfile::tempdir().unwrap();

@@ -49,6 +49,12 @@ fn dev_adopts_the_node_and_a_second_run_on_the_same_state_keeps_it() {
     let (ok, out, err) = dev_once(&state);
     assert!(ok, "first bcctl dev failed:\n{out}\n{err}");
     let first = node_id(&out).expect("node id in the first run's output");
+    // A laptop, VM or container often has no trusted hardware key: the dev pool accepts one and
+    // says so, or the node would wait in `adopting` for its deadline.
+    assert!(
+        out.contains("accepts an untrusted hardware key (acceptance.requireTrustedKey: false"),
+        "{out}"
+    );
     let (ok, out2, err2) = dev_once(&state);
     assert!(
         ok,
