@@ -1,5 +1,7 @@
 //! Block devices from `/sys/block` (kernel ABI `sysfs-block`), and NVMe namespaces from
-//! `/sys/class/nvme` that `/sys/block` does not list (fixture trees).
+//! `/sys/class/nvme` that `/sys/block` does not list (fixture trees). Identity (serial, WWN,
+//! model, vendor, firmware revision), sector sizes and removability are read here; names,
+//! HCTL, partitions and holders in [`super::blockdev`].
 //!
 //! With NVMe native multipath the kernel lists, beside each namespace head `nvmeXnY`, one path
 //! device `nvmeXcZnY` per controller; those are hidden (`hidden` is 1, kernel ABI
@@ -8,7 +10,7 @@
 
 use bc_protocol::inventory::{Disk, Note};
 
-use super::note;
+use super::{blockdev, note};
 use crate::hostroot::HostRoot;
 
 /// Prefixes of block devices that are not disks: loop, RAM, zram, device-mapper, md RAID, nbd,
@@ -42,15 +44,30 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
             let Some(sectors) = root.read_parsed::<u64>(format!("{base}/{ns}/size")) else {
                 continue;
             };
+            let ns_dir = format!("{base}/{ns}");
+            let partitions = blockdev::partitions(root, &ns_dir);
             disks.push(Disk {
                 size_bytes: sectors.saturating_mul(512),
                 model: root.read_trimmed(format!("{base}/model")),
                 serial: root.read_trimmed(format!("{base}/serial")),
-                wwn: root.read_trimmed(format!("{base}/{ns}/wwid")),
+                wwn: root.read_trimmed(format!("{ns_dir}/wwid")),
                 rotational: Some(false),
                 transport: Some("nvme".into()),
                 nvme: true,
+                firmware: root.read_trimmed(format!("{base}/firmware_rev")),
+                by_path: blockdev::dev_disk_names(root, "by-path", &ns),
+                by_id: blockdev::dev_disk_names(root, "by-id", &ns),
+                logical_sector_bytes: root
+                    .read_parsed(format!("{ns_dir}/queue/logical_block_size")),
+                physical_sector_bytes: root
+                    .read_parsed(format!("{ns_dir}/queue/physical_block_size")),
+                removable: root
+                    .read_trimmed(format!("{ns_dir}/removable"))
+                    .map(|v| v == "1"),
+                holders: blockdev::holders(root, &ns_dir, &partitions),
+                partitions,
                 name: ns,
+                ..Disk::default()
             });
         }
     }
@@ -91,16 +108,35 @@ fn block_disk(root: &HostRoot, name: String) -> Disk {
             let page = root.read(format!("{base}/device/vpd_pg83")).ok()?;
             super::vpd::device_id(&page)
         });
+    let partitions = blockdev::partitions(root, &base);
     Disk {
         size_bytes,
         model: root.read_trimmed(format!("{base}/device/model")),
         serial,
+        wwn_vendor_extension: wwn.as_deref().and_then(blockdev::wwn_vendor_extension),
         wwn,
         rotational: root
             .read_trimmed(format!("{base}/queue/rotational"))
             .map(|v| v == "1"),
         transport: transport(root, &base, nvme),
         nvme,
+        // SCSI INQUIRY fields; an NVMe controller has neither `vendor` nor `rev`.
+        vendor: (!nvme)
+            .then(|| root.read_trimmed(format!("{base}/device/vendor")))
+            .flatten(),
+        firmware: root
+            .read_trimmed(format!("{base}/device/rev"))
+            .or_else(|| root.read_trimmed(format!("{base}/device/firmware_rev"))),
+        hctl: (!nvme).then(|| blockdev::hctl(root, &base)).flatten(),
+        by_path: blockdev::dev_disk_names(root, "by-path", &name),
+        by_id: blockdev::dev_disk_names(root, "by-id", &name),
+        logical_sector_bytes: root.read_parsed(format!("{base}/queue/logical_block_size")),
+        physical_sector_bytes: root.read_parsed(format!("{base}/queue/physical_block_size")),
+        removable: root
+            .read_trimmed(format!("{base}/removable"))
+            .map(|v| v == "1"),
+        holders: blockdev::holders(root, &base, &partitions),
+        partitions,
         name,
     }
 }

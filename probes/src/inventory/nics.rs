@@ -86,14 +86,47 @@ pub fn probe(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<NicProbe> {
             return Vec::new();
         }
     };
+    let mut inet6 = root
+        .read_to_string("/proc/net/if_inet6")
+        .map(|t| parse_if_inet6(&t))
+        .unwrap_or_default();
     names
         .into_iter()
         .filter(|n| n != "lo" && n != "bonding_masters")
-        .map(|name| probe_one(root, name))
+        .map(|name| probe_one(root, name, &mut inet6))
         .collect()
 }
 
-fn probe_one(root: &HostRoot, name: String) -> NicProbe {
+/// `/proc/net/if_inet6`: one address a line, `<32 hex digits> <ifindex> <prefix len, hex>
+/// <scope> <flags> <name>` (`net/ipv6/addrconf.c`, `if6_seq_show`) → per interface, the
+/// addresses in their compressed form with their prefix length (`fe80::1/64`), in file order.
+pub fn parse_if_inet6(text: &str) -> std::collections::HashMap<String, Vec<String>> {
+    let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [hex, _, plen, _, _, name] = f.as_slice() else {
+            continue;
+        };
+        let (Ok(bits), Ok(plen)) = (u128::from_str_radix(hex, 16), u8::from_str_radix(plen, 16))
+        else {
+            continue;
+        };
+        if hex.len() != 32 || plen > 128 {
+            continue;
+        }
+        let addr = std::net::Ipv6Addr::from(bits);
+        out.entry((*name).to_owned())
+            .or_default()
+            .push(format!("{addr}/{plen}"));
+    }
+    out
+}
+
+fn probe_one(
+    root: &HostRoot,
+    name: String,
+    inet6: &mut std::collections::HashMap<String, Vec<String>>,
+) -> NicProbe {
     let base = format!("/sys/class/net/{name}");
     let class_link = root.read_link(&base);
     // A real device has a `device` link; fixture trees drop it, but their class link still
@@ -164,6 +197,14 @@ fn probe_one(root: &HostRoot, name: String) -> NicProbe {
                 .filter(|n| *n >= 0),
             pci_address,
             port_guid,
+            duplex: root
+                .read_trimmed(format!("{base}/duplex"))
+                .filter(|d| d == "full" || d == "half"),
+            pci_vendor_id: super::pci::hex_id(root.read_trimmed(format!("{base}/device/vendor"))),
+            pci_device_id: super::pci::hex_id(root.read_trimmed(format!("{base}/device/device"))),
+            sriov_total_vfs: root.read_parsed(format!("{base}/device/sriov_totalvfs")),
+            sriov_num_vfs: root.read_parsed(format!("{base}/device/sriov_numvfs")),
+            ipv6: inet6.remove(&name).unwrap_or_default(),
             name,
         },
         perm_source,
