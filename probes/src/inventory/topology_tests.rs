@@ -317,3 +317,22 @@ fn no_topology_without_nodes_gpus_or_degraded_links() {
     let inv = collect(&HostRoot::new("/nonexistent-bcd-root"));
     assert_eq!(inv.topology, None);
 }
+
+#[test]
+fn the_table_shows_the_matrix_and_the_degraded_link() -> std::io::Result<()> {
+    let t = gpu_node()?;
+    let table = render_table(&collect(&t.root));
+    let row = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("0000:03:00.0") && l.contains("PIX"))
+        .unwrap_or_default();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    // Columns: 03:00.0 (itself), 04, 07, 08, 41, 81.
+    assert_eq!(
+        cells,
+        ["0000:03:00.0", "X", "PIX", "PXB", "PHB", "NODE", "SYS"]
+    );
+    assert!(table.contains("degraded:  0000:81:00.0 x8 of x16, 32 of 32 GT/s"));
+    assert!(table.contains("numa:      node1 cpus 48-95,144-191 (96)"));
+    Ok(())
+}
