@@ -186,7 +186,8 @@ pub struct Disk {
     /// digits, `0x…` as udev's `ID_WWN_VENDOR_EXTENSION`; the first 16 are the WWN proper.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wwn_vendor_extension: Option<String>,
-    /// SCSI INQUIRY vendor identification (`device/vendor`); absent for NVMe.
+    /// `device/vendor`: SCSI INQUIRY vendor identification (`ATA` for SATA behind libata), the
+    /// virtio vendor id (`0x1af4`) for virtio disks, as lsblk shows it; absent for NVMe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vendor: Option<String>,
     /// Firmware revision: `device/rev` (SCSI INQUIRY product revision level) or the NVMe
@@ -260,16 +261,17 @@ pub struct Nic {
     /// `duplex`: `full` or `half`; absent when the kernel says `unknown` or there is no link.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplex: Option<String>,
-    /// PCI vendor id of the device (`device/vendor`), lowercase hex without `0x`.
+    /// PCI vendor id of the function at `pciAddress` (`/sys/bus/pci/devices/<addr>/vendor`; not
+    /// `device/vendor`, which is a virtio id for a virtio NIC), lowercase hex without `0x`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_vendor_id: Option<String>,
-    /// PCI device id (`device/device`), lowercase hex without `0x`.
+    /// PCI device id of that function (`…/device`), lowercase hex without `0x`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pci_device_id: Option<String>,
-    /// SR-IOV virtual functions the device supports (`device/sriov_totalvfs`).
+    /// SR-IOV virtual functions the function supports (`…/sriov_totalvfs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sriov_total_vfs: Option<u32>,
-    /// SR-IOV virtual functions enabled now (`device/sriov_numvfs`).
+    /// SR-IOV virtual functions enabled now (`…/sriov_numvfs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sriov_num_vfs: Option<u32>,
     /// IPv6 addresses with their prefix length (`fe80::1/64`), from `/proc/net/if_inet6`.

@@ -195,6 +195,10 @@ fn a_connectx_port_with_vfs_and_addresses() -> std::io::Result<()> {
             .to_string_lossy(),
     )?;
     std::fs::create_dir_all(t.root.path("/sys/bus/pci/drivers/mlx5_core"))?;
+    t.link(
+        "/sys/bus/pci/devices/0000:17:00.0",
+        &t.root.path(pci).to_string_lossy(),
+    )?;
     for (f, v) in [
         ("vendor", "0x15b3\n"),
         ("device", "0x101d\n"),
@@ -223,7 +227,38 @@ fn a_connectx_port_with_vfs_and_addresses() -> std::io::Result<()> {
           00000000000000000000000000000001 01 80 10 80       lo\n\
           garbage line\n",
     )?;
+    // A virtio NIC: `device` is the virtio device (virtio ids), its parent the PCI function.
+    let vpci = "/sys/devices/pci0000:00/0000:00:03.0";
+    let vnet = format!("{vpci}/virtio0/net/eth0");
+    t.link("/sys/class/net/eth0", &t.root.path(&vnet).to_string_lossy())?;
+    t.link(
+        &format!("{vnet}/device"),
+        &t.root.path(format!("{vpci}/virtio0")).to_string_lossy(),
+    )?;
+    t.file(&format!("{vpci}/virtio0/vendor"), b"0x1af4\n")?;
+    t.file(&format!("{vpci}/virtio0/device"), b"0x0001\n")?;
+    t.file(&format!("{vpci}/vendor"), b"0x1af4\n")?;
+    t.file(&format!("{vpci}/device"), b"0x1000\n")?;
+    t.link(
+        "/sys/bus/pci/devices/0000:00:03.0",
+        &t.root.path(vpci).to_string_lossy(),
+    )?;
     let nics = nics::probe(&t.root, &mut Vec::new());
+    let virtio = &nics[2].nic;
+    assert_eq!(virtio.name, "eth0");
+    assert_eq!(virtio.pci_address.as_deref(), Some("0000:00:03.0"));
+    assert_eq!(
+        (
+            virtio.pci_vendor_id.as_deref(),
+            virtio.pci_device_id.as_deref()
+        ),
+        (Some("1af4"), Some("1000")),
+        "the PCI function's ids, not the virtio device's"
+    );
+    assert_eq!(
+        (virtio.sriov_total_vfs, virtio.duplex.as_deref()),
+        (None, None)
+    );
     let p0 = &nics[0].nic;
     assert_eq!(p0.name, "ens1f0np0");
     assert_eq!(

@@ -147,6 +147,11 @@ fn probe_one(
                     .find(|c| is_pci_address(c))
             })
         });
+    // The PCI function itself: `device` is a virtio device for a virtio NIC (its `vendor` and
+    // `device` are virtio ids), the function for a PCI NIC.
+    let pci_dir = pci_address
+        .as_ref()
+        .map(|a| format!("/sys/bus/pci/devices/{a}"));
     let mac = root
         .read_trimmed(format!("{base}/address"))
         .map(|m| m.to_ascii_lowercase());
@@ -200,10 +205,18 @@ fn probe_one(
             duplex: root
                 .read_trimmed(format!("{base}/duplex"))
                 .filter(|d| d == "full" || d == "half"),
-            pci_vendor_id: super::pci::hex_id(root.read_trimmed(format!("{base}/device/vendor"))),
-            pci_device_id: super::pci::hex_id(root.read_trimmed(format!("{base}/device/device"))),
-            sriov_total_vfs: root.read_parsed(format!("{base}/device/sriov_totalvfs")),
-            sriov_num_vfs: root.read_parsed(format!("{base}/device/sriov_numvfs")),
+            pci_vendor_id: pci_dir
+                .as_ref()
+                .and_then(|d| super::pci::hex_id(root.read_trimmed(format!("{d}/vendor")))),
+            pci_device_id: pci_dir
+                .as_ref()
+                .and_then(|d| super::pci::hex_id(root.read_trimmed(format!("{d}/device")))),
+            sriov_total_vfs: pci_dir
+                .as_ref()
+                .and_then(|d| root.read_parsed(format!("{d}/sriov_totalvfs"))),
+            sriov_num_vfs: pci_dir
+                .as_ref()
+                .and_then(|d| root.read_parsed(format!("{d}/sriov_numvfs"))),
             ipv6: inet6.remove(&name).unwrap_or_default(),
             name,
         },
