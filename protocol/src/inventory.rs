@@ -274,6 +274,10 @@ pub struct Nic {
     /// SR-IOV virtual functions enabled now (`…/sriov_numvfs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sriov_num_vfs: Option<u32>,
+    /// IPv4 addresses with their prefix length (`192.0.2.2/24`), from `getifaddrs(3)` on the
+    /// running machine only (no procfs file lists them per interface).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv4: Vec<String>,
     /// IPv6 addresses with their prefix length (`fe80::1/64`), from `/proc/net/if_inet6`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ipv6: Vec<String>,

@@ -328,3 +328,76 @@ fn installed_memory_is_the_sum_of_the_dimms() {
     assert_eq!(host::dimm_total(&dimms), Some(16 * 4096 * (1 << 20)));
     assert_eq!(host::dimm_total(&[]), None);
 }
+
+/// A JSON value of lsblk's as text: newer versions write numbers and booleans, older ones
+/// strings (`"512"`, `"0"`).
+fn lsblk_text(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::Null => None,
+        serde_json::Value::Bool(b) => Some(if *b { "1" } else { "0" }.to_owned()),
+        serde_json::Value::String(s) => crate::hostroot::clean_identifier(s),
+        other => Some(other.to_string()),
+    }
+}
+
+/// On the running machine, what this collector reads agrees with `lsblk -J` (util-linux, from
+/// the same sysfs files) for every disk both list; skipped where lsblk is not installed.
+#[test]
+fn live_disks_agree_with_lsblk() {
+    let Ok(out) = std::process::Command::new("lsblk")
+        .args([
+            "-J",
+            "-d",
+            "-b",
+            "-o",
+            "NAME,HCTL,LOG-SEC,PHY-SEC,RM,REV,VENDOR",
+        ])
+        .output()
+    else {
+        eprintln!("lsblk is not installed: test skipped");
+        return;
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        eprintln!("lsblk gave no JSON: test skipped");
+        return;
+    };
+    let ours = disks::collect(&HostRoot::default(), &mut Vec::new());
+    let mut compared = 0;
+    for b in v["blockdevices"].as_array().into_iter().flatten() {
+        let Some(d) = ours
+            .iter()
+            .find(|d| b["name"].as_str() == Some(d.name.as_str()))
+        else {
+            continue;
+        };
+        let num = |n: Option<u32>| n.map(|n| n.to_string());
+        let flag = |f: Option<bool>| f.map(|f| if f { "1" } else { "0" }.to_owned());
+        assert_eq!(lsblk_text(&b["hctl"]), d.hctl, "{} hctl", d.name);
+        assert_eq!(
+            lsblk_text(&b["log-sec"]),
+            num(d.logical_sector_bytes),
+            "{}",
+            d.name
+        );
+        assert_eq!(
+            lsblk_text(&b["phy-sec"]),
+            num(d.physical_sector_bytes),
+            "{}",
+            d.name
+        );
+        assert_eq!(
+            lsblk_text(&b["rm"]),
+            flag(d.removable),
+            "{} removable",
+            d.name
+        );
+        // SCSI INQUIRY fields (lsblk reads `device/rev` and `device/vendor`; an NVMe disk has
+        // neither, and its firmware revision comes from `firmware_rev` here).
+        if !d.nvme {
+            assert_eq!(lsblk_text(&b["rev"]), d.firmware, "{} firmware", d.name);
+            assert_eq!(lsblk_text(&b["vendor"]), d.vendor, "{} vendor", d.name);
+        }
+        compared += 1;
+    }
+    eprintln!("{compared} disks compared with lsblk");
+}

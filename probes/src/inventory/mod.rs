@@ -3,15 +3,17 @@
 //! # Design
 //! Each collector reads through a [`HostRoot`] and owns one section: [`system`] (SMBIOS or
 //! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (with
-//! [`blockdev`]: by-path and by-id names, partitions, holders), [`nics`], [`pci`] (PCI functions
-//! with their link and place from [`pcie`], and InfiniBand ports), [`topology`] (NUMA nodes, GPU
-//! affinity, degraded links) and [`gpu`]. A missing or unreadable source leaves its
-//! section or field absent and adds a [`Note`]; nothing fails the whole inventory. No process is
-//! spawned: the agent calls [`collect`] at start and on every `inventory.refresh`.
+//! [`blockdev`]: by-path and by-id names, partitions, holders), [`nics`] (addresses from
+//! [`addrs`]), [`pci`] (PCI functions with their link and place from [`pcie`], and InfiniBand
+//! ports), [`topology`] (NUMA nodes, GPU affinity, degraded links) and [`gpu`]. A missing or
+//! unreadable source leaves its section or field absent and adds a [`Note`]; nothing fails the
+//! whole inventory. No process is spawned: the agent calls [`collect`] at start and on every
+//! `inventory.refresh`. Fields and their sources: docs/inventory.md.
 //!
 //! # Limitations
 //! GPUs come from the PCI list unless NVML data is handed in ([`collect_with_gpus`]).
 
+pub mod addrs;
 pub mod blockdev;
 mod cli;
 pub mod cpu;

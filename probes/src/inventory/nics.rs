@@ -86,47 +86,15 @@ pub fn probe(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<NicProbe> {
             return Vec::new();
         }
     };
-    let mut inet6 = root
-        .read_to_string("/proc/net/if_inet6")
-        .map(|t| parse_if_inet6(&t))
-        .unwrap_or_default();
+    let mut addrs = super::addrs::read(root);
     names
         .into_iter()
         .filter(|n| n != "lo" && n != "bonding_masters")
-        .map(|name| probe_one(root, name, &mut inet6))
+        .map(|name| probe_one(root, name, &mut addrs))
         .collect()
 }
 
-/// `/proc/net/if_inet6`: one address a line, `<32 hex digits> <ifindex> <prefix len, hex>
-/// <scope> <flags> <name>` (`net/ipv6/addrconf.c`, `if6_seq_show`) → per interface, the
-/// addresses in their compressed form with their prefix length (`fe80::1/64`), in file order.
-pub fn parse_if_inet6(text: &str) -> std::collections::HashMap<String, Vec<String>> {
-    let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let [hex, _, plen, _, _, name] = f.as_slice() else {
-            continue;
-        };
-        let (Ok(bits), Ok(plen)) = (u128::from_str_radix(hex, 16), u8::from_str_radix(plen, 16))
-        else {
-            continue;
-        };
-        if hex.len() != 32 || plen > 128 {
-            continue;
-        }
-        let addr = std::net::Ipv6Addr::from(bits);
-        out.entry((*name).to_owned())
-            .or_default()
-            .push(format!("{addr}/{plen}"));
-    }
-    out
-}
-
-fn probe_one(
-    root: &HostRoot,
-    name: String,
-    inet6: &mut std::collections::HashMap<String, Vec<String>>,
-) -> NicProbe {
+fn probe_one(root: &HostRoot, name: String, addrs: &mut super::addrs::Addresses) -> NicProbe {
     let base = format!("/sys/class/net/{name}");
     let class_link = root.read_link(&base);
     // A real device has a `device` link; fixture trees drop it, but their class link still
@@ -217,7 +185,8 @@ fn probe_one(
             sriov_num_vfs: pci_dir
                 .as_ref()
                 .and_then(|d| root.read_parsed(format!("{d}/sriov_numvfs"))),
-            ipv6: inet6.remove(&name).unwrap_or_default(),
+            ipv4: addrs.ipv4.remove(&name).unwrap_or_default(),
+            ipv6: addrs.ipv6.remove(&name).unwrap_or_default(),
             name,
         },
         perm_source,
