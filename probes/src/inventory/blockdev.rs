@@ -3,20 +3,48 @@
 //! md/dm devices stacked on it (`holders/`, kernel ABI `sysfs-block`), and the vendor extension
 //! of an NAA type 6 WWN. These are what ironic's root-device hints match on.
 
+use std::collections::HashMap;
+
 use crate::hostroot::HostRoot;
 
-/// Names in `/dev/disk/<dir>` (`by-path`, `by-id`) whose link target's last component is `disk`
-/// (`../../sda`), sorted; partitions' links (`../../sda1`) are left out. Empty when the
-/// directory is absent (no udev, a fixture tree).
-pub fn dev_disk_names(root: &HostRoot, dir: &str, disk: &str) -> Vec<String> {
-    let base = format!("/dev/disk/{dir}");
-    let mut out: Vec<String> = root
-        .list_dir(&base)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|name| root.read_link_name(format!("{base}/{name}")).as_deref() == Some(disk))
-        .collect();
-    out.sort();
+/// The udev names of block devices: for `/dev/disk/by-path` and `/dev/disk/by-id`, the link names
+/// by the last component of their target (`../../sda` → `sda`). Read once per inventory, so a
+/// host with many disks and links costs one pass over each directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DevDiskNames {
+    by_path: HashMap<String, Vec<String>>,
+    by_id: HashMap<String, Vec<String>>,
+}
+
+impl DevDiskNames {
+    /// Reads both directories; an absent one (no udev, a fixture tree) gives no names.
+    pub fn read(root: &HostRoot) -> Self {
+        Self {
+            by_path: links_by_target(root, "/dev/disk/by-path"),
+            by_id: links_by_target(root, "/dev/disk/by-id"),
+        }
+    }
+
+    /// Names in `/dev/disk/by-path` that point to `dev` itself (a partition's are its own),
+    /// sorted.
+    pub fn by_path(&self, dev: &str) -> Vec<String> {
+        self.by_path.get(dev).cloned().unwrap_or_default()
+    }
+
+    /// Names in `/dev/disk/by-id` that point to `dev`, sorted.
+    pub fn by_id(&self, dev: &str) -> Vec<String> {
+        self.by_id.get(dev).cloned().unwrap_or_default()
+    }
+}
+
+fn links_by_target(root: &HostRoot, dir: &str) -> HashMap<String, Vec<String>> {
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    // `list_dir` sorts: each list comes out sorted.
+    for name in root.list_dir(dir).unwrap_or_default() {
+        if let Some(dev) = root.read_link_name(format!("{dir}/{name}")) {
+            out.entry(dev).or_default().push(name);
+        }
+    }
     out
 }
 

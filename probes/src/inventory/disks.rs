@@ -26,11 +26,12 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
             Vec::new()
         }
     };
+    let udev = blockdev::DevDiskNames::read(root);
     let mut disks: Vec<Disk> = names
         .into_iter()
         .filter(|n| !NOT_DISKS.iter().any(|p| n.starts_with(p)))
         .filter(|n| !is_path_device(root, n, &format!("/sys/block/{n}")))
-        .map(|name| block_disk(root, name))
+        .map(|name| block_disk(root, name, &udev))
         .collect();
     for ctrl in root.list_dir("/sys/class/nvme").unwrap_or_default() {
         let base = format!("/sys/class/nvme/{ctrl}");
@@ -55,8 +56,8 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
                 transport: Some("nvme".into()),
                 nvme: true,
                 firmware: root.read_trimmed(format!("{base}/firmware_rev")),
-                by_path: blockdev::dev_disk_names(root, "by-path", &ns),
-                by_id: blockdev::dev_disk_names(root, "by-id", &ns),
+                by_path: udev.by_path(&ns),
+                by_id: udev.by_id(&ns),
                 logical_sector_bytes: root
                     .read_parsed(format!("{ns_dir}/queue/logical_block_size")),
                 physical_sector_bytes: root
@@ -91,7 +92,7 @@ fn is_nvme_path_name(name: &str) -> bool {
         .is_some_and(|(subsys, ctrl, ns)| digits(subsys) && digits(ctrl) && digits(ns))
 }
 
-fn block_disk(root: &HostRoot, name: String) -> Disk {
+fn block_disk(root: &HostRoot, name: String, udev: &blockdev::DevDiskNames) -> Disk {
     let base = format!("/sys/block/{name}");
     let nvme = name.starts_with("nvme");
     let size_bytes = root
@@ -128,8 +129,8 @@ fn block_disk(root: &HostRoot, name: String) -> Disk {
             .read_trimmed(format!("{base}/device/rev"))
             .or_else(|| root.read_trimmed(format!("{base}/device/firmware_rev"))),
         hctl: (!nvme).then(|| blockdev::hctl(root, &base)).flatten(),
-        by_path: blockdev::dev_disk_names(root, "by-path", &name),
-        by_id: blockdev::dev_disk_names(root, "by-id", &name),
+        by_path: udev.by_path(&name),
+        by_id: udev.by_id(&name),
         logical_sector_bytes: root.read_parsed(format!("{base}/queue/logical_block_size")),
         physical_sector_bytes: root.read_parsed(format!("{base}/queue/physical_block_size")),
         removable: root
