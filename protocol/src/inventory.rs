@@ -8,6 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod topology;
+
+pub use topology::{Affinity, DegradedLink, DeviceKind, GpuAffinity, NumaNode, Topology};
+
 /// Version of this document's shape. Bump on an incompatible change; additions keep it.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -41,6 +45,9 @@ pub struct Inventory {
     /// `uefi` (`/sys/firmware/efi` exists) or `bios`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_mode: Option<BootMode>,
+    /// PCIe and NUMA topology: NUMA nodes, GPU affinity, degraded links (sysfs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
     /// Why a section or field is missing.
     #[serde(default)]
     pub notes: Vec<Note>,
@@ -106,6 +113,17 @@ pub struct Cpu {
     /// `flags` (x86) or `Features` (arm64) of the first CPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub flags: Vec<String>,
+    /// Highest maximum frequency over all CPUs, MHz: `cpufreq/cpuinfo_max_freq` (kHz) of
+    /// `/sys/devices/system/cpu/cpu<N>`, else `cpufreq/scaling_max_freq` (kHz).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_frequency_mhz: Option<u32>,
+    /// `cpu MHz` of the first CPU in `/proc/cpuinfo` (x86), rounded, MHz: the clock at the time
+    /// of reading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_frequency_mhz: Option<u32>,
+    /// `microcode` of the first CPU in `/proc/cpuinfo` (x86), as written (`0xb4`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microcode: Option<String>,
 }
 
 /// Memory: total from `/proc/meminfo`, modules from SMBIOS type 17.
@@ -117,6 +135,11 @@ pub struct Memory {
     /// Populated slots only (SMBIOS type 17 with a non-zero size).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dimms: Vec<Dimm>,
+    /// Installed memory, bytes: the sum of the DIMMs' sizes (SMBIOS type 17 size or extended
+    /// size), what ironic calls `physical_mb`; absent without SMBIOS DIMMs. Above `totalBytes`
+    /// by what the firmware and kernel reserve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimm_total_bytes: Option<u64>,
 }
 
 /// One memory module (SMBIOS type 17, Memory Device).
@@ -159,6 +182,45 @@ pub struct Disk {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<String>,
     pub nvme: bool,
+    /// The vendor extension of an NAA type 6 `wwn` (`naa.6…`, 32 hex digits): its last 16 hex
+    /// digits, `0x…` as udev's `ID_WWN_VENDOR_EXTENSION`; the first 16 are the WWN proper.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wwn_vendor_extension: Option<String>,
+    /// `device/vendor`: SCSI INQUIRY vendor identification (`ATA` for SATA behind libata), the
+    /// virtio vendor id (`0x1af4`) for virtio disks, as lsblk shows it; absent for NVMe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vendor: Option<String>,
+    /// Firmware revision: `device/rev` (SCSI INQUIRY product revision level) or the NVMe
+    /// controller's `firmware_rev` (Identify Controller FR).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<String>,
+    /// SCSI address `host:channel:target:lun` (`0:0:0:0`): the name of the SCSI device the
+    /// disk's `device` link points to. Absent for NVMe and virtio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hctl: Option<String>,
+    /// Names in `/dev/disk/by-path` whose link points to this disk (not its partitions), sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_path: Vec<String>,
+    /// Names in `/dev/disk/by-id` whose link points to this disk, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_id: Vec<String>,
+    /// `queue/logical_block_size`, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logical_sector_bytes: Option<u32>,
+    /// `queue/physical_block_size`, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_sector_bytes: Option<u32>,
+    /// `removable` is 1 (the medium can be removed: USB sticks, card readers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removable: Option<bool>,
+    /// Partitions: the subdirectories of `/sys/block/<disk>` that hold a `partition` file,
+    /// sorted (`sda1`, `nvme0n1p1`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<String>,
+    /// Devices stacked on the disk or on one of its partitions (md RAID, device-mapper): the
+    /// entries of their `holders/` directories, sorted, each once (`dm-0`, `md127`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<String>,
 }
 
 /// A network interface from `/sys/class/net`.
@@ -196,6 +258,29 @@ pub struct Nic {
     /// `permanentMac` stays absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port_guid: Option<String>,
+    /// `duplex`: `full` or `half`; absent when the kernel says `unknown` or there is no link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplex: Option<String>,
+    /// PCI vendor id of the function at `pciAddress` (`/sys/bus/pci/devices/<addr>/vendor`; not
+    /// `device/vendor`, which is a virtio id for a virtio NIC), lowercase hex without `0x`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_vendor_id: Option<String>,
+    /// PCI device id of that function (`…/device`), lowercase hex without `0x`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_device_id: Option<String>,
+    /// SR-IOV virtual functions the function supports (`…/sriov_totalvfs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sriov_total_vfs: Option<u32>,
+    /// SR-IOV virtual functions enabled now (`…/sriov_numvfs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sriov_num_vfs: Option<u32>,
+    /// IPv4 addresses with their prefix length (`192.0.2.2/24`), from `getifaddrs(3)` on the
+    /// running machine only (no procfs file lists them per interface).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv4: Vec<String>,
+    /// IPv6 addresses with their prefix length (`fe80::1/64`), from `/proc/net/if_inet6`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv6: Vec<String>,
 }
 
 /// A PCI function from `/sys/bus/pci/devices`.
@@ -221,6 +306,26 @@ pub struct PciDevice {
     pub mellanox: bool,
     /// An InfiniBand controller (class `0207xx`), any vendor.
     pub infiniband: bool,
+    /// `current_link_speed` (`16.0 GT/s PCIe`), GT/s; absent when `Unknown` or not PCIe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_link_speed_gts: Option<f64>,
+    /// `max_link_speed`, GT/s: what the device itself supports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_link_speed_gts: Option<f64>,
+    /// `current_link_width`, lanes; absent when 0 (no link trained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_link_width: Option<u32>,
+    /// `max_link_width`, lanes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_link_width: Option<u32>,
+    /// The PCI host bridge the function hangs under (`pci0000:00`), from its canonical sysfs
+    /// path `/sys/devices/pci0000:00/…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_bridge: Option<String>,
+    /// The bridges between the host bridge and the function, root port first (root port, then
+    /// each switch's upstream and downstream port), from the same path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bridges: Vec<String>,
 }
 
 /// One InfiniBand (or RoCE) port from `/sys/class/infiniband/<dev>/ports/<n>`.
@@ -385,7 +490,7 @@ mod tests {
             }),
             memory: Some(Memory {
                 total_bytes: 1024,
-                dimms: vec![],
+                ..Memory::default()
             }),
             disks: vec![Disk {
                 name: "sda".into(),

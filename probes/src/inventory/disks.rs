@@ -1,5 +1,7 @@
 //! Block devices from `/sys/block` (kernel ABI `sysfs-block`), and NVMe namespaces from
-//! `/sys/class/nvme` that `/sys/block` does not list (fixture trees).
+//! `/sys/class/nvme` that `/sys/block` does not list (fixture trees). Identity (serial, WWN,
+//! model, vendor, firmware revision), sector sizes and removability are read here; names,
+//! HCTL, partitions and holders in [`super::blockdev`].
 //!
 //! With NVMe native multipath the kernel lists, beside each namespace head `nvmeXnY`, one path
 //! device `nvmeXcZnY` per controller; those are hidden (`hidden` is 1, kernel ABI
@@ -8,7 +10,7 @@
 
 use bc_protocol::inventory::{Disk, Note};
 
-use super::note;
+use super::{blockdev, note};
 use crate::hostroot::HostRoot;
 
 /// Prefixes of block devices that are not disks: loop, RAM, zram, device-mapper, md RAID, nbd,
@@ -24,11 +26,12 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
             Vec::new()
         }
     };
+    let udev = blockdev::DevDiskNames::read(root);
     let mut disks: Vec<Disk> = names
         .into_iter()
         .filter(|n| !NOT_DISKS.iter().any(|p| n.starts_with(p)))
         .filter(|n| !is_path_device(root, n, &format!("/sys/block/{n}")))
-        .map(|name| block_disk(root, name))
+        .map(|name| block_disk(root, name, &udev))
         .collect();
     for ctrl in root.list_dir("/sys/class/nvme").unwrap_or_default() {
         let base = format!("/sys/class/nvme/{ctrl}");
@@ -42,15 +45,30 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
             let Some(sectors) = root.read_parsed::<u64>(format!("{base}/{ns}/size")) else {
                 continue;
             };
+            let ns_dir = format!("{base}/{ns}");
+            let partitions = blockdev::partitions(root, &ns_dir);
             disks.push(Disk {
                 size_bytes: sectors.saturating_mul(512),
                 model: root.read_trimmed(format!("{base}/model")),
                 serial: root.read_trimmed(format!("{base}/serial")),
-                wwn: root.read_trimmed(format!("{base}/{ns}/wwid")),
+                wwn: root.read_trimmed(format!("{ns_dir}/wwid")),
                 rotational: Some(false),
                 transport: Some("nvme".into()),
                 nvme: true,
+                firmware: root.read_trimmed(format!("{base}/firmware_rev")),
+                by_path: udev.by_path(&ns),
+                by_id: udev.by_id(&ns),
+                logical_sector_bytes: root
+                    .read_parsed(format!("{ns_dir}/queue/logical_block_size")),
+                physical_sector_bytes: root
+                    .read_parsed(format!("{ns_dir}/queue/physical_block_size")),
+                removable: root
+                    .read_trimmed(format!("{ns_dir}/removable"))
+                    .map(|v| v == "1"),
+                holders: blockdev::holders(root, &ns_dir, &partitions),
+                partitions,
                 name: ns,
+                ..Disk::default()
             });
         }
     }
@@ -74,7 +92,7 @@ fn is_nvme_path_name(name: &str) -> bool {
         .is_some_and(|(subsys, ctrl, ns)| digits(subsys) && digits(ctrl) && digits(ns))
 }
 
-fn block_disk(root: &HostRoot, name: String) -> Disk {
+fn block_disk(root: &HostRoot, name: String, udev: &blockdev::DevDiskNames) -> Disk {
     let base = format!("/sys/block/{name}");
     let nvme = name.starts_with("nvme");
     let size_bytes = root
@@ -91,16 +109,35 @@ fn block_disk(root: &HostRoot, name: String) -> Disk {
             let page = root.read(format!("{base}/device/vpd_pg83")).ok()?;
             super::vpd::device_id(&page)
         });
+    let partitions = blockdev::partitions(root, &base);
     Disk {
         size_bytes,
         model: root.read_trimmed(format!("{base}/device/model")),
         serial,
+        wwn_vendor_extension: wwn.as_deref().and_then(blockdev::wwn_vendor_extension),
         wwn,
         rotational: root
             .read_trimmed(format!("{base}/queue/rotational"))
             .map(|v| v == "1"),
         transport: transport(root, &base, nvme),
         nvme,
+        // SCSI INQUIRY fields; an NVMe controller has neither `vendor` nor `rev`.
+        vendor: (!nvme)
+            .then(|| root.read_trimmed(format!("{base}/device/vendor")))
+            .flatten(),
+        firmware: root
+            .read_trimmed(format!("{base}/device/rev"))
+            .or_else(|| root.read_trimmed(format!("{base}/device/firmware_rev"))),
+        hctl: (!nvme).then(|| blockdev::hctl(root, &base)).flatten(),
+        by_path: udev.by_path(&name),
+        by_id: udev.by_id(&name),
+        logical_sector_bytes: root.read_parsed(format!("{base}/queue/logical_block_size")),
+        physical_sector_bytes: root.read_parsed(format!("{base}/queue/physical_block_size")),
+        removable: root
+            .read_trimmed(format!("{base}/removable"))
+            .map(|v| v == "1"),
+        holders: blockdev::holders(root, &base, &partitions),
+        partitions,
         name,
     }
 }

@@ -25,20 +25,20 @@ fn field_root(rel: &str) -> Option<HostRoot> {
     Some(HostRoot::new(p))
 }
 
-/// A made-up host tree.
-struct Tree {
+/// A made-up host tree (the other test modules of the inventory build theirs with it too).
+pub(super) struct Tree {
     _dir: tempfile::TempDir,
-    root: HostRoot,
+    pub(super) root: HostRoot,
 }
 
 impl Tree {
-    fn new() -> std::io::Result<Self> {
+    pub(super) fn new() -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
         let root = HostRoot::new(dir.path());
         Ok(Self { _dir: dir, root })
     }
 
-    fn file(&self, path: &str, bytes: &[u8]) -> std::io::Result<()> {
+    pub(super) fn file(&self, path: &str, bytes: &[u8]) -> std::io::Result<()> {
         let p = self.root.path(path);
         if let Some(d) = p.parent() {
             std::fs::create_dir_all(d)?;
@@ -46,7 +46,7 @@ impl Tree {
         std::fs::write(p, bytes)
     }
 
-    fn link(&self, path: &str, target: &str) -> std::io::Result<()> {
+    pub(super) fn link(&self, path: &str, target: &str) -> std::io::Result<()> {
         let p = self.root.path(path);
         if let Some(d) = p.parent() {
             std::fs::create_dir_all(d)?;
@@ -55,7 +55,7 @@ impl Tree {
     }
 
     /// A block device under `dir` (a `/sys/devices/...` path), linked from `/sys/block/<name>`.
-    fn block(
+    pub(super) fn block(
         &self,
         name: &str,
         dir: &str,

@@ -1,6 +1,6 @@
 //! Hostname, memory total, OS facts and boot mode (procfs, os-release, `/sys/firmware/efi`).
 
-use bc_protocol::inventory::{BootMode, Memory, Note, Os};
+use bc_protocol::inventory::{BootMode, Dimm, Memory, Note, Os};
 
 use super::note;
 use crate::hostroot::HostRoot;
@@ -44,8 +44,17 @@ pub fn memory(root: &HostRoot, notes: &mut Vec<Note>) -> Option<Memory> {
     };
     Some(Memory {
         total_bytes: kib.saturating_mul(1024),
-        dimms: Vec::new(),
+        ..Memory::default()
     })
+}
+
+/// The installed memory, bytes: the sum of the DIMMs' SMBIOS type 17 sizes; `None` when no
+/// DIMM states its size.
+pub fn dimm_total(dimms: &[Dimm]) -> Option<u64> {
+    dimms
+        .iter()
+        .filter_map(|d| d.size_bytes)
+        .reduce(u64::saturating_add)
 }
 
 /// Parses os-release (`KEY=value`, values optionally quoted) into (PRETTY_NAME, ID, VERSION_ID).

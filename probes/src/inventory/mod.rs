@@ -2,14 +2,19 @@
 //!
 //! # Design
 //! Each collector reads through a [`HostRoot`] and owns one section: [`system`] (SMBIOS or
-//! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`], [`nics`], [`pci`]
-//! (PCI functions and InfiniBand ports) and [`gpu`]. A missing or unreadable source leaves its
-//! section or field absent and adds a [`Note`]; nothing fails the whole inventory. No process is
-//! spawned: the agent calls [`collect`] at start and on every `inventory.refresh`.
+//! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (with
+//! [`blockdev`]: by-path and by-id names, partitions, holders), [`nics`] (addresses from
+//! [`addrs`]), [`pci`] (PCI functions with their link and place from [`pcie`], and InfiniBand
+//! ports), [`topology`] (NUMA nodes, GPU affinity, degraded links) and [`gpu`]. A missing or
+//! unreadable source leaves its section or field absent and adds a [`Note`]; nothing fails the
+//! whole inventory. No process is spawned: the agent calls [`collect`] at start and on every
+//! `inventory.refresh`. Fields and their sources: docs/inventory.md.
 //!
 //! # Limitations
 //! GPUs come from the PCI list unless NVML data is handed in ([`collect_with_gpus`]).
 
+pub mod addrs;
+pub mod blockdev;
 mod cli;
 pub mod cpu;
 pub mod disks;
@@ -19,8 +24,10 @@ pub mod gpu;
 pub mod host;
 pub mod nics;
 pub mod pci;
+pub mod pcie;
 mod render;
 pub mod system;
+pub mod topology;
 pub mod vpd;
 
 use bc_protocol::inventory::{self, Gpu, Inventory, Note};
@@ -42,9 +49,11 @@ pub fn collect_with_gpus(root: &HostRoot, nvml_gpus: Option<Vec<Gpu>>) -> Invent
     let (system, dimms) = system::collect(root, &mut notes);
     let mut memory = host::memory(root, &mut notes);
     if let Some(m) = memory.as_mut() {
+        m.dimm_total_bytes = host::dimm_total(&dimms);
         m.dimms = dimms;
     }
     let pci_devices = pci::devices(root, &mut notes);
+    let topology = topology::collect(root, &pci_devices, &mut notes);
     let gpus = match nvml_gpus {
         Some(g) => g,
         None => gpu::from_pci(&pci_devices),
@@ -65,6 +74,7 @@ pub fn collect_with_gpus(root: &HostRoot, nvml_gpus: Option<Vec<Gpu>>) -> Invent
         gpus,
         os: Some(host::os(root, &mut notes)),
         boot_mode: host::boot_mode(root, &mut notes),
+        topology,
         notes,
     }
 }
@@ -78,7 +88,11 @@ pub(crate) fn note(notes: &mut Vec<Note>, source: &str, message: impl Into<Strin
 }
 
 #[cfg(test)]
+mod depth_tests;
+#[cfg(test)]
 mod field_tests;
 #[cfg(test)]
 #[path = "inventory_tests.rs"]
 mod tests;
+#[cfg(test)]
+mod topology_tests;

@@ -86,14 +86,15 @@ pub fn probe(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<NicProbe> {
             return Vec::new();
         }
     };
+    let mut addrs = super::addrs::read(root);
     names
         .into_iter()
         .filter(|n| n != "lo" && n != "bonding_masters")
-        .map(|name| probe_one(root, name))
+        .map(|name| probe_one(root, name, &mut addrs))
         .collect()
 }
 
-fn probe_one(root: &HostRoot, name: String) -> NicProbe {
+fn probe_one(root: &HostRoot, name: String, addrs: &mut super::addrs::Addresses) -> NicProbe {
     let base = format!("/sys/class/net/{name}");
     let class_link = root.read_link(&base);
     // A real device has a `device` link; fixture trees drop it, but their class link still
@@ -114,6 +115,11 @@ fn probe_one(root: &HostRoot, name: String) -> NicProbe {
                     .find(|c| is_pci_address(c))
             })
         });
+    // The PCI function itself: `device` is a virtio device for a virtio NIC (its `vendor` and
+    // `device` are virtio ids), the function for a PCI NIC.
+    let pci_dir = pci_address
+        .as_ref()
+        .map(|a| format!("/sys/bus/pci/devices/{a}"));
     let mac = root
         .read_trimmed(format!("{base}/address"))
         .map(|m| m.to_ascii_lowercase());
@@ -164,6 +170,23 @@ fn probe_one(root: &HostRoot, name: String) -> NicProbe {
                 .filter(|n| *n >= 0),
             pci_address,
             port_guid,
+            duplex: root
+                .read_trimmed(format!("{base}/duplex"))
+                .filter(|d| d == "full" || d == "half"),
+            pci_vendor_id: pci_dir
+                .as_ref()
+                .and_then(|d| super::pci::hex_id(root.read_trimmed(format!("{d}/vendor")))),
+            pci_device_id: pci_dir
+                .as_ref()
+                .and_then(|d| super::pci::hex_id(root.read_trimmed(format!("{d}/device")))),
+            sriov_total_vfs: pci_dir
+                .as_ref()
+                .and_then(|d| root.read_parsed(format!("{d}/sriov_totalvfs"))),
+            sriov_num_vfs: pci_dir
+                .as_ref()
+                .and_then(|d| root.read_parsed(format!("{d}/sriov_numvfs"))),
+            ipv4: addrs.ipv4.remove(&name).unwrap_or_default(),
+            ipv6: addrs.ipv6.remove(&name).unwrap_or_default(),
             name,
         },
         perm_source,

@@ -1,5 +1,6 @@
-//! PCI functions (`/sys/bus/pci/devices`, kernel ABI `sysfs-bus-pci`) and InfiniBand ports
-//! (`/sys/class/infiniband`, `sysfs-class-infiniband`).
+//! PCI functions (`/sys/bus/pci/devices`, kernel ABI `sysfs-bus-pci`) with their PCIe link and
+//! place in the hierarchy ([`super::pcie`]), and InfiniBand ports (`/sys/class/infiniband`,
+//! `sysfs-class-infiniband`).
 
 use bc_protocol::inventory::{InfinibandPort, Note, PciDevice};
 
@@ -11,7 +12,7 @@ pub const NVIDIA: &str = "10de";
 /// PCI vendor id of Mellanox (NVIDIA Networking).
 pub const MELLANOX: &str = "15b3";
 
-fn hex_id(v: Option<String>) -> Option<String> {
+pub(crate) fn hex_id(v: Option<String>) -> Option<String> {
     let v = v?;
     let h = v.trim_start_matches("0x").to_lowercase();
     (!h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit())).then_some(h)
@@ -41,7 +42,15 @@ pub fn devices(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<PciDevice> {
             );
             continue;
         };
+        let link = super::pcie::link(root, &base);
+        let place = super::pcie::placement(root, &address);
         out.push(PciDevice {
+            current_link_speed_gts: link.current_speed_gts,
+            max_link_speed_gts: link.max_speed_gts,
+            current_link_width: link.current_width,
+            max_link_width: link.max_width,
+            host_bridge: place.host_bridge,
+            bridges: place.bridges,
             nvidia_gpu: vendor_id == NVIDIA && class.starts_with("03"),
             mellanox: vendor_id == MELLANOX && class.starts_with("02"),
             infiniband: class.starts_with("0207"),

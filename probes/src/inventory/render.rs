@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use bc_protocol::inventory::Inventory;
+use bc_protocol::inventory::{Affinity, Inventory, Topology};
 
 fn gib(b: u64) -> String {
     format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
@@ -10,6 +10,70 @@ fn gib(b: u64) -> String {
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+/// NUMA nodes, the GPU affinity matrix (rows GPUs, columns the other devices of interest, as
+/// `nvidia-smi topo -m` prints it) and the degraded links.
+fn render_topology(s: &mut String, t: &Topology) {
+    for n in &t.numa_nodes {
+        let _ = writeln!(
+            s,
+            "numa:      node{} cpus {} ({}) memory {}",
+            n.id,
+            if n.cpulist.is_empty() {
+                "-"
+            } else {
+                &n.cpulist
+            },
+            n.cpus,
+            n.memory_bytes.map_or_else(|| "-".into(), gib)
+        );
+    }
+    let mut gpus: Vec<&str> = t.affinity.iter().map(|a| a.gpu.as_str()).collect();
+    gpus.dedup();
+    let mut cols: Vec<&str> = t.affinity.iter().map(|a| a.device.as_str()).collect();
+    cols.sort_unstable();
+    cols.dedup();
+    if !gpus.is_empty() {
+        let _ = write!(s, "affinity:  {:<14}", "");
+        for c in &cols {
+            let _ = write!(s, "{c:<14}");
+        }
+        let _ = writeln!(s);
+        for g in gpus {
+            let _ = write!(s, "           {g:<14}");
+            for c in &cols {
+                let cell = t
+                    .affinity
+                    .iter()
+                    .find(|a| a.gpu == g && a.device == *c)
+                    .map_or("X", |a| affinity_name(a.affinity));
+                let _ = write!(s, "{cell:<14}");
+            }
+            let _ = writeln!(s);
+        }
+    }
+    for d in &t.degraded_links {
+        let _ = writeln!(
+            s,
+            "degraded:  {} x{} of x{}, {} of {} GT/s",
+            d.address,
+            or_dash(d.current_width),
+            or_dash(d.max_width),
+            or_dash(d.current_speed_gts),
+            or_dash(d.max_speed_gts)
+        );
+    }
+}
+
+fn affinity_name(a: Affinity) -> &'static str {
+    match a {
+        Affinity::Pix => "PIX",
+        Affinity::Pxb => "PXB",
+        Affinity::Phb => "PHB",
+        Affinity::Node => "NODE",
+        Affinity::Sys => "SYS",
+    }
 }
 
 /// One section per block; absent sections say so.
@@ -80,12 +144,22 @@ pub fn render_table(inv: &Inventory) -> String {
     for d in &inv.disks {
         let _ = writeln!(
             s,
-            "  {:<10} {:>10} {:<6} {:<32} rot={}",
+            "  {:<10} {:>10} {:<6} {:<32} rot={} serial={} fw={} hctl={} sectors={}/{}{}",
             d.name,
             gib(d.size_bytes),
             or_dash(d.transport.as_deref()),
             or_dash(d.model.as_deref()),
-            or_dash(d.rotational)
+            or_dash(d.rotational),
+            or_dash(d.serial.as_deref()),
+            or_dash(d.firmware.as_deref()),
+            or_dash(d.hctl.as_deref()),
+            or_dash(d.logical_sector_bytes),
+            or_dash(d.physical_sector_bytes),
+            if d.holders.is_empty() {
+                String::new()
+            } else {
+                format!(" holders={}", d.holders.join(","))
+            }
         );
     }
     let _ = writeln!(s, "nics:");
@@ -165,6 +239,9 @@ pub fn render_table(inv: &Inventory) -> String {
                 or_dash(m.uuid.as_deref())
             );
         }
+    }
+    if let Some(t) = &inv.topology {
+        render_topology(&mut s, t);
     }
     if !inv.notes.is_empty() {
         let _ = writeln!(s, "notes:");
