@@ -244,6 +244,9 @@ echo "@@VM-INVENTORY-END rc=$?"
 echo "@@VM-LSBLK-BEGIN"
 /bin/lsblk -O -J -b
 echo "@@VM-LSBLK-END rc=$?"
+if [ -x /capture-sys.sh ]; then
+  echo "@@VM-SYS-BEGIN"; /capture-sys.sh; echo "@@VM-SYS-END rc=$?"
+fi
 if [ -d /dev/disk/by-path ]; then echo "@@VM by-path: $(ls /dev/disk/by-path)"; else echo "@@VM no /dev/disk/by-path"; fi
 echo "@@VM poweroff at $(cut -d' ' -f1 /proc/uptime)"
 poweroff -f
@@ -257,8 +260,15 @@ fn copy_into(stage: &Path, src: &Path, dest: &str) {
     std::fs::copy(src, &d).unwrap_or_else(|e| panic!("copying {}: {e}", src.display()));
 }
 
-/// Writes `<dir>/initrd.cpio` (newc, uncompressed) and returns its path.
-pub fn build_initramfs(t: &VmTools, bcd: &Path, dir: &Path, disks: usize) -> PathBuf {
+/// Writes `<dir>/initrd.cpio` (newc, uncompressed) and returns its path. With `capture`, the
+/// guest also prints its `/sys` subset (`tests/e2e/vm/capture-sys.sh`, see [`write_sys_tree`]).
+pub fn build_initramfs(
+    t: &VmTools,
+    bcd: &Path,
+    dir: &Path,
+    disks: usize,
+    capture: bool,
+) -> PathBuf {
     let stage = dir.join("stage");
     for d in ["bin", "dev", "proc", "sys", "run", "tmp", "mod"] {
         std::fs::create_dir_all(stage.join(d)).unwrap();
@@ -286,6 +296,15 @@ pub fn build_initramfs(t: &VmTools, bcd: &Path, dir: &Path, disks: usize) -> Pat
     }
     std::fs::write(stage.join("modules.order"), order).unwrap();
     std::fs::write(stage.join("disks.count"), format!("{disks}\n")).unwrap();
+    if capture {
+        let script = stage.join("capture-sys.sh");
+        copy_into(
+            &stage,
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/vm/capture-sys.sh")),
+            "/capture-sys.sh",
+        );
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let init = stage.join("init");
     std::fs::write(&init, init_script()).unwrap();
     std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -309,6 +328,8 @@ pub struct Boot {
     pub console: String,
     pub inventory: serde_json::Value,
     pub lsblk: serde_json::Value,
+    /// The `/sys` subset the guest printed, when the ramdisk was built with `capture`.
+    pub sys: Option<String>,
     /// Wall-clock seconds from starting QEMU to its exit (reported, never asserted).
     pub seconds: f64,
 }
@@ -397,10 +418,85 @@ pub fn boot(t: &VmTools, initrd: &Path, args: &[String]) -> Boot {
         serde_json::from_str(text.trim())
             .unwrap_or_else(|e| panic!("{begin}: not JSON ({e}):\n{text}"))
     };
+    let sys = between(&console, "@@VM-SYS-BEGIN\n", "@@VM-SYS-END").map(|(text, rc)| {
+        assert_eq!(rc, "rc=0", "capture-sys.sh failed; console:\n{console}");
+        text.to_owned()
+    });
     Boot {
+        sys,
         inventory: doc("@@VM-INVENTORY-BEGIN", "@@VM-INVENTORY-END"),
         lsblk: doc("@@VM-LSBLK-BEGIN", "@@VM-LSBLK-END"),
         console,
         seconds,
+    }
+}
+
+/// Standard base64 (with padding) to bytes; `None` on anything else.
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let s = s.trim().as_bytes();
+    if !s.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() / 4 * 3);
+    for chunk in s.chunks(4) {
+        let pad = chunk.iter().rev().take_while(|&&c| c == b'=').count();
+        let mut n = 0u32;
+        for &c in &chunk[..4 - pad] {
+            n = (n << 6) | val(c)?;
+        }
+        n <<= 6 * pad as u32;
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..3 - pad]);
+    }
+    Some(out)
+}
+
+/// Recreates, under `dest`, the tree `capture-sys.sh` printed: directories, files with their
+/// content, symbolic links with their (relative) targets.
+pub fn write_sys_tree(text: &str, dest: &Path) {
+    for line in text.lines() {
+        let mut w = line.splitn(3, ' ');
+        let (Some(kind), Some(path)) = (w.next(), w.next()) else {
+            continue;
+        };
+        let rest = w.next().unwrap_or("");
+        let at = dest.join(path.trim_start_matches('/'));
+        match kind {
+            "D" => std::fs::create_dir_all(&at).unwrap(),
+            "F" => {
+                std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+                let bytes =
+                    base64_decode(rest).unwrap_or_else(|| panic!("{path}: bad base64 {rest:?}"));
+                std::fs::write(&at, bytes).unwrap();
+            }
+            "L" => {
+                std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+                let _ = std::fs::remove_file(&at);
+                std::os::unix::fs::symlink(rest, &at).unwrap();
+            }
+            _ => panic!("capture-sys.sh: unexpected line {line:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64() {
+        assert_eq!(super::base64_decode("").unwrap(), b"");
+        assert_eq!(super::base64_decode("MQo=").unwrap(), b"1\n");
+        assert_eq!(super::base64_decode("QkNOVk1FMA==").unwrap(), b"BCNVME0");
+        assert_eq!(super::base64_decode("YWJj").unwrap(), b"abc");
+        assert_eq!(super::base64_decode("Y*Jj"), None);
     }
 }

@@ -176,12 +176,24 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
     };
     let bcd = vm::build_bcd();
     let dir = tempfile::tempdir().unwrap();
-    let initrd = vm::build_initramfs(&tools, &bcd, dir.path(), DISKS);
+    // BC_VM_CAPTURE=<dir>: also write the guest's /sys subset there (the fixture tree of
+    // bcd-probes' qemu_topology test is made this way).
+    let capture = std::env::var_os("BC_VM_CAPTURE").filter(|v| !v.is_empty());
+    let initrd = vm::build_initramfs(&tools, &bcd, dir.path(), DISKS, capture.is_some());
     let boot = vm::boot(&tools, &initrd, &machine(dir.path()));
     eprintln!(
         "topology_vm: kernel {} booted, probed and powered off in {:.1} s",
         tools.kernel_version, boot.seconds
     );
+    if let Some(dest) = &capture {
+        let text = boot.sys.as_deref().expect("the guest's /sys capture");
+        let dest = std::path::Path::new(dest);
+        if dest.exists() {
+            std::fs::remove_dir_all(dest).unwrap();
+        }
+        vm::write_sys_tree(text, dest);
+        eprintln!("topology_vm: /sys subset written to {}", dest.display());
+    }
     let inv: Inventory = serde_json::from_value(boot.inventory.clone())
         .unwrap_or_else(|e| panic!("inventory document: {e}\n{:#}", boot.inventory));
     let s = Seen {
