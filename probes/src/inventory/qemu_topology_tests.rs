@@ -45,6 +45,29 @@ fn the_qemu_machine_as_its_kernel_showed_it() {
         pci(&inv, "0000:07:00.0").bridges,
         ["0000:00:13.0", "0000:04:00.0", "0000:05:01.0"]
     );
+    // A second switch below the first one's third downstream port.
+    let deep = pci(&inv, "0000:0a:00.0");
+    assert_eq!(
+        deep.bridges,
+        [
+            "0000:00:13.0",
+            "0000:04:00.0",
+            "0000:05:02.0",
+            "0000:08:00.0",
+            "0000:09:00.0"
+        ]
+    );
+    let nvme2 = pci(&inv, "0000:06:00.0");
+    let n = topo.numa_nodes.len();
+    assert_eq!(
+        topology::affinity(nvme2, pci(&inv, "0000:07:00.0"), n),
+        Affinity::Pix
+    );
+    assert_eq!(topology::affinity(nvme2, deep, n), Affinity::Pxb);
+    assert_eq!(
+        topology::affinity(nvme2, pci(&inv, "0000:81:00.0"), n),
+        Affinity::Sys
+    );
     // xio3130's downstream ports have no link capability: max_link_speed is "Unknown".
     let dp = pci(&inv, "0000:05:00.0");
     assert_eq!((dp.max_link_speed_gts, dp.max_link_width), (None, None));
@@ -142,6 +165,7 @@ fn a_gpu_in_the_display_slot_gets_its_matrix() -> std::io::Result<()> {
             ("0000:03:00.0", Nvme, Sys),
             ("0000:06:00.0", Nvme, Sys),
             ("0000:07:00.0", Nic, Sys),
+            ("0000:0a:00.0", Nic, Sys),
             ("0000:81:00.0", Nvme, Phb),
             ("0000:82:00.0", Nic, Phb),
         ]

@@ -9,7 +9,8 @@
 //! | `pcie.0` root port `00:10.0` | NVMe `BCNVME0` | a local NVMe disk |
 //! | `pcie.0` root port `00:11.0` | e1000e `…:01` | a NIC |
 //! | `pcie.0` root port `00:12.0`, `x-speed=5,x-width=2` | NVMe `BCNVME1` | a narrow, slow slot |
-//! | `pcie.0` root port `00:13.0` → switch (x3130-upstream) → 2 downstream ports | NVMe `BCNVME2` (4 KiB sectors), e1000e `…:02` | a PCIe switch with a disk and a NIC |
+//! | `pcie.0` root port `00:13.0` → switch (x3130-upstream) → 3 downstream ports | NVMe `BCNVME2` (4 KiB sectors), e1000e `…:02`, a second switch | a PCIe switch with a disk and a NIC |
+//! | the first switch's third downstream port → switch → downstream port | e1000e `…:04` | a NIC two switches down |
 //! | `pcie.0` root port `00:14.0` | virtio-blk `BCVIRTIO0` (4 KiB physical sectors) | a virtio disk |
 //! | `pcie.0` root port `00:15.0` | virtio-scsi, scsi-hd `BCSCSI0` (WWN, target 0 LUN 3) | a SCSI disk |
 //! | `pxb-pcie` host bridge on NUMA node 1 (bus 0x80), root ports `80:00.0`, `80:01.0`, `80:02.0` | NVMe `BCNVME3`, virtio-net `…:03`, bochs-display | a second socket's root complex; the display stands in for a GPU |
@@ -78,6 +79,17 @@ fn machine(dir: &std::path::Path) -> Vec<String> {
         "nvme,bus=dp1,serial=BCNVME2,drive=nv2,logical_block_size=4096,physical_block_size=4096",
     ]);
     add(&["-device", "e1000e,bus=dp2,mac=52:54:00:00:00:02"]);
+    // A second switch below the first one's third downstream port, with a NIC.
+    add(&[
+        "-device",
+        "xio3130-downstream,id=dp3,bus=up1,chassis=13,slot=13,addr=0x2",
+    ]);
+    add(&["-device", "x3130-upstream,id=up2,bus=dp3"]);
+    add(&[
+        "-device",
+        "xio3130-downstream,id=dp4,bus=up2,chassis=14,slot=14,addr=0x0",
+    ]);
+    add(&["-device", "e1000e,bus=dp4,mac=52:54:00:00:00:04"]);
     add(&["-device", &rp("rp5", "pcie.0", 7, "0x14", "")]);
     add(&["-drive", &img("vb0")]);
     add(&[
@@ -224,12 +236,13 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
     let nvme1 = s.pci("0000:00:12.0", "0108");
     let nvme2 = s.pci("0000:00:13.0", "0108");
     let nic2 = s.nic("52:54:00:00:00:02");
+    let nic4 = s.nic("52:54:00:00:00:04");
     let nvme3 = s.pci("0000:80:00.0", "0108");
     let nic3 = s.nic("52:54:00:00:00:03");
     let display = s.pci("0000:80:02.0", "0380");
     assert_eq!(nic1.bridges, ["0000:00:11.0"]);
     assert_eq!(nic3.bridges, ["0000:80:01.0"]);
-    for d in [nvme0, nic1, nvme1, nvme2, nic2] {
+    for d in [nvme0, nic1, nvme1, nvme2, nic2, nic4] {
         assert_eq!(
             d.host_bridge.as_deref(),
             Some("pci0000:00"),
@@ -260,6 +273,9 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
     assert_ne!(nvme2.bridges[2], nic2.bridges[2]);
     let upstream = s.function(&nvme2.bridges[1]);
     assert!(upstream.class.starts_with("0604"), "{upstream:?}");
+    // Two switches: root port, upstream, downstream, upstream, downstream.
+    assert_eq!(nic4.bridges.len(), 5, "{:?}", nic4.bridges);
+    assert_eq!(nic4.bridges[..2], nvme2.bridges[..2]);
 
     // The nvidia-smi-style classification of the kernel's placements.
     let n = nodes(&s);
@@ -280,7 +296,7 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
         Affinity::Phb,
         "same pxb, two root ports"
     );
-    for local in [nvme0, nic1, nvme1, nvme2, nic2] {
+    for local in [nvme0, nic1, nvme1, nvme2, nic2, nic4] {
         for remote in [nvme3, nic3, display] {
             assert_eq!(
                 affinity(local, remote, n),
@@ -298,7 +314,7 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
     let free = s.function("0000:00:10.0");
     assert_eq!(free.max_link_speed_gts, Some(16.0));
     assert_eq!(free.max_link_width, Some(32));
-    for d in [nvme0, nvme1, nvme2, nvme3, nic1, nic2, nic3] {
+    for d in [nvme0, nvme1, nvme2, nvme3, nic1, nic2, nic3, nic4] {
         assert_eq!(d.max_link_speed_gts, Some(2.5), "{}", d.address);
         assert_eq!(d.max_link_width, Some(1), "{}", d.address);
         assert_eq!(d.current_link_speed_gts, Some(2.5), "{}", d.address);
