@@ -56,7 +56,7 @@ fn machine(dir: &std::path::Path) -> Vec<String> {
     add(&["-drive", &img("nv0")]);
     add(&["-device", "nvme,bus=rp1,serial=BCNVME0,drive=nv0"]);
     add(&["-device", &rp("rp2", "pcie.0", 2, "0x11", "")]);
-    add(&["-device", "e1000e,bus=rp2,mac=52:54:00:00:00:01"]);
+    add(&["-device", "e1000e,bus=rp2,mac=52:54:00:00:00:01,romfile="]);
     add(&[
         "-device",
         &rp("rp3", "pcie.0", 3, "0x12", ",x-speed=5,x-width=2"),
@@ -78,7 +78,7 @@ fn machine(dir: &std::path::Path) -> Vec<String> {
         "-device",
         "nvme,bus=dp1,serial=BCNVME2,drive=nv2,logical_block_size=4096,physical_block_size=4096",
     ]);
-    add(&["-device", "e1000e,bus=dp2,mac=52:54:00:00:00:02"]);
+    add(&["-device", "e1000e,bus=dp2,mac=52:54:00:00:00:02,romfile="]);
     // A second switch below the first one's third downstream port, with a NIC.
     add(&[
         "-device",
@@ -89,7 +89,7 @@ fn machine(dir: &std::path::Path) -> Vec<String> {
         "-device",
         "xio3130-downstream,id=dp4,bus=up2,chassis=14,slot=14,addr=0x0",
     ]);
-    add(&["-device", "e1000e,bus=dp4,mac=52:54:00:00:00:04"]);
+    add(&["-device", "e1000e,bus=dp4,mac=52:54:00:00:00:04,romfile="]);
     add(&["-device", &rp("rp5", "pcie.0", 7, "0x14", "")]);
     add(&["-drive", &img("vb0")]);
     add(&[
@@ -115,13 +115,17 @@ fn machine(dir: &std::path::Path) -> Vec<String> {
     add(&["-device", &rp("rp12", "pxb1", 12, "0x2", "")]);
     add(&["-drive", &img("nv3")]);
     add(&["-device", "nvme,bus=rp10,serial=BCNVME3,drive=nv3"]);
-    add(&["-device", "virtio-net-pci,bus=rp11,mac=52:54:00:00:00:03"]);
+    add(&[
+        "-device",
+        "virtio-net-pci,bus=rp11,mac=52:54:00:00:00:03,romfile=",
+    ]);
     add(&["-device", "bochs-display,bus=rp12"]);
     a
 }
 
-/// Block devices the guest waits for before running the probes.
-const DISKS: usize = 6;
+/// Block devices the guest waits for before running the probes (the kernel names them in probe
+/// order: one namespace per NVMe controller, the virtio-blk disk, the SCSI disk).
+const DISKS: &[&str] = &["nvme0n1", "nvme1n1", "nvme2n1", "nvme3n1", "vda", "sda"];
 
 struct Seen {
     inv: Inventory,
