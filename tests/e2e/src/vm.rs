@@ -12,8 +12,9 @@
 //!   `/bin/busybox`), `cpio`, `modprobe` and `ldd` on this machine, `lsblk` at `/usr/bin/lsblk`.
 //!
 //! The machine is emulated (`-accel tcg,thread=single`): no KVM needed; a boot with the probes
-//! takes 15–30 s on 2 busy cores (the test gives its NICs no option ROM: `romfile=`). One TCG thread for all vCPUs, because multi-threaded TCG
-//! with 4 vCPU threads on 2 loaded host cores once left the guest in RCU stalls until the limit.
+//! takes 15–30 s on 2 busy cores (the test gives its NICs no option ROM: `romfile=`). One TCG
+//! thread for all vCPUs, because multi-threaded TCG with 4 vCPU threads on 2 loaded host cores
+//! once left the guest in RCU stalls until the limit.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read;
