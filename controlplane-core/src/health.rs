@@ -165,6 +165,7 @@ mod tests {
             started_at: None,
             finished_at: None,
             deadline_at: 1,
+            subject_node_id: None,
         }
     }
 

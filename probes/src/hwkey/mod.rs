@@ -26,8 +26,11 @@
 //! identifier.
 
 mod cli;
-pub mod normalize;
 mod render;
+
+/// The identifiers' normalization and junk rules live in the protocol crate: the control plane
+/// spells a BMC-reported identifier with the same rules (issue 14, enrollment).
+pub use bc_protocol::hwid as normalize;
 
 use bc_protocol::pb::HardwareIdentity;
 use serde::Serialize;
@@ -41,30 +44,7 @@ use normalize::{Rejection, UuidVerdict};
 pub use cli::{HardwareKeyArgs, run};
 pub use render::{render_json, render_table};
 
-/// What kind of identifier a candidate is; the prefix of its `kind:value` line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Kind {
-    SystemUuid,
-    SystemSerial,
-    BaseboardSerial,
-    ChassisSerial,
-    Mac,
-}
-
-impl Kind {
-    /// The line prefix: `system-uuid`, `system-serial`, `baseboard-serial`, `chassis-serial`,
-    /// `mac`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SystemUuid => "system-uuid",
-            Self::SystemSerial => "system-serial",
-            Self::BaseboardSerial => "baseboard-serial",
-            Self::ChassisSerial => "chassis-serial",
-            Self::Mac => "mac",
-        }
-    }
-}
+pub use bc_protocol::hwid::Kind;
 
 /// One candidate identifier and what became of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +91,7 @@ impl HardwareKeyReport {
         let mut digests: Vec<String> = self
             .lines
             .iter()
-            .map(|l| sha256_hex(l.as_bytes()))
+            .map(|l| normalize::digest(l))
             .collect();
         digests.sort();
         HardwareIdentity {
@@ -120,10 +100,6 @@ impl HardwareKeyReport {
             identifier_digests: digests,
         }
     }
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
 }
 
 /// One value read from firmware.
@@ -305,7 +281,7 @@ impl Evaluator {
                     (None, Some(Rejection::DuplicateOf(first.clone())))
                 } else {
                     self.seen.push((c, format!("{} ({source})", kind.as_str())));
-                    (Some(format!("{}:{v}", k.as_str())), None)
+                    (Some(normalize::line(k, &v)), None)
                 }
             }
             Err(e) => (None, Some(e)),
