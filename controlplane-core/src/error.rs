@@ -67,7 +67,9 @@ impl OpError {
             OpError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             OpError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             // Capacity comes back as allocations are released: retryable, hence UNAVAILABLE.
-            OpError::InsufficientCapacity { .. } | OpError::Unavailable(_) => ErrorCode::Unavailable,
+            OpError::InsufficientCapacity { .. } | OpError::Unavailable(_) => {
+                ErrorCode::Unavailable
+            }
             OpError::Store(_) | OpError::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -207,9 +207,11 @@ impl Tx<'_> {
 impl Reader<'_> {
     /// The BMC of `node_id`, if it was enrolled through one.
     pub fn bmc(&self, node_id: &str) -> Result<Option<BmcRecord>, StoreError> {
-        Ok(query_bmcs(self.sqlite(), "WHERE b.node_id = ?1", params![node_id])?
-            .into_iter()
-            .next())
+        Ok(
+            query_bmcs(self.sqlite(), "WHERE b.node_id = ?1", params![node_id])?
+                .into_iter()
+                .next(),
+        )
     }
 
     /// The BMCs of the nodes on `site_id`, by node id.
@@ -280,7 +282,12 @@ mod tests {
     use crate::{NewNode, Site, Store};
     use bc_protocol::{Adapter, NodeRole, ProvisionState, SiteKind, Trust};
 
-    fn node(tx: &Tx<'_>, id: &str, role: NodeRole, state: ProvisionState) -> Result<(), StoreError> {
+    fn node(
+        tx: &Tx<'_>,
+        id: &str,
+        role: NodeRole,
+        state: ProvisionState,
+    ) -> Result<(), StoreError> {
         let n = NewNode {
             id: id.into(),
             site_id: Some("s1".into()),
@@ -311,7 +318,12 @@ mod tests {
                 created_at: 1,
             })?;
             node(tx, "node_site", NodeRole::Site, ProvisionState::Adopting)?;
-            node(tx, "node_m", NodeRole::Unassigned, ProvisionState::Enrolling)?;
+            node(
+                tx,
+                "node_m",
+                NodeRole::Unassigned,
+                ProvisionState::Enrolling,
+            )?;
             let b = BmcRecord {
                 node_id: "node_m".into(),
                 address: "ipmi://10.0.0.1".into(),

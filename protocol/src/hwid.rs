@@ -549,7 +549,10 @@ mod tests {
             serial_line(Kind::SystemSerial, " .790H8D2. ").as_deref(),
             Ok("system-serial:790h8d2")
         );
-        assert_eq!(mac_line("00-25-90-EB-96-28").as_deref(), Ok("mac:00:25:90:eb:96:28"));
+        assert_eq!(
+            mac_line("00-25-90-EB-96-28").as_deref(),
+            Ok("mac:00:25:90:eb:96:28")
+        );
         assert_eq!(
             digest("x"),
             "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"

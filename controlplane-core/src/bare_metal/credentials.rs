@@ -201,6 +201,9 @@ mod tests {
     #[test]
     fn debug_never_shows_a_secret() {
         let text = format!("{:?} {:?}", creds(), CredentialKey::generate());
-        assert!(!text.contains("hunter2") && !text.contains("admin"), "{text}");
+        assert!(
+            !text.contains("hunter2") && !text.contains("admin"),
+            "{text}"
+        );
     }
 }

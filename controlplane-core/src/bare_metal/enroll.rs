@@ -398,7 +398,9 @@ pub(crate) fn pending(edit: &mut Edit, site_id: &str) {
             type_: BMC_VERIFIED.to_owned(),
             status: ConditionStatus::Unknown,
             reason: "Pending".to_owned(),
-            message: format!("waiting for the site agent holding site {site_id}'s lease to verify the BMC"),
+            message: format!(
+                "waiting for the site agent holding site {site_id}'s lease to verify the BMC"
+            ),
             owner: OWNER.to_owned(),
         },
     );

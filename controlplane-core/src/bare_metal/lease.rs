@@ -351,8 +351,10 @@ impl BareMetal {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        let period = (self.cfg.lease_ttl / 4)
-            .clamp(std::time::Duration::from_millis(50), std::time::Duration::from_secs(1));
+        let period = (self.cfg.lease_ttl / 4).clamp(
+            std::time::Duration::from_millis(50),
+            std::time::Duration::from_secs(1),
+        );
         let started = now_ms();
         if let Err(e) = self.load_leases().await {
             tracing::error!(error = %e, "loading the site leases failed");
@@ -399,7 +401,9 @@ mod tests {
         let (a, b) = (agent("node_a", true, 1_000), agent("node_b", true, 1_000));
         // Nobody holds it: the first live agent by id gets epoch 1, even in the grace period.
         match decide(None, &[b.clone(), a.clone()], 1_000, 15_000, true) {
-            Decision::Grant { to, epoch, from, .. } => {
+            Decision::Grant {
+                to, epoch, from, ..
+            } => {
                 assert_eq!((to.as_str(), epoch, from), ("node_a", 1, None));
             }
             d => panic!("expected a grant, got {d:?}"),
@@ -413,8 +417,19 @@ mod tests {
         // Lapsed, holder disconnected: b takes it at epoch 2.
         let dead_a = agent("node_a", false, 1_000);
         let b_fresh = agent("node_b", true, 20_000);
-        match decide(Some(&l), &[dead_a.clone(), b_fresh.clone()], 20_000, 15_000, false) {
-            Decision::Grant { to, epoch, from, why } => {
+        match decide(
+            Some(&l),
+            &[dead_a.clone(), b_fresh.clone()],
+            20_000,
+            15_000,
+            false,
+        ) {
+            Decision::Grant {
+                to,
+                epoch,
+                from,
+                why,
+            } => {
                 assert_eq!((to.as_str(), epoch), ("node_b", 2));
                 assert_eq!(from.as_deref(), Some("node_a"));
                 assert!(why.contains("disconnected"), "{why}");
@@ -423,7 +438,13 @@ mod tests {
         }
         // The same in the start-up grace: kept (a restart must not flap the lease).
         assert_eq!(
-            decide(Some(&l), &[dead_a.clone(), b_fresh.clone()], 20_000, 15_000, true),
+            decide(
+                Some(&l),
+                &[dead_a.clone(), b_fresh.clone()],
+                20_000,
+                15_000,
+                true
+            ),
             Decision::Keep
         );
         // Lapsed and nobody to take it: kept (the holder may come back at the same epoch).

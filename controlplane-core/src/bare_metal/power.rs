@@ -73,11 +73,7 @@ pub enum ReportOutcome {
 }
 
 /// The holder of `site_id`'s lease and its epoch, read in `tx`, when it has a live session.
-fn live_holder(
-    tx: &Tx<'_>,
-    bm: &BareMetal,
-    site_id: &str,
-) -> Result<(String, u64), OpError> {
+fn live_holder(tx: &Tx<'_>, bm: &BareMetal, site_id: &str) -> Result<(String, u64), OpError> {
     let lease = tx.site_lease(site_id)?;
     match lease.and_then(|l| l.holder_node_id.map(|h| (h, l.epoch))) {
         Some((h, e)) if bm.sessions.live_epoch(&h).is_some() => Ok((h, e)),
@@ -144,7 +140,15 @@ impl BareMetal {
                 let args = serde_json::json!({
                     "nodeId": req.node_id, "leaseEpoch": epoch, "action": req.action.as_str()
                 });
-                queue(tx, &holder, &req.node_id, CommandName::BmcPower, args, timeout, &actor)
+                queue(
+                    tx,
+                    &holder,
+                    &req.node_id,
+                    CommandName::BmcPower,
+                    args,
+                    timeout,
+                    &actor,
+                )
             })
             .await?;
         self.commands.dispatch(&rec.node_id, false).await;
@@ -321,8 +325,12 @@ pub fn apply_power_report(
     }
     let mut changed = 0;
     for o in &report.observations {
-        let Some(mut b) = tx.bmc(&o.node_id)? else { continue };
-        let Some(node) = tx.node(&o.node_id)? else { continue };
+        let Some(mut b) = tx.bmc(&o.node_id)? else {
+            continue;
+        };
+        let Some(node) = tx.node(&o.node_id)? else {
+            continue;
+        };
         if node.site_id.as_deref() != Some(site.as_str()) {
             continue;
         }
@@ -341,7 +349,8 @@ pub fn apply_power_report(
             let to: Power = o.power.parse().unwrap_or(Power::Unknown);
             if to != edit.node.power {
                 let asked = b.power_expected.as_deref() == Some(to.as_str())
-                    && b.power_expected_at.is_some_and(|t| now - t <= EXPECTED_WINDOW_MS);
+                    && b.power_expected_at
+                        .is_some_and(|t| now - t <= EXPECTED_WINDOW_MS);
                 let message = if asked {
                     "the BMC reports the power state nodes.power asked for".to_owned()
                 } else {
@@ -372,7 +381,11 @@ pub fn apply_power_report(
                     owner: OWNER.to_owned(),
                 },
             );
-            set_power(&mut edit, Power::Unknown, &format!("the BMC did not answer: {why}"));
+            set_power(
+                &mut edit,
+                Power::Unknown,
+                &format!("the BMC did not answer: {why}"),
+            );
             b.last_error = Some(why);
         }
         b.reachable = Some(o.reachable);

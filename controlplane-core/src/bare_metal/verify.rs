@@ -193,7 +193,12 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
         Some(cmd.state.as_str().to_owned()),
         match cmd.state {
             CommandState::Succeeded => format!("{} ({}) succeeded", cmd.name, cmd.id),
-            _ => format!("{} ({}) {}: {code}: {message}", cmd.name, cmd.id, cmd.state.as_str()),
+            _ => format!(
+                "{} ({}) {}: {code}: {message}",
+                cmd.name,
+                cmd.id,
+                cmd.state.as_str()
+            ),
         },
     );
     let candidate = cmd.args.get("candidate").and_then(|v| v.as_bool()) == Some(true);
@@ -209,7 +214,11 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
                 .and_then(|r| serde_json::from_value::<PowerResult>(r.clone()).ok())
                 && r.power != PowerState::Unknown
             {
-                let action = cmd.args.get("action").and_then(|v| v.as_str()).unwrap_or("");
+                let action = cmd
+                    .args
+                    .get("action")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("");
                 set_power(
                     &mut edit,
                     power_of(r.power),
@@ -285,8 +294,16 @@ fn verify_result(
                 format!(
                     "{} answered with these credentials: system {}{}, {} identifier(s) recorded",
                     bmc.address,
-                    if f.system_path.is_empty() { "(IPMI)" } else { &f.system_path },
-                    if what.is_empty() { String::new() } else { format!(" ({what})") },
+                    if f.system_path.is_empty() {
+                        "(IPMI)"
+                    } else {
+                        &f.system_path
+                    },
+                    if what.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({what})")
+                    },
                     bmc.identifiers.len()
                 ),
             );
@@ -303,8 +320,18 @@ fn verify_result(
             let code = why.split(':').next().unwrap_or("BMC_ERROR").to_owned();
             bmc.last_error = Some(why.clone());
             tx.put_bmc(&bmc)?;
-            condition(edit, BMC_VERIFIED, ConditionStatus::False, &reason_of(&code), why.clone());
-            apply_transition(edit, ProvisionState::Failed, &format!("BMC verification failed: {why}"))?;
+            condition(
+                edit,
+                BMC_VERIFIED,
+                ConditionStatus::False,
+                &reason_of(&code),
+                why.clone(),
+            );
+            apply_transition(
+                edit,
+                ProvisionState::Failed,
+                &format!("BMC verification failed: {why}"),
+            )?;
         }
     }
     Ok(())
@@ -329,18 +356,22 @@ fn rotation_result(
             "bmcCredentials",
             Some("rotating".into()),
             Some("rotated".into()),
-            format!("the BMC accepted the new credentials ({}); they replace the old ones", cmd.id),
+            format!(
+                "the BMC accepted the new credentials ({}); they replace the old ones",
+                cmd.id
+            ),
         );
     } else {
         edit.event(
             "bmcCredentials",
             Some("rotating".into()),
             Some("kept".into()),
-            format!("the BMC did not accept the new credentials ({code}: {message}); the old ones stay"),
+            format!(
+                "the BMC did not accept the new credentials ({code}: {message}); the old ones stay"
+            ),
         );
     }
-    tx.put_bmc(&bmc)
-        .map_err(OpError::from)
+    tx.put_bmc(&bmc).map_err(OpError::from)
 }
 
 /// What the verification pass does to one enrolling node.
@@ -373,8 +404,11 @@ impl BareMetal {
                 }
                 let mut n = 0;
                 for mut b in tx.site_bmcs(&site)? {
-                    let Some(node) = tx.node(&b.node_id)? else { continue };
-                    if node.provision_state != ProvisionState::Enrolling || b.verified_at.is_some() {
+                    let Some(node) = tx.node(&b.node_id)? else {
+                        continue;
+                    };
+                    if node.provision_state != ProvisionState::Enrolling || b.verified_at.is_some()
+                    {
                         continue;
                     }
                     if let Some(c) = b.verify_command_id.as_deref()
@@ -385,7 +419,15 @@ impl BareMetal {
                     let args = serde_json::json!({
                         "nodeId": b.node_id, "leaseEpoch": lease.epoch, "candidate": false
                     });
-                    let rec = queue(tx, &h, &b.node_id, CommandName::BmcVerify, args, timeout, OWNER)?;
+                    let rec = queue(
+                        tx,
+                        &h,
+                        &b.node_id,
+                        CommandName::BmcVerify,
+                        args,
+                        timeout,
+                        OWNER,
+                    )?;
                     b.verify_command_id = Some(rec.id);
                     tx.put_bmc(&b)?;
                     n += 1;
@@ -411,7 +453,10 @@ impl BareMetal {
         let deadline = ms(self.cfg.verify_deadline);
         let pending = match self
             .store
-            .read(|r| r.bmcs_in_state(ProvisionState::Enrolling.as_str()).map_err(OpError::from))
+            .read(|r| {
+                r.bmcs_in_state(ProvisionState::Enrolling.as_str())
+                    .map_err(OpError::from)
+            })
             .await
         {
             Ok(p) => p,
@@ -426,7 +471,9 @@ impl BareMetal {
                 if b.verified_at.is_none() {
                     if let Ok(Some(n)) = {
                         let id = b.node_id.clone();
-                        self.store.read(move |r| r.node(&id).map_err(OpError::from)).await
+                        self.store
+                            .read(move |r| r.node(&id).map_err(OpError::from))
+                            .await
                     } && let Some(s) = n.site_id
                     {
                         sites.insert(s);
@@ -475,17 +522,27 @@ fn fail_overdue(tx: &Tx<'_>, node_id: &str, limit: std::time::Duration) -> Resul
     let (reason, why) = if in_flight {
         (
             "VerifyDeadline",
-            format!("the BMC was not verified within {limit} (the site agent did not answer in time)"),
+            format!(
+                "the BMC was not verified within {limit} (the site agent did not answer in time)"
+            ),
         )
     } else {
         (
             "NoSiteAgent",
-            format!("no site agent of site {site} held the site's lease within {limit}, so the BMC was never verified"),
+            format!(
+                "no site agent of site {site} held the site's lease within {limit}, so the BMC was never verified"
+            ),
         )
     };
     b.last_error = Some(why.clone());
     tx.put_bmc(&b)?;
-    condition(&mut edit, BMC_VERIFIED, ConditionStatus::False, reason, why.clone());
+    condition(
+        &mut edit,
+        BMC_VERIFIED,
+        ConditionStatus::False,
+        reason,
+        why.clone(),
+    );
     apply_transition(&mut edit, ProvisionState::Failed, &why)?;
     edit.save(tx)?;
     Ok(())
@@ -512,8 +569,14 @@ mod tests {
             uuid: Some("B26849EF-4FB0-4E03-A9D1-1A165A40C8D7".into()),
             serial: Some(" To Be Filled By O.E.M. ".into()),
             nics: vec![
-                BmcNic { id: "1".into(), mac: "00:25:90:EB:96:28".into() },
-                BmcNic { id: "2".into(), mac: "02:42:ac:11:00:02".into() },
+                BmcNic {
+                    id: "1".into(),
+                    mac: "00:25:90:EB:96:28".into(),
+                },
+                BmcNic {
+                    id: "2".into(),
+                    mac: "02:42:ac:11:00:02".into(),
+                },
             ],
             ..BmcFacts::default()
         };

@@ -88,11 +88,7 @@ pub struct HardwareKeyReport {
 impl HardwareKeyReport {
     /// The wire form: key, trusted, and the sorted per-identifier digests.
     pub fn identity(&self) -> HardwareIdentity {
-        let mut digests: Vec<String> = self
-            .lines
-            .iter()
-            .map(|l| normalize::digest(l))
-            .collect();
+        let mut digests: Vec<String> = self.lines.iter().map(|l| normalize::digest(l)).collect();
         digests.sort();
         HardwareIdentity {
             hardware_key: self.hardware_key.clone(),
