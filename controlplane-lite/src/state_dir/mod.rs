@@ -37,6 +37,8 @@ pub const STORE_FILE: &str = "state.db";
 pub const CA_KEY_FILE: &str = "ca.key";
 /// The CA's certificate.
 pub const CA_CERT_FILE: &str = "ca.crt";
+/// The key BMC credentials are sealed under (0600, hex): made at initialisation.
+pub const BMC_KEY_FILE: &str = "bmc-credentials.key";
 
 /// The files an initialised dir must hold.
 const REQUIRED: [&str; 3] = [STORE_FILE, CA_KEY_FILE, CA_CERT_FILE];
@@ -106,6 +108,10 @@ pub struct Marker {
     pub initialised_at: String,
     /// The CA pin the dir was initialised with.
     pub ca_pin: String,
+    /// Whether `bmc-credentials.key` was made in this dir: from then on it must be there (the
+    /// sealed BMC credentials in the store open with it alone).
+    #[serde(default)]
+    pub bmc_credentials_key: bool,
 }
 
 /// A locked state dir; the lock lasts as long as this value (and at most the process).
@@ -292,6 +298,7 @@ impl StateDir {
         let m = Marker {
             initialised_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             ca_pin: ca_pin.to_owned(),
+            bmc_credentials_key: true,
         };
         let path = self.path.join(MARKER_FILE);
         let text = serde_json::to_string_pretty(&m).unwrap_or_default();
@@ -301,6 +308,71 @@ impl StateDir {
                 source: std::io::Error::other(e.to_string()),
             }
         })
+    }
+}
+
+impl StateDir {
+    /// The BMC credentials key (`bmc-credentials.key`, 0600): made when the dir is initialised
+    /// (`fresh`) or when a dir initialised before the key existed starts for the first time
+    /// (recorded in the marker); afterwards it must be there and whole, or the start is refused
+    /// (the store's sealed credentials open with it alone; a new key would lose them all).
+    pub fn bmc_key(
+        &self,
+        fresh: bool,
+    ) -> Result<cpl_core::bare_metal::CredentialKey, StateDirError> {
+        use cpl_core::bare_metal::CredentialKey;
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.path.join(BMC_KEY_FILE);
+        let marker = self.marker()?;
+        let recorded = marker.as_ref().is_some_and(|m| m.bmc_credentials_key);
+        let damaged = |problem: String| StateDirError::Damaged {
+            dir: self.path.clone(),
+            file: path.clone(),
+            problem,
+            evidence: format!("{MARKER_FILE} records that it was made"),
+        };
+        match fs::read_to_string(&path) {
+            Ok(text) => {
+                let key = hex::decode(text.trim())
+                    .ok()
+                    .and_then(|b| CredentialKey::from_bytes(&b).ok())
+                    .ok_or_else(|| damaged(format!("is not {} hex-encoded bytes", CredentialKey::LEN)))?;
+                let mode = fs::metadata(&path).map_err(io(&path))?.permissions().mode();
+                if mode & 0o077 != 0 {
+                    tracing::warn!(file = %path.display(), mode = format!("{:o}", mode & 0o777), "the BMC credentials key was readable by others; made 0600");
+                    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+                        .map_err(io(&path))?;
+                }
+                Ok(key)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && (fresh || !recorded) => {
+                let key = CredentialKey::generate();
+                crate::ca::write_atomic(
+                    &path,
+                    format!("{}\n", hex::encode(key.to_bytes())).as_bytes(),
+                    0o600,
+                )
+                .map_err(|e| StateDirError::Io {
+                    path: path.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+                if let Some(mut m) = marker {
+                    m.bmc_credentials_key = true;
+                    let mpath = self.path.join(MARKER_FILE);
+                    let text = serde_json::to_string_pretty(&m).unwrap_or_default();
+                    crate::ca::write_atomic(&mpath, format!("{text}\n").as_bytes(), 0o644)
+                        .map_err(|e| StateDirError::Io {
+                            path: mpath.clone(),
+                            source: std::io::Error::other(e.to_string()),
+                        })?;
+                }
+                Ok(key)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(damaged("is missing".to_owned()))
+            }
+            Err(e) => Err(damaged(format!("cannot be read: {e}"))),
+        }
     }
 }
 
