@@ -3,7 +3,7 @@
 //! mode serves the same way.
 //!
 //! # Background
-//! `bcd agent`, `bcd sim` and the coming `bcd site` and `bcd ramdisk` all speak the same protocol
+//! `bcd agent`, `bcd sim`, `bcd site` and the coming `bcd ramdisk` all speak the same protocol
 //! to the same gateway: join with a token over a pinned TLS connection, then hold one session
 //! (Hello, Welcome, heartbeats, inventory, specs, commands, Goodbye) across reconnects, renewals
 //! and revocations. Written once per mode, a protocol change had to be made in each copy and the

@@ -1,5 +1,5 @@
-//! What a mode supplies to the session core: the small traits `bcd agent`, `bcd sim` and the
-//! coming `bcd site` and `bcd ramdisk` implement, so that all of them drive the same join and
+//! What a mode supplies to the session core: the small traits `bcd agent`, `bcd sim`,
+//! `bcd site` and the coming `bcd ramdisk` implement, so that all of them drive the same join and
 //! session code ([`crate::lifecycle::run`]).
 //!
 //! - [`Machine`]: the machine the mode speaks for — facts for Join and Hello, the inventory, the

@@ -36,6 +36,27 @@ pub struct AgentStatus {
     pub metrics_url: Option<String>,
     /// RFC 3339.
     pub updated_at: String,
+    /// Site agents only: the site lease and the BMCs (never a credential).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<SiteStatus>,
+}
+
+/// What a site agent (`bcd site`) says about its site in `status.json` (camelCase JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SiteStatus {
+    /// The site, once an assignment named it.
+    pub site_id: Option<String>,
+    /// Whether this appliance holds a valid site lease now (BMC work allowed).
+    pub lease_held: bool,
+    /// The lease epoch held, valid or not.
+    pub lease_epoch: Option<u64>,
+    /// RFC 3339: until when the lease stays valid without another renewal (local clock).
+    pub lease_valid_until: Option<String>,
+    /// BMCs assigned.
+    pub bmcs: usize,
+    /// BMCs whose last power read found no answer.
+    pub bmcs_unreachable: usize,
 }
 
 /// The status file writer.

@@ -1,11 +1,15 @@
 //! A scripted fake control plane for protocol tests (feature `test-utils`, and this crate's own
 //! tests): Join and Gateway over TLS on a loopback port, with a CA and a pin of its own. It
 //! signs every CSR, records every JoinRequest and each node's first session, answers Welcome,
-//! then sends its script, and acknowledges heartbeats. Not for production builds.
+//! then sends its script, and acknowledges heartbeats. A test can also push a message to every
+//! open session ([`FakeControlPlane::push`]) and choose the site lease expiry the
+//! acknowledgements carry ([`FakeControlPlane::set_site_lease_expiry`]), or stop acknowledging
+//! ([`FakeControlPlane::pause_acks`]). Not for production builds.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use bc_protocol::pb::gateway_server::{Gateway, GatewayServer};
 use bc_protocol::pb::join_server::{Join, JoinServer};
@@ -55,6 +59,9 @@ pub struct FakeControlPlane {
     pub pin: String,
     /// What it saw.
     pub seen: Arc<Mutex<Seen>>,
+    push: tokio::sync::broadcast::Sender<gateway_message::Msg>,
+    site_lease_expiry: Arc<AtomicI64>,
+    acks_paused: Arc<AtomicBool>,
 }
 
 #[derive(Clone)]
@@ -63,6 +70,9 @@ struct Service {
     issuer: Arc<Issuer<'static, KeyPair>>,
     seen: Arc<Mutex<Seen>>,
     script: Arc<Vec<gateway_message::Msg>>,
+    push: tokio::sync::broadcast::Sender<gateway_message::Msg>,
+    site_lease_expiry: Arc<AtomicI64>,
+    acks_paused: Arc<AtomicBool>,
 }
 
 #[tonic::async_trait]
@@ -105,6 +115,9 @@ impl Gateway for Service {
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let (seen, script) = (Arc::clone(&self.seen), Arc::clone(&self.script));
+        let mut pushed = self.push.subscribe();
+        let lease = Arc::clone(&self.site_lease_expiry);
+        let paused = Arc::clone(&self.acks_paused);
         tokio::spawn(async move {
             let Ok(Some(hello)) = inbound.message().await else {
                 return;
@@ -132,11 +145,25 @@ impl Gateway for Service {
                     return;
                 }
             }
-            while let Ok(Some(m)) = inbound.message().await {
-                if let Some(agent_message::Msg::Heartbeat(hb)) = &m.msg {
+            loop {
+                let m = tokio::select! {
+                    m = inbound.message() => match m {
+                        Ok(Some(m)) => m,
+                        _ => return,
+                    },
+                    p = pushed.recv() => {
+                        if let Ok(p) = p {
+                            let _ = tx.send(gw(p)).await;
+                        }
+                        continue;
+                    }
+                };
+                if let Some(agent_message::Msg::Heartbeat(hb)) = &m.msg
+                    && !paused.load(Ordering::SeqCst)
+                {
                     let ack = gateway_message::Msg::HeartbeatAck(HeartbeatAck {
                         seq: hb.seq,
-                        site_lease_expires_at_ms: 0,
+                        site_lease_expires_at_ms: lease.load(Ordering::SeqCst),
                     });
                     let _ = tx.send(gw(ack)).await;
                 }
@@ -186,8 +213,16 @@ impl FakeControlPlane {
             issuer: Arc::new(issuer),
             seen: Arc::default(),
             script: Arc::new(script),
+            push: tokio::sync::broadcast::channel(64).0,
+            site_lease_expiry: Arc::new(AtomicI64::new(0)),
+            acks_paused: Arc::new(AtomicBool::new(false)),
         };
-        let seen = Arc::clone(&service.seen);
+        let (seen, push, site_lease_expiry, acks_paused) = (
+            Arc::clone(&service.seen),
+            service.push.clone(),
+            Arc::clone(&service.site_lease_expiry),
+            Arc::clone(&service.acks_paused),
+        );
         let tls = ServerTlsConfig::new().identity(Identity::from_pem(
             format!("{}{}", leaf.pem(), ca_cert.pem()),
             leaf_key.serialize_pem(),
@@ -205,6 +240,31 @@ impl FakeControlPlane {
         tokio::spawn(
             server.serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
         );
-        Self { url, pin, seen }
+        Self {
+            url,
+            pin,
+            seen,
+            push,
+            site_lease_expiry,
+            acks_paused,
+        }
+    }
+
+    /// Sends `m` on every session open now (a command, a site assignment, ...).
+    pub fn push(&self, m: gateway_message::Msg) {
+        let _ = self.push.send(m);
+    }
+
+    /// What every later `HeartbeatAck.site_lease_expires_at_ms` carries (0, the default: the
+    /// node holds no site lease; anything else renews the lease of a site agent).
+    pub fn set_site_lease_expiry(&self, expires_at_ms: i64) {
+        self.site_lease_expiry
+            .store(expires_at_ms, Ordering::SeqCst);
+    }
+
+    /// Stops (or resumes) acknowledging heartbeats while the sessions stay open: a control
+    /// plane that no longer renews anything, as a network partition looks from the agent.
+    pub fn pause_acks(&self, paused: bool) {
+        self.acks_paused.store(paused, Ordering::SeqCst);
     }
 }

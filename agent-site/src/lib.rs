@@ -4,28 +4,50 @@
 //! # Background
 //! Bare metal is reached through its BMC before any OS runs on it. A site appliance holds the
 //! BMC credentials and the boot network of one site, so the control plane never talks to BMCs
-//! directly.
+//! directly. A site may run two appliances: the one holding the site lease does the BMC work,
+//! the other stands by.
 //!
 //! # Design
-//! The site agent is a mode of the session core (`bcd-core`): it implements
-//! `bcd_core::mode::Machine` for the appliance itself (facts from `bcd-probes`: hardware key,
-//! inventory; `logs.collect` and `inventory.refresh` from `bcd_core::ops` and
-//! `bcd_core::handlers`), keeps its identity in a state dir (`bcd_core::state::StateDir`), and
-//! runs `bcd_core::lifecycle::run` — the same join, session, renewal and revocation code as the
-//! node agent. Its own work plugs in through the mode traits: BMC tasks arrive as commands
-//! (`Machine::run_command`) and power changes leave as reports (`SessionHooks::next_report`).
-//! This crate will own, each behind a small trait with a fake for tests:
-//! - BMC drivers: Redfish first (power on/off/cycle, boot device, virtual media), IPMI later;
-//! - boot services: proxyDHCP, TFTP and HTTP for iPXE, serving the ramdisk image;
-//! - enrollment: verifying a BMC and the `enrolling` provision state; the power sync loop.
+//! The site agent is a mode of the session core (`bcd-core`): [`machine::SiteMachine`] is its
+//! `Machine` (the appliance's own facts from `bcd-probes`; `logs.collect`, `inventory.refresh`
+//! and `node.reboot` from `bcd-core`; the BMC commands), [`hooks::SiteHooks`] its
+//! `SessionHooks` and `Observer` (the assignment, lease renewals, power reports, `status.json`).
+//! Both share one [`site::Site`]: the [`lease`], the BMCs of the assignment with their drivers
+//! and [`limiter`] permits, and the [`report`]s waiting for the session.
+//! - [`bmc`]: the drivers behind the `Bmc` trait — Redfish through nv-redfish over our own
+//!   reqwest/rustls client with a certificate pin ([`bmc::tls`]), IPMI through `ipmitool` —
+//!   and the error classification into command error codes; [`address`] parses BMC addresses.
+//! - [`commands`]: `bmc.verify`, `bmc.power`, `bmc.setBootDevice` under the lease epoch they
+//!   carry (`LEASE_LOST` otherwise, and nothing is done).
+//! - [`sync`]: the power sync loop, one poller per BMC, change-only `PowerReport`s.
+//! - [`config`]: the `[site]` section of bcd.toml.
+//! - `test_utils` (feature `test-utils`): sushy-emulator and fakebmc processes, a
+//!   fault-injecting HTTP proxy, a fake BMC — the harness of this crate's tests and of the
+//!   daemon's site-mode session test.
 //!
 //! It depends on `bc-protocol`, `bcd-core` and `bcd-probes`; never on the `bcd` binary crate or
-//! on another mode (`bcd-ramdisk`). The binary wires it into `bcd site`.
+//! on another mode (`bcd-ramdisk`). The binary wires it into `bcd site` (flags, config file,
+//! signals, systemd).
 //!
 //! # Limitations
-//! Nothing is implemented yet: `bcd site` refuses to start and says so.
+//! Boot services (HTTP for iPXE scripts, kernel and initramfs) are not here yet: they come with
+//! the ramdisk (a `boot` module next to `bmc`, fed by the same assignment). Credentials live in
+//! memory only: after a restart the site agent has none until the control plane sends the
+//! assignment again. Redfish sessions (`X-Auth-Token`) are not used: Basic authentication on
+//! every request.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
-/// Why the site mode cannot run in this build.
-pub const NOT_YET: &str =
-    "site mode (BMC drivers, PXE boot services) is not implemented in this build";
+pub mod address;
+pub mod bmc;
+pub mod commands;
+pub mod config;
+pub mod hooks;
+pub mod lease;
+pub mod limiter;
+pub mod machine;
+pub mod report;
+pub mod site;
+pub mod sync;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_utils;

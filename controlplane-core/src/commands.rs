@@ -9,9 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bc_protocol::commands::diag::{DiagArgs, ExpectedGpus};
 use bc_protocol::pb::{Cancel, Command, GatewayMessage, gateway_message::Msg};
 use bc_protocol::{CommandName, ErrorCode, Trust};
 use cpl_store::{CommandRecord, CommandState, Store, StoreError, Tx, now_ms};
+use serde::Deserialize;
 use tracing::Instrument;
 
 use crate::error::OpError;
@@ -43,6 +45,9 @@ pub enum CommandError {
     },
     #[error("args must be a JSON object")]
     BadArgs,
+    /// The arguments break the command's typed contract (`bc_protocol::commands`).
+    #[error(transparent)]
+    InvalidArgs(#[from] bc_protocol::commands::ArgsError),
     /// A destructive command on a node that still takes work.
     #[error("{name} needs node {node_id} cordoned or draining first (or args.force: true)")]
     NotCordoned { node_id: String, name: String },
@@ -57,7 +62,9 @@ impl CommandError {
     pub fn code(&self) -> ErrorCode {
         match self {
             CommandError::NodeNotFound(_) | CommandError::NotFound(_) => ErrorCode::NotFound,
-            CommandError::UnknownName(_) | CommandError::BadArgs => ErrorCode::InvalidArgument,
+            CommandError::UnknownName(_) | CommandError::BadArgs | CommandError::InvalidArgs(_) => {
+                ErrorCode::InvalidArgument
+            }
             CommandError::NotAllowed { .. } => ErrorCode::PermissionDenied,
             CommandError::AlreadyOver { .. } | CommandError::NotCordoned { .. } => {
                 ErrorCode::InvalidState
@@ -77,7 +84,7 @@ impl From<CommandError> for OpError {
                 kind: "command",
                 id,
             },
-            CommandError::UnknownName(_) | CommandError::BadArgs => {
+            CommandError::UnknownName(_) | CommandError::BadArgs | CommandError::InvalidArgs(_) => {
                 OpError::InvalidArgument(message)
             }
             CommandError::NotAllowed { .. } => OpError::PermissionDenied(message),
@@ -137,6 +144,9 @@ impl Commands {
             .remove("force")
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
+        // What the agent would refuse when it runs the command is refused here, before the
+        // command is queued or sent.
+        bc_protocol::commands::check_args(parsed, &args)?;
         let now = now_ms();
         let rec = CommandRecord {
             id: new_command_id(),
@@ -392,17 +402,24 @@ fn queue(
         });
     }
     if name == CommandName::DiagNvml
-        && rec.args.get("expectedGpus").is_none()
+        && let Ok(given) = DiagArgs::deserialize(&rec.args)
+        && given.expected_gpus.is_none()
         && let Some(pool) = node.pool_id.as_deref()
         && let Some(p) = tx.pool(pool)?
         && let Some(count) = p.hardware_profile.expected_gpu_count
         && let Some(a) = rec.args.as_object_mut()
     {
-        // The pool's hardware profile says what the node should have.
-        a.insert(
-            "expectedGpus".to_owned(),
-            serde_json::json!({"count": count, "name": p.hardware_profile.expected_gpu_model}),
-        );
+        // The pool's hardware profile says what the node should have; the keys come from the
+        // typed contract (`DiagArgs`), merged into the operator's arguments.
+        let expected = DiagArgs {
+            expected_gpus: Some(ExpectedGpus {
+                count,
+                name: p.hardware_profile.expected_gpu_model.clone(),
+            }),
+        };
+        if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(&expected) {
+            a.extend(m);
+        }
     }
     tx.insert_command(&rec)?;
     Ok(())

@@ -2,6 +2,7 @@
 //! Liveness, NodeLifecycle) and the helper every owner writes them through, which keeps
 //! `noScheduleReasons` in step in the same transaction.
 
+use bc_protocol::limits::{Field, bound};
 use bc_protocol::{Condition, ConditionStatus};
 use cpl_store::{HardwareProfile, NodeRecord, Tx};
 
@@ -15,6 +16,7 @@ pub const NO_SCHEDULE_CONDITIONS: &[&str] = &[
     "GpuModelMismatch",
     "GpuUnhealthy",
     "XidCritical",
+    "P2pDrainRequired",
 ];
 
 /// Whether `type_` is a NoSchedule condition.
@@ -31,6 +33,8 @@ pub struct ConditionUpdate {
     pub message: String,
     /// The owning controller: `Inventory`, `Health`, `Liveness` or `NodeLifecycle`.
     pub owner: String,
+    /// The GPUs (PCI bus ids) the condition is about; empty for the whole node.
+    pub gpus: Vec<String>,
 }
 
 /// RFC 3339 (UTC, milliseconds) of a Unix time in milliseconds.
@@ -52,6 +56,12 @@ pub fn apply(edit: &mut Edit, update: &ConditionUpdate) {
 }
 
 fn apply_as_owner(edit: &mut Edit, update: &ConditionUpdate) {
+    // The last guard before the store: a reason or message built from what a node reported (a
+    // SpecStatus, the GPU names of an inventory) is cut to its limit (bc_protocol::limits).
+    let mut update = update.clone();
+    bound(Field::ConditionReason, &mut update.reason);
+    bound(Field::ConditionMessage, &mut update.message);
+    let update = &update;
     let now = rfc3339_ms(edit.now());
     let conditions = &mut edit.node.conditions;
     let previous = conditions.iter().position(|c| c.type_ == update.type_);
@@ -67,6 +77,7 @@ fn apply_as_owner(edit: &mut Edit, update: &ConditionUpdate) {
             _ => now,
         },
         owner: update.owner.clone(),
+        gpus: update.gpus.clone(),
     };
     let differs = previous.map(|i| conditions[i] != next).unwrap_or(true);
     match previous {
@@ -107,7 +118,7 @@ pub fn set_condition(
 /// and absent from the result when the profile sets no expectation.
 pub fn profile_conditions(
     profile: &HardwareProfile,
-    inventory: Option<&serde_json::Value>,
+    inventory: Option<&bc_protocol::inventory::Inventory>,
 ) -> Vec<ConditionUpdate> {
     let mut out = Vec::new();
     let gpus = crate::inventory::gpu_atoms(inventory).len();
@@ -118,6 +129,7 @@ pub fn profile_conditions(
         reason: reason.to_owned(),
         message,
         owner: "Inventory".to_owned(),
+        gpus: Vec::new(),
     };
     if let Some(expected) = profile.expected_gpu_count {
         out.push(match inventory {
@@ -183,7 +195,7 @@ pub fn refresh_profile_conditions(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), Op
         // Nothing to compare: the document is not even parsed (every session open lands here).
         return Ok(());
     }
-    let inventory = edit.node.inventory()?;
+    let inventory = crate::inventory::of(&edit.node);
     for update in profile_conditions(&profile, inventory.as_ref()) {
         apply(edit, &update);
     }
@@ -217,6 +229,7 @@ mod tests {
                         expected_gpu_model: None,
                         drivers: Default::default(),
                     },
+                    acceptance: Default::default(),
                 },
             )?;
             node(c, "node_a", Some(&p.id))?;
@@ -240,6 +253,31 @@ mod tests {
     }
 
     #[test]
+    fn a_condition_reason_and_message_are_cut_before_they_are_stored() -> Result<(), OpError> {
+        let store = Store::open_in_memory()?;
+        let n = store.write_blocking(|c| -> Result<NodeRecord, OpError> {
+            node(c, "node_a", None)?;
+            set_condition(
+                c,
+                "node_a",
+                &ConditionUpdate {
+                    type_: "SpecConverged".into(),
+                    status: ConditionStatus::False,
+                    reason: "R".repeat(500),
+                    message: "m".repeat(15 * 1024 * 1024),
+                    owner: "NodeLifecycle".into(),
+                    gpus: Vec::new(),
+                },
+            )
+        })?;
+        let c = &n.conditions[0];
+        assert_eq!(c.message.chars().count(), 1024);
+        assert!(c.message.ends_with(bc_protocol::limits::MARKER));
+        assert_eq!(c.reason.chars().count(), 128);
+        Ok(())
+    }
+
+    #[test]
     fn profile_conditions_are_unknown_without_inventory_and_absent_without_expectation() {
         let profile = HardwareProfile {
             expected_gpu_count: Some(2),
@@ -249,10 +287,14 @@ mod tests {
         let none = profile_conditions(&profile, None);
         assert!(none.iter().all(|c| c.status == ConditionStatus::Unknown));
         assert_eq!(none.len(), 2);
-        let inv = serde_json::json!({"gpus": [
-            {"uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3"},
-            {"uuid": "GPU-2", "name": "NVIDIA A100-SXM4-40GB"}
-        ]});
+        let inv: bc_protocol::inventory::Inventory = serde_json::from_value(serde_json::json!({
+            "schemaVersion": 1,
+            "gpus": [
+                {"uuid": "GPU-1", "name": "NVIDIA H100 80GB HBM3", "pciBusId": "0000:01:00.0", "source": "nvml"},
+                {"uuid": "GPU-2", "name": "NVIDIA A100-SXM4-40GB", "pciBusId": "0000:02:00.0", "source": "nvml"}
+            ]
+        }))
+        .unwrap_or_default();
         let got = profile_conditions(&profile, Some(&inv));
         assert_eq!(got[0].status, ConditionStatus::False, "count matches");
         assert_eq!(

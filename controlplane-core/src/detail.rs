@@ -138,13 +138,7 @@ impl NodeDetail {
                 disconnected_at: node.disconnected_at.map(rfc3339_ms),
                 last_seen: node.last_seen.map(rfc3339_ms),
             },
-            inventory: match node.inventory() {
-                Ok(doc) => doc.as_ref().map(summary),
-                Err(e) => {
-                    tracing::warn!(node_id = %node.id, error = %e, "stored inventory unreadable; summary left out");
-                    None
-                }
-            },
+            inventory: crate::inventory::of(node).as_ref().map(summary),
             schedulable: bucket == CapacityBucket::Available,
             capacity_bucket: bucket,
             rejoin_request: None,

@@ -1,99 +1,340 @@
-//! The Health controller: turns `diag.nvml` and `gpu.reset` results into the `GpuUnhealthy`
-//! condition (NoSchedule, so it enters noScheduleReasons in the same transaction). Unhealthy is
-//! never sticky: a passing diag or a verified reset clears it.
+//! The Health controller: turns `diag.nvml` and `gpu.reset` results and the agent's XID events
+//! into the GPU conditions, all NoSchedule (so they enter noScheduleReasons in the same
+//! transaction): `GpuUnhealthy` (a failed diag), `XidCritical` (an XID whose resolution is a
+//! reset or a reboot) and `P2pDrainRequired` (an XID 154 that announces "drain P2P").
+//!
+//! Results and events are read through their typed contracts (`bc_protocol::commands`), so a
+//! renamed field no longer compiles.
+//!
+//! Each condition keeps the GPUs it is about (`Condition.gpus`, PCI bus ids): fixing one GPU
+//! clears only that GPU's entry, and the condition turns `false` once no GPU is left. What
+//! proves a GPU fixed: a `diag.nvml` whose report for that GPU is not a failure, or a
+//! `gpu.reset` that verified that GPU. A condition of the whole node (`gpus` empty: a node-wide
+//! diag check failed, an XID without a bus id) is cleared only by a diag that passes on the whole
+//! node. Unhealthy is never sticky: a passing diag clears all three.
 
-use bc_protocol::ConditionStatus;
+use bc_protocol::commands::diag::{CheckStatus, DiagReport};
+use bc_protocol::commands::reset::ResetReport;
+use bc_protocol::commands::xid::{XidClass, XidEvent};
+use bc_protocol::{CommandName, Condition, ConditionStatus};
 use cpl_store::{CommandRecord, CommandState, NodeRecord, Store, Tx};
-use serde_json::Value;
 
 use crate::conditions::{ConditionUpdate, apply};
 use crate::edit::Edit;
 use crate::error::OpError;
 
-/// The condition this controller owns.
+/// The condition a failed diag sets.
 pub const GPU_UNHEALTHY: &str = "GpuUnhealthy";
+/// The condition a critical XID sets (NoSchedule) until a reset or a passing diag.
+pub const XID_CRITICAL: &str = "XidCritical";
+/// The condition an XID 154 announcing "drain P2P" sets (NoSchedule): peer-to-peer traffic of
+/// the GPU must stop, so no new (possibly multi-GPU) work is placed until the GPU passes a diag
+/// or is reset.
+pub const P2P_DRAIN_REQUIRED: &str = "P2pDrainRequired";
 
-/// What a finished command says about the node's GPUs, if anything.
-pub fn verdict(c: &CommandRecord) -> Option<ConditionUpdate> {
-    let update = |status, reason: &str, message: String| ConditionUpdate {
-        type_: GPU_UNHEALTHY.to_owned(),
+/// A PCI bus id in one spelling: lowercase, a 4-digit domain and a function (`0000:1a:00.0`).
+/// NVML writes an 8-digit domain in upper case (`00000000:1A:00.0`), the kernel log may leave out
+/// the function; all name the same GPU.
+pub fn canonical_bus_id(s: &str) -> String {
+    let s = s.trim().to_ascii_lowercase();
+    let s = s.strip_prefix("pci:").unwrap_or(&s);
+    let with_function = if s.contains('.') {
+        s.to_owned()
+    } else {
+        format!("{s}.0")
+    };
+    match with_function.split_once(':') {
+        Some((domain, rest)) if rest.contains(':') => match u32::from_str_radix(domain, 16) {
+            Ok(d) => format!("{d:04x}:{rest}"),
+            Err(_) => with_function,
+        },
+        _ => format!("0000:{with_function}"),
+    }
+}
+
+fn update(
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+    gpus: Vec<String>,
+) -> ConditionUpdate {
+    ConditionUpdate {
+        type_: type_.to_owned(),
         status,
         reason: reason.to_owned(),
         message,
         owner: "Health".to_owned(),
-    };
-    match (c.name.as_str(), c.state) {
-        ("diag.nvml", CommandState::Succeeded) => {
-            let r = c.result.as_ref()?;
-            // A host without NVML says nothing about GPU health.
-            if r.get("nvmlAvailable") == Some(&Value::Bool(false)) {
-                return None;
-            }
-            let summary = r
-                .get("summary")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            let action = r.get("action").and_then(Value::as_str).unwrap_or("none");
-            match r.get("verdict").and_then(Value::as_str) {
-                Some("fail") => Some(update(
-                    ConditionStatus::True,
-                    &format!("DiagFailed:{action}"),
-                    summary,
-                )),
-                Some("pass") | Some("warn") => {
-                    Some(update(ConditionStatus::False, "DiagPassed", summary))
-                }
-                _ => None,
-            }
-        }
-        ("gpu.reset", CommandState::Succeeded) => Some(update(
-            ConditionStatus::False,
-            "ResetSucceeded",
-            format!("gpu.reset {} verified", c.id),
-        )),
-        _ => None,
+        gpus,
     }
 }
 
-/// The condition a critical XID sets (NoSchedule) until a reset or a passing diag.
-pub const XID_CRITICAL: &str = "XidCritical";
+/// What a finished command proves about the node's GPUs.
+#[derive(Debug, Clone)]
+pub enum Evidence {
+    /// A `diag.nvml` report of a node with NVML.
+    Diag(DiagReport),
+    /// A succeeded `gpu.reset`: the GPUs it verified (canonical bus ids).
+    Reset { verified: Vec<String> },
+}
 
-/// What an XID event reported by the agent means for the node: reset- and reboot-required XIDs
-/// set `XidCritical`; application faults and informational XIDs change nothing.
-pub fn xid_update(event: &Value) -> Option<ConditionUpdate> {
-    let class = event.get("class").and_then(Value::as_str)?;
-    if !matches!(class, "resetRequired" | "rebootRequired") {
+/// The evidence in a finished command, if any: a succeeded `diag.nvml` with NVML (a host without
+/// NVML says nothing about GPU health) or a succeeded `gpu.reset`. A result that does not parse
+/// as its contract is logged and proves nothing.
+pub fn evidence(c: &CommandRecord) -> Option<Evidence> {
+    if c.state != CommandState::Succeeded {
         return None;
     }
-    let xid = event.get("xid").and_then(Value::as_u64).unwrap_or(0);
-    let gpu = event
-        .get("pciBusId")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown GPU");
-    let action = event
-        .get("action")
-        .and_then(Value::as_str)
-        .unwrap_or("none");
-    Some(ConditionUpdate {
-        type_: XID_CRITICAL.to_owned(),
-        status: ConditionStatus::True,
-        reason: format!("Xid{xid}"),
-        message: format!("Xid {xid} on {gpu}: {class}, action {action}"),
-        owner: "Health".to_owned(),
+    let name: CommandName = c.name.parse().ok()?;
+    let typed = |what: &'static str| {
+        move |e: serde_json::Error| {
+            tracing::warn!(command_id = %c.id, error = %e, "{what} result is not its contract; ignored");
+        }
+    };
+    match name {
+        CommandName::DiagNvml => {
+            let r: DiagReport = serde_json::from_value(c.result.clone()?)
+                .map_err(typed("diag.nvml"))
+                .ok()?;
+            r.nvml_available.then_some(Evidence::Diag(r))
+        }
+        CommandName::GpuReset => {
+            let verified = match c.result.clone() {
+                Some(v) => serde_json::from_value::<ResetReport>(v)
+                    .map_err(typed("gpu.reset"))
+                    .ok()?
+                    .gpus
+                    .iter()
+                    .filter(|g| g.problems.is_empty() && g.after.is_some())
+                    .map(|g| canonical_bus_id(&g.pci_bus_id))
+                    .collect(),
+                None => Vec::new(),
+            };
+            Some(Evidence::Reset { verified })
+        }
+        // The site agent's BMC commands say nothing about a node's GPUs either.
+        CommandName::InventoryRefresh
+        | CommandName::LogsCollect
+        | CommandName::NodeReboot
+        | CommandName::BmcVerify
+        | CommandName::BmcPower
+        | CommandName::BmcSetBootDevice => None,
+    }
+}
+
+/// `type_`'s condition on the node, if any.
+fn current<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// The condition `type_` with the GPUs in `fixed` taken off it: `false` (with `reason` and
+/// `message`) once none is left, the same condition with fewer GPUs otherwise, unchanged when it
+/// is about the whole node or names none of them. `None`: nothing to write.
+fn without(
+    c: Option<&Condition>,
+    type_: &str,
+    fixed: &[String],
+    reason: &str,
+    message: &str,
+) -> Option<ConditionUpdate> {
+    let c = c.filter(|c| c.status == ConditionStatus::True && !c.gpus.is_empty())?;
+    let left: Vec<String> = c
+        .gpus
+        .iter()
+        .filter(|g| !fixed.contains(&canonical_bus_id(g)))
+        .cloned()
+        .collect();
+    if left.len() == c.gpus.len() {
+        return None;
+    }
+    Some(if left.is_empty() {
+        update(
+            type_,
+            ConditionStatus::False,
+            reason,
+            message.to_owned(),
+            Vec::new(),
+        )
+    } else {
+        update(
+            type_,
+            ConditionStatus::True,
+            &c.reason,
+            c.message.clone(),
+            left,
+        )
     })
 }
 
-/// Applies an XID event from the node's agent (its own write transaction).
-pub async fn on_xid(store: &Store, node_id: &str, event: &Value) {
-    let Some(update) = xid_update(event) else {
-        return;
+/// The conditions `evidence` sets on a node whose conditions are `conditions`.
+pub fn updates_for(conditions: &[Condition], evidence: &Evidence) -> Vec<ConditionUpdate> {
+    match evidence {
+        Evidence::Diag(r) => diag_updates(conditions, r),
+        Evidence::Reset { verified } => reset_updates(conditions, verified),
+    }
+}
+
+fn diag_updates(conditions: &[Condition], r: &DiagReport) -> Vec<ConditionUpdate> {
+    let summary = r.summary.clone();
+    if r.verdict != CheckStatus::Fail {
+        // Every GPU and every node-wide check passed: nothing is left of any GPU condition.
+        let mut out = vec![
+            update(
+                GPU_UNHEALTHY,
+                ConditionStatus::False,
+                "DiagPassed",
+                summary.clone(),
+                Vec::new(),
+            ),
+            update(
+                XID_CRITICAL,
+                ConditionStatus::False,
+                "DiagPassed",
+                summary.clone(),
+                Vec::new(),
+            ),
+        ];
+        if current(conditions, P2P_DRAIN_REQUIRED).is_some() {
+            out.push(update(
+                P2P_DRAIN_REQUIRED,
+                ConditionStatus::False,
+                "DiagPassed",
+                summary,
+                Vec::new(),
+            ));
+        }
+        return out;
+    }
+    let node_wide = r.node_checks.iter().any(|c| c.status == CheckStatus::Fail);
+    let failing: Vec<String> = r
+        .gpus
+        .iter()
+        .filter(|g| g.verdict == CheckStatus::Fail)
+        .map(|g| canonical_bus_id(&g.pci_bus_id))
+        .collect();
+    let passing: Vec<String> = r
+        .gpus
+        .iter()
+        .filter(|g| g.verdict != CheckStatus::Fail)
+        .map(|g| canonical_bus_id(&g.pci_bus_id))
+        .collect();
+    let reason = format!("DiagFailed:{}", r.action.as_str());
+    let mut out = vec![update(
+        GPU_UNHEALTHY,
+        ConditionStatus::True,
+        &reason,
+        summary,
+        if node_wide { Vec::new() } else { failing },
+    )];
+    // An XID's GPU that now passes its checks is fixed; the others stay.
+    for type_ in [XID_CRITICAL, P2P_DRAIN_REQUIRED] {
+        let message = "the GPU passed diag.nvml";
+        out.extend(without(
+            current(conditions, type_),
+            type_,
+            &passing,
+            "DiagPassed",
+            message,
+        ));
+    }
+    out
+}
+
+fn reset_updates(conditions: &[Condition], verified: &[String]) -> Vec<ConditionUpdate> {
+    let message = format!("gpu.reset verified {}", verified.join(", "));
+    let mut out = Vec::new();
+    for type_ in [GPU_UNHEALTHY, XID_CRITICAL, P2P_DRAIN_REQUIRED] {
+        let c = current(conditions, type_);
+        match c {
+            Some(c) if c.status == ConditionStatus::True => {
+                out.extend(without(
+                    Some(c),
+                    type_,
+                    verified,
+                    "ResetSucceeded",
+                    &message,
+                ));
+            }
+            // Nothing to clear; a verified reset still says the GPUs are fine (as before
+            // conditions named their GPUs).
+            _ if type_ != P2P_DRAIN_REQUIRED && !verified.is_empty() => out.push(update(
+                type_,
+                ConditionStatus::False,
+                "ResetSucceeded",
+                message.clone(),
+                Vec::new(),
+            )),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What an XID event reported by the agent sets: a reset- or reboot-required XID adds its GPU to
+/// `XidCritical`, an XID 154 announcing "drain P2P" adds it to `P2pDrainRequired`; application
+/// faults and informational XIDs change nothing. An XID without a bus id is about the whole node.
+pub fn xid_update(conditions: &[Condition], event: &XidEvent) -> Option<ConditionUpdate> {
+    let type_ = match event.class {
+        c if c.is_critical() => XID_CRITICAL,
+        XidClass::DrainP2pRequired => P2P_DRAIN_REQUIRED,
+        _ => return None,
+    };
+    let bus = event.pci_bus_id.as_deref().map(canonical_bus_id);
+    let gpus = match (current(conditions, type_), bus.as_ref()) {
+        // Already about the whole node, or this XID names no GPU: the whole node.
+        (Some(c), _) if c.status == ConditionStatus::True && c.gpus.is_empty() => Vec::new(),
+        (_, None) => Vec::new(),
+        (Some(c), Some(b)) if c.status == ConditionStatus::True => {
+            let mut g = c.gpus.clone();
+            if !g.iter().any(|x| canonical_bus_id(x) == *b) {
+                g.push(b.clone());
+                g.sort();
+            }
+            g
+        }
+        (_, Some(b)) => vec![b.clone()],
+    };
+    let gpu = bus.as_deref().unwrap_or("unknown GPU");
+    Some(update(
+        type_,
+        ConditionStatus::True,
+        &format!("Xid{}", event.xid),
+        format!(
+            "Xid {} on {gpu}: {}, action {}",
+            event.xid,
+            serde_json::to_value(event.class)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            event.action.as_str()
+        ),
+        gpus,
+    ))
+}
+
+/// Applies an XID event (`Event.data_json` of type `xid`) from the node's agent, in its own write
+/// transaction. Data that is not an [`XidEvent`] is logged and changes nothing.
+pub async fn on_xid(store: &Store, node_id: &str, event: &serde_json::Value) {
+    let event: XidEvent = match serde_json::from_value(event.clone()) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "XID event is not its contract; ignored");
+            return;
+        }
     };
     let id = node_id.to_owned();
-    match store
-        .write(move |tx| apply_updates(tx, &id, &[update]))
-        .await
-    {
+    let written = store
+        .write(move |tx| {
+            // An XID event is what the agent reported: it never moves `version` (issue 19.2).
+            let mut edit = Edit::report(tx, &id, "Health")?;
+            let Some(u) = xid_update(&edit.node.conditions, &event) else {
+                return Ok(None);
+            };
+            apply(&mut edit, &u);
+            edit.save(tx).map(Some)
+        })
+        .await;
+    match written {
         Ok(Some(n)) => {
             tracing::info!(reasons = ?n.no_schedule_reasons, "Health: conditions updated")
         }
@@ -102,107 +343,24 @@ pub async fn on_xid(store: &Store, node_id: &str, event: &Value) {
     }
 }
 
-/// Writes the conditions a finished command sets ([`updates_for`]) to its node, in the caller's
-/// transaction. `None` when the command says nothing about the node's GPUs.
+/// Writes the conditions a finished command sets to its node, in the caller's transaction.
+/// `None` when the command says nothing about the node's GPUs.
 pub fn apply_command_result(tx: &Tx<'_>, c: &CommandRecord) -> Result<Option<NodeRecord>, OpError> {
-    apply_updates(tx, &c.node_id, &updates_for(c))
-}
-
-/// Writes `updates` to the node in one save.
-fn apply_updates(
-    tx: &Tx<'_>,
-    node_id: &str,
-    updates: &[ConditionUpdate],
-) -> Result<Option<NodeRecord>, OpError> {
+    let Some(ev) = evidence(c) else {
+        return Ok(None);
+    };
+    // A command's result is what the agent reported: it never moves `version` (issue 19.2).
+    let mut edit = Edit::report(tx, &c.node_id, "Health")?;
+    let updates = updates_for(&edit.node.conditions, &ev);
     if updates.is_empty() {
         return Ok(None);
     }
-    // XID events and command results are what the agent reported: they never move `version`.
-    let mut edit = Edit::report(tx, node_id, "Health")?;
-    for u in updates {
+    for u in &updates {
         apply(&mut edit, u);
     }
     edit.save(tx).map(Some)
 }
 
-/// The conditions a finished command sets. A passing diag or a verified reset also clears
-/// `XidCritical`: unhealthy is never sticky.
-pub fn updates_for(c: &CommandRecord) -> Vec<ConditionUpdate> {
-    let Some(update) = verdict(c) else {
-        return Vec::new();
-    };
-    let mut updates = vec![update.clone()];
-    if update.status == ConditionStatus::False {
-        updates.push(ConditionUpdate {
-            type_: XID_CRITICAL.to_owned(),
-            status: ConditionStatus::False,
-            reason: update.reason.clone(),
-            message: update.message.clone(),
-            owner: "Health".to_owned(),
-        });
-    }
-    updates
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cmd(name: &str, state: CommandState, result: Option<Value>) -> CommandRecord {
-        CommandRecord {
-            id: "cmd_1".into(),
-            node_id: "node_1".into(),
-            name: name.into(),
-            args: serde_json::json!({}),
-            state,
-            progress: 100,
-            result,
-            error_code: None,
-            error_message: None,
-            actor: "t".into(),
-            created_at: 0,
-            sent_at: None,
-            started_at: None,
-            finished_at: None,
-            deadline_at: 1,
-            subject_node_id: None,
-        }
-    }
-
-    #[test]
-    fn diag_and_reset_results_set_and_clear_gpu_unhealthy() {
-        let fail = cmd(
-            "diag.nvml",
-            CommandState::Succeeded,
-            Some(
-                serde_json::json!({"nvmlAvailable": true, "verdict": "fail", "action": "resetGpu", "summary": "x"}),
-            ),
-        );
-        let v = verdict(&fail).map(|u| (u.status, u.reason));
-        assert_eq!(
-            v,
-            Some((ConditionStatus::True, "DiagFailed:resetGpu".to_owned()))
-        );
-        let pass = cmd(
-            "diag.nvml",
-            CommandState::Succeeded,
-            Some(serde_json::json!({"nvmlAvailable": true, "verdict": "pass"})),
-        );
-        assert_eq!(
-            verdict(&pass).map(|u| u.status),
-            Some(ConditionStatus::False)
-        );
-        let no_nvml = cmd(
-            "diag.nvml",
-            CommandState::Succeeded,
-            Some(serde_json::json!({"nvmlAvailable": false, "verdict": "fail"})),
-        );
-        assert!(verdict(&no_nvml).is_none());
-        let reset = cmd("gpu.reset", CommandState::Succeeded, None);
-        assert_eq!(
-            verdict(&reset).map(|u| u.status),
-            Some(ConditionStatus::False)
-        );
-        assert!(verdict(&cmd("gpu.reset", CommandState::Failed, None)).is_none());
-    }
-}
+#[path = "health_tests.rs"]
+mod health_tests;

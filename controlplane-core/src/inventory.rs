@@ -1,60 +1,56 @@
-//! What the model reads from a node's inventory JSON (`nodes.inventory`, the camelCase document of
-//! `bc_protocol::inventory::Inventory`): the GPU atoms placement books, and the summary NodeDetail
-//! shows.
+//! What the model reads from a node's inventory document (`nodes.inventory`, the camelCase JSON of
+//! [`bc_protocol::inventory::Inventory`], read through that type so a renamed field no longer
+//! compiles): the GPU atoms placement books, and the summary NodeDetail shows.
 //!
-//! GPUs are read from a top-level `gpus` array; each entry's atom id is its `uuid` (NVML
-//! `nvmlDeviceGetUUID`) when present, else `gpu<index>` from its `index` (NVML device index), else
-//! `gpu<position in the array>`. A node without a `gpus` array has no atoms.
+//! GPUs are the document's `gpus`; each entry's atom id is its `uuid` (NVML `nvmlDeviceGetUUID`)
+//! when present, else `gpu<position in the list>` (the PCI fallback has no UUID). A document that
+//! does not parse as an `Inventory` has no atoms and no summary (it is logged).
 
+use bc_protocol::inventory::Inventory;
 use serde::Serialize;
-use serde_json::Value;
+
+/// The typed document of stored inventory JSON; `None` (logged) when it is not an `Inventory`.
+pub fn parse(json: &str) -> Option<Inventory> {
+    match serde_json::from_str(json) {
+        Ok(inv) => Some(inv),
+        Err(e) => {
+            tracing::warn!(error = %e, "stored inventory is not an Inventory document; no GPUs read from it");
+            None
+        }
+    }
+}
+
+/// The node's typed inventory, `None` before the first report (or when it does not parse).
+pub fn of(node: &cpl_store::NodeRecord) -> Option<Inventory> {
+    node.inventory_json.as_deref().and_then(parse)
+}
 
 /// The node's GPUs as atom ids, sorted and deduplicated.
-pub fn gpu_atoms(inventory: Option<&Value>) -> Vec<String> {
-    let Some(gpus) = inventory
-        .and_then(|i| i.get("gpus"))
-        .and_then(Value::as_array)
-    else {
+pub fn gpu_atoms(inventory: Option<&Inventory>) -> Vec<String> {
+    let Some(inv) = inventory else {
         return Vec::new();
     };
-    let mut atoms: Vec<String> = gpus
+    let mut atoms: Vec<String> = inv
+        .gpus
         .iter()
         .enumerate()
-        .map(|(pos, g)| {
-            if let Some(uuid) = g
-                .get("uuid")
-                .and_then(Value::as_str)
-                .filter(|u| !u.is_empty())
-            {
-                uuid.to_owned()
-            } else if let Some(index) = g.get("index").and_then(Value::as_u64) {
-                format!("gpu{index}")
-            } else {
-                format!("gpu{pos}")
-            }
-        })
+        .map(
+            |(pos, g)| match g.uuid.as_deref().filter(|u| !u.is_empty()) {
+                Some(uuid) => uuid.to_owned(),
+                None => format!("gpu{pos}"),
+            },
+        )
         .collect();
     atoms.sort();
     atoms.dedup();
     atoms
 }
 
-/// GPU model names from the `gpus` array (`name`, else `model`), in array order.
-pub fn gpu_models(inventory: Option<&Value>) -> Vec<String> {
-    let Some(gpus) = inventory
-        .and_then(|i| i.get("gpus"))
-        .and_then(Value::as_array)
-    else {
-        return Vec::new();
-    };
-    gpus.iter()
-        .filter_map(|g| {
-            g.get("name")
-                .or_else(|| g.get("model"))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
-        .collect()
+/// GPU model names (`name`), in list order; GPUs without a name are left out.
+pub fn gpu_models(inventory: Option<&Inventory>) -> Vec<String> {
+    inventory
+        .map(|inv| inv.gpus.iter().filter_map(|g| g.name.clone()).collect())
+        .unwrap_or_default()
 }
 
 /// A physical NIC in the summary.
@@ -82,33 +78,21 @@ pub struct InventorySummary {
     pub gpus: u32,
 }
 
-/// Summarizes an inventory document. Missing or mistyped fields are `None`, never an error.
-pub fn summary(inventory: &Value) -> InventorySummary {
-    let nics = inventory
-        .get("nics")
-        .and_then(Value::as_array)
-        .map(|nics| {
-            nics.iter()
-                .filter(|n| n.get("physical").and_then(Value::as_bool) != Some(false))
-                .filter_map(|n| {
-                    Some(NicSummary {
-                        name: n.get("name")?.as_str()?.to_owned(),
-                        mac: n.get("mac").and_then(Value::as_str).map(str::to_owned),
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+/// Summarizes an inventory document.
+pub fn summary(inventory: &Inventory) -> InventorySummary {
     InventorySummary {
-        cpu_model: inventory
-            .pointer("/cpu/model")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        cpu_threads: inventory.pointer("/cpu/threads").and_then(Value::as_u64),
-        memory_bytes: inventory
-            .pointer("/memory/totalBytes")
-            .and_then(Value::as_u64),
-        nics,
+        cpu_model: inventory.cpu.as_ref().and_then(|c| c.model.clone()),
+        cpu_threads: inventory.cpu.as_ref().map(|c| u64::from(c.threads)),
+        memory_bytes: inventory.memory.as_ref().map(|m| m.total_bytes),
+        nics: inventory
+            .nics
+            .iter()
+            .filter(|n| n.physical)
+            .map(|n| NicSummary {
+                name: n.name.clone(),
+                mac: n.mac.clone(),
+            })
+            .collect(),
         gpus: u32::try_from(gpu_atoms(Some(inventory)).len()).unwrap_or(u32::MAX),
     }
 }
@@ -118,33 +102,46 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn inv(v: serde_json::Value) -> Inventory {
+        serde_json::from_value(v).unwrap_or_default()
+    }
+
     #[test]
-    fn atoms_prefer_uuid_then_index_then_position() {
-        let inv = json!({"gpus": [{"uuid": "GPU-b"}, {"index": 3}, {}, {"uuid": "GPU-b"}]});
-        assert_eq!(gpu_atoms(Some(&inv)), vec!["GPU-b", "gpu2", "gpu3"]);
-        assert!(gpu_atoms(Some(&json!({"cpu": {}}))).is_empty());
+    fn atoms_prefer_uuid_then_position() {
+        let gpu = |uuid: Option<&str>| json!({"uuid": uuid, "pciBusId": "0000:01:00.0", "source": "nvml"});
+        let i = inv(
+            json!({"schemaVersion": 1, "gpus": [gpu(Some("GPU-b")), gpu(None), gpu(None), gpu(Some("GPU-b"))]}),
+        );
+        assert_eq!(gpu_atoms(Some(&i)), vec!["GPU-b", "gpu1", "gpu2"]);
+        assert!(gpu_atoms(Some(&inv(json!({"schemaVersion": 1})))).is_empty());
         assert!(gpu_atoms(None).is_empty());
+        // Not an Inventory (no schemaVersion, a GPU without its bus id): no atoms.
+        assert!(parse(r#"{"gpus": [{"uuid": "GPU-1"}]}"#).is_none());
     }
 
     #[test]
     fn summary_reads_the_documented_fields() {
-        let inv = json!({
+        let i = inv(json!({
+            "schemaVersion": 1,
             "cpu": {"model": "AMD EPYC 9654", "threads": 192},
             "memory": {"totalBytes": 1_099_511_627_776_u64},
             "nics": [
                 {"name": "eno1", "mac": "aa:bb:cc:dd:ee:01", "physical": true},
                 {"name": "bond0", "mac": "aa:bb:cc:dd:ee:01", "physical": false}
             ],
-            "gpus": [{"uuid": "GPU-1"}, {"uuid": "GPU-2"}]
-        });
-        let s = summary(&inv);
+            "gpus": [
+                {"uuid": "GPU-1", "pciBusId": "0000:01:00.0", "source": "nvml"},
+                {"uuid": "GPU-2", "pciBusId": "0000:02:00.0", "source": "nvml"}
+            ]
+        }));
+        let s = summary(&i);
         assert_eq!(s.cpu_model.as_deref(), Some("AMD EPYC 9654"));
         assert_eq!(s.cpu_threads, Some(192));
         assert_eq!(s.memory_bytes, Some(1_099_511_627_776));
         assert_eq!(s.nics.len(), 1);
         assert_eq!(s.nics[0].name, "eno1");
         assert_eq!(s.gpus, 2);
-        let empty = summary(&json!({"cpu": {"threads": "many"}}));
+        let empty = summary(&inv(json!({"schemaVersion": 1})));
         assert_eq!(empty.cpu_threads, None);
         assert!(empty.nics.is_empty());
     }

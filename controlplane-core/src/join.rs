@@ -210,8 +210,13 @@ fn token_placement(
 ) -> Result<Placement, JoinError> {
     check_mode(tok, mode)?;
     let site_agent = mode == bc_protocol::Mode::Site;
-    let p = placement_for_join(tx, tok.pool_id.as_deref(), tok.site_id.as_deref(), site_agent)
-        .map_err(|e| JoinError::Placement(e.to_string()))?;
+    let p = placement_for_join(
+        tx,
+        tok.pool_id.as_deref(),
+        tok.site_id.as_deref(),
+        site_agent,
+    )
+    .map_err(|e| JoinError::Placement(e.to_string()))?;
     if p.adapter != Adapter::BcdV1 {
         return Err(JoinError::AgentlessPool {
             pool_id: p.pool_id.unwrap_or_default(),

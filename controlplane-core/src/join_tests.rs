@@ -35,9 +35,10 @@ fn pool(tx: &Tx<'_>, site: &str, kind: PoolKind, agent: PoolAgent) -> Result<Str
             name: "p".into(),
             kind,
             agent,
-            site_id: Some(site.to_owned()),
+            site_id: Some(site.into()),
             owner_tenant_id: None,
             hardware_profile: Default::default(),
+            acceptance: Default::default(),
         },
     )?
     .id)
@@ -61,7 +62,7 @@ fn fleet(tx: &Tx<'_>) -> Result<Fleet, OpError> {
             &NewSite {
                 name: "s".into(),
                 kind,
-                owner_tenant_id: owner.map(str::to_owned),
+                owner_tenant_id: owner.map(Into::into),
             },
         )
         .map(|s| s.id)
@@ -486,7 +487,10 @@ fn site_agents_join_with_site_tokens_and_node_agents_with_pool_tokens() -> TestR
         else {
             return Err("re-join".into());
         };
-        assert_eq!((j.node_id.as_str(), j.identity_generation), (id.as_str(), 2));
+        assert_eq!(
+            (j.node_id.as_str(), j.identity_generation),
+            (id.as_str(), 2)
+        );
         // A node agent on the site agent's machine (a pool token of the site) cannot take its
         // record over.
         let err = try_join(tx, &facts(&f.tok_a, "ks", true, &["s1", "s2"]));

@@ -39,6 +39,7 @@
 //! process; with several replicas they will need a leader (DESIGN.md).
 #![forbid(unsafe_code)]
 
+pub mod acceptance;
 pub mod bare_metal;
 pub mod commands;
 pub mod conditions;
@@ -60,6 +61,7 @@ pub mod query;
 pub mod reports;
 pub mod schedulable;
 pub mod sessions;
+pub mod text;
 pub mod verbs;
 
 #[cfg(test)]

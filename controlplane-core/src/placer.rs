@@ -20,11 +20,11 @@ use crate::ops::{new_id, nodes::REASON_DRAINING};
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationRequest {
-    pub pool_id: String,
+    pub pool_id: crate::text::Id,
     /// GPUs wanted on one node, at least 1.
     pub gpus: u32,
     #[serde(default)]
-    pub tenant_id: Option<String>,
+    pub tenant_id: Option<crate::text::Id>,
 }
 
 fn pool_or_not_found(conn: &Reader<'_>, id: &str) -> Result<Pool, OpError> {
@@ -41,7 +41,7 @@ fn free_atoms(tx: &Tx<'_>, pool_id: &str) -> Result<Vec<(String, Vec<String>)>, 
     let mut out = Vec::with_capacity(rows.len());
     for (id, inv) in rows {
         // A corrupt inventory document books nothing rather than failing the whole pool.
-        let inv: Option<serde_json::Value> = inv.and_then(|s| serde_json::from_str(&s).ok());
+        let inv = inv.as_deref().and_then(crate::inventory::parse);
         let booked: BTreeSet<String> = tx.booked_atoms(&id)?.into_iter().collect();
         let free = gpu_atoms(inv.as_ref())
             .into_iter()
@@ -64,7 +64,7 @@ pub fn create(tx: &Tx<'_>, req: &AllocationRequest, actor: &str) -> Result<Alloc
     }
     let pool = pool_or_not_found(tx, &req.pool_id)?;
     if let (Some(owner), Some(tenant)) = (&pool.owner_tenant_id, &req.tenant_id)
-        && owner != tenant
+        && owner.as_str() != tenant.as_str()
     {
         return Err(OpError::PermissionDenied(format!(
             "pool {} belongs to another tenant",
@@ -80,7 +80,7 @@ pub fn create(tx: &Tx<'_>, req: &AllocationRequest, actor: &str) -> Result<Alloc
         .min_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| a.0.cmp(&b.0)))
     else {
         return Err(OpError::InsufficientCapacity {
-            pool_id: req.pool_id.clone(),
+            pool_id: req.pool_id.to_string(),
             requested: req.gpus,
             largest_free: u32::try_from(largest_free).unwrap_or(u32::MAX),
         });
@@ -88,11 +88,11 @@ pub fn create(tx: &Tx<'_>, req: &AllocationRequest, actor: &str) -> Result<Alloc
     let now = now_ms();
     let allocation = Allocation {
         id: new_id("alloc"),
-        pool_id: req.pool_id.clone(),
+        pool_id: req.pool_id.to_string(),
         node_id: node_id.clone(),
         gpus: req.gpus,
         atoms: free.into_iter().take(want).collect(),
-        tenant_id: req.tenant_id.clone(),
+        tenant_id: req.tenant_id.clone().map(crate::text::Id::into_string),
         created_by: actor.to_owned(),
         created_at: now,
         released_at: None,
@@ -194,7 +194,7 @@ pub fn capacity(conn: &Reader<'_>, pool_id: &str) -> Result<PoolCapacity, OpErro
         free: 0,
     };
     for (id, inv, bucket) in rows {
-        let inv: Option<serde_json::Value> = inv.and_then(|s| serde_json::from_str(&s).ok());
+        let inv = inv.as_deref().and_then(crate::inventory::parse);
         let atoms = u32::try_from(gpu_atoms(inv.as_ref()).len()).unwrap_or(u32::MAX);
         let booked = u32::try_from(conn.booked_atoms(&id)?.len()).unwrap_or(0);
         cap.total = cap.total.saturating_add(atoms);

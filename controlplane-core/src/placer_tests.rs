@@ -21,7 +21,7 @@ const OP: &str = "operator:test";
 
 fn req(pool_id: &str, gpus: u32) -> AllocationRequest {
     AllocationRequest {
-        pool_id: pool_id.to_owned(),
+        pool_id: pool_id.into(),
         gpus,
         tenant_id: None,
     }
@@ -184,9 +184,10 @@ fn join_placement_role_trust_adapter_drivers() -> TestResult {
                 name: "prov".into(),
                 kind: PoolKind::Provider,
                 agent: PoolAgent::None,
-                site_id: Some(custom.id.clone()),
+                site_id: Some(custom.id.clone().into()),
                 owner_tenant_id: None,
                 hardware_profile: profile,
+                acceptance: Default::default(),
             },
         )
         .map_err(task)?;

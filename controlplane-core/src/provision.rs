@@ -2,7 +2,8 @@
 //!
 //! The spec's diagram gives the main paths: a server you already run joins as `adopting` and
 //! becomes `adopted` once acceptance passes; a bare-metal server goes `enrolling -> inspecting ->
-//! commissioning -> ready -> deploying -> deployed -> releasing -> ready`, and `retiring -> retired`.
+//! commissioning -> ready -> deploying -> deployed -> releasing -> ready`, and `retiring -> retired`
+//! (from `ready`, and from `adopted`: an adopted server is retired like any other).
 //! The edges the diagram leaves out are in the table too: every workflow state can go to `failed`,
 //! `failed` can recover (only back to the state it failed from, kept in `failedFrom`), and
 //! `deployed` can enter `rescue` (and leave it back to `deployed`).
@@ -28,7 +29,7 @@ pub const WORKFLOW_STATES: &[ProvisionState] = &[
 /// row lists every state a failed node may recover to; [`transition`] narrows it to `failedFrom`.
 pub const PROVISION_STATE_TABLE: &[(ProvisionState, &[ProvisionState])] = &[
     (Adopting, &[Adopted, Failed]),
-    (Adopted, &[]),
+    (Adopted, &[Retiring]),
     (Enrolling, &[Inspecting, Failed]),
     (Inspecting, &[Commissioning, Failed]),
     (Commissioning, &[Ready, Failed]),
@@ -107,6 +108,8 @@ mod tests {
     /// edit this list too.
     const EXPECTED_EDGES: &[(ProvisionState, ProvisionState)] = &[
         (Adopting, Adopted),
+        // Issue 18 item 9: an adopted node is retired like any other.
+        (Adopted, Retiring),
         (Enrolling, Inspecting),
         (Inspecting, Commissioning),
         (Commissioning, Ready),

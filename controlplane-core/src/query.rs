@@ -1,4 +1,5 @@
-//! Read verbs: `nodes.list` (filters by pool, provisionState, connectivity, schedulable),
+//! Read verbs: `nodes.list` (filters by pool, provisionState, connectivity, schedulable and
+//! labels; the label filter is applied to the rows the store returns, which carry the labels),
 //! `nodes.get`, `nodes.events`. They return NodeDetail, never the internal record.
 
 use bc_protocol::{Connectivity, ProvisionState};
@@ -11,25 +12,30 @@ use crate::error::OpError;
 #[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeFilter {
-    pub pool_id: Option<String>,
+    pub pool_id: Option<crate::text::Id>,
     pub provision_state: Option<ProvisionState>,
     pub connectivity: Option<Connectivity>,
     /// `true`: only schedulable nodes; `false`: only unschedulable ones.
     pub schedulable: Option<bool>,
+    /// Only nodes carrying every one of these labels with exactly this value.
+    #[serde(default)]
+    pub labels: Option<std::collections::BTreeMap<crate::text::Key, crate::text::ShortText>>,
 }
 
 /// `nodes.list`: matching nodes by id, as NodeDetail. The schedulable filter is the SQL predicate,
 /// so the list agrees with what the placer would book.
 pub fn list_nodes(conn: &Reader<'_>, f: &NodeFilter) -> Result<Vec<NodeDetail>, OpError> {
     let q = NodeQuery {
-        pool_id: f.pool_id.clone(),
+        pool_id: f.pool_id.as_ref().map(|p| p.to_string()),
         provision_state: f.provision_state,
         connectivity: f.connectivity,
         schedulable: f.schedulable,
     };
+    let selector = f.labels.clone().unwrap_or_default();
     Ok(conn
         .list_nodes(&q)?
         .iter()
+        .filter(|(node, _)| crate::ops::labels::matches(node, &selector))
         .map(|(node, owner)| NodeDetail::new(node, owner.as_deref()))
         .collect())
 }

@@ -3,6 +3,7 @@
 //! acceptance, SpecStatus, XID events and command results through Health), while operators'
 //! verbs and the control plane's own controllers still do.
 
+use bc_protocol::commands::xid::{XidClass, XidEvent, XidSource};
 use bc_protocol::{Connectivity, ProvisionState};
 use cpl_store::{CommandRecord, CommandState, NodeRecord, Store};
 use serde_json::json;
@@ -129,8 +130,20 @@ fn xid_events_from_the_agent_leave_the_version() -> TestResult {
     let v = store.read_blocking(|r| get(r, "node_r"))?.version;
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
     for i in 0..5 {
-        let ev =
-            json!({"xid": 79, "class": "rebootRequired", "pciBusId": format!("0000:0{i}:00.0")});
+        let ev = XidEvent {
+            xid: 79,
+            pci_bus_id: Some(format!("0000:0{i}:00.0")),
+            uuid: None,
+            class: XidClass::RebootRequired,
+            action: XidClass::RebootRequired.action(),
+            description: None,
+            message: None,
+            pid: None,
+            source: XidSource::Kmsg,
+            observed_at: chrono::DateTime::from_timestamp(0, 0).unwrap_or_default(),
+            driver_message: false,
+        };
+        let ev = serde_json::to_value(&ev)?;
         rt.block_on(crate::health::on_xid(&store, "node_r", &ev));
     }
     let n = store.read_blocking(|r| get(r, "node_r"))?;

@@ -10,7 +10,6 @@ use crate::conditions::{ConditionUpdate, apply, refresh_profile_conditions};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::identity;
-use crate::ops::nodes::apply_transition;
 
 /// An inventory report as the agent sent it.
 #[derive(Debug, Clone, Copy)]
@@ -66,15 +65,9 @@ pub fn record_inventory(
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same save.
     refresh_profile_conditions(tx, &mut edit)?;
-    if edit.node.provision_state == ProvisionState::Adopting {
-        // NodeLifecycle acceptance, through the one provisionStateTable.
-        edit.act_as("NodeLifecycle");
-        apply_transition(
-            &mut edit,
-            ProvisionState::Adopted,
-            "acceptance passed: inventory received",
-        )?;
-    }
+    // NodeLifecycle acceptance (per pool: profile, trusted key), through the one
+    // provisionStateTable.
+    crate::acceptance::evaluate(tx, &mut edit)?;
     Ok(Some(edit.save(tx)?.provision_state))
 }
 
@@ -107,7 +100,9 @@ fn store_document(
     n.hardware_key_trusted = trusted && holder.is_none();
     n.identifier_digests = report.digests.to_vec();
     if let Some(h) = document.get("hostname").and_then(|h| h.as_str()) {
-        n.hostname = Some(h.to_owned());
+        let mut h = h.to_owned();
+        bc_protocol::limits::bound(bc_protocol::limits::Field::Hostname, &mut h);
+        n.hostname = Some(h);
     }
     edit.bump();
     let count = identity::distinct_digests(report.digests).len();
@@ -151,6 +146,7 @@ fn store_document(
             reason: reason.to_owned(),
             message,
             owner: "Inventory".to_owned(),
+            gpus: Vec::new(),
         },
     );
     Ok(())
@@ -208,6 +204,7 @@ pub fn record_spec_status(
             reason: reason.to_owned(),
             message: report.message.to_owned(),
             owner: "NodeLifecycle".to_owned(),
+            gpus: Vec::new(),
         },
     );
     Ok(Some(edit.save(tx)?.observed_generation))

@@ -59,6 +59,7 @@ fn seed_pools(tx: &Tx<'_>) -> Result<(), StoreError> {
             agent: PoolAgent::Bcd,
             owner_tenant_id: owner.map(str::to_owned),
             hardware_profile: HardwareProfile::default(),
+            acceptance: Default::default(),
             version: 1,
             created_at: 0,
         })?;

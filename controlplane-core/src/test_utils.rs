@@ -18,7 +18,7 @@ pub(crate) fn site(tx: &Tx<'_>, kind: SiteKind, owner: Option<&str>) -> Result<S
         &NewSite {
             name: "s".into(),
             kind,
-            owner_tenant_id: owner.map(str::to_owned),
+            owner_tenant_id: owner.map(Into::into),
         },
     )
 }
@@ -31,8 +31,9 @@ pub(crate) fn pool(tx: &Tx<'_>, kind: PoolKind, owner: Option<&str>) -> Result<P
             kind,
             agent: PoolAgent::Bcd,
             site_id: None,
-            owner_tenant_id: owner.map(str::to_owned),
+            owner_tenant_id: owner.map(Into::into),
             hardware_profile: HardwareProfile::default(),
+            acceptance: Default::default(),
         },
     )
 }
@@ -81,7 +82,8 @@ pub(crate) fn force(
 /// it `gpus` GPUs in its inventory.
 pub(crate) fn ready_host(tx: &Tx<'_>, id: &str, gpus: usize) -> Result<NodeRecord, StoreError> {
     let inv = serde_json::json!({
-        "gpus": (0..gpus).map(|i| serde_json::json!({"index": i, "uuid": format!("GPU-{id}-{i}")})).collect::<Vec<_>>()
+        "schemaVersion": 1,
+        "gpus": (0..gpus).map(|i| serde_json::json!({"uuid": format!("GPU-{id}-{i}"), "pciBusId": format!("0000:{:02x}:00.0", i + 1), "source": "nvml"})).collect::<Vec<_>>()
     });
     force(tx, id, |n| {
         n.provision_state = ProvisionState::Adopted;

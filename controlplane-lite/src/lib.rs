@@ -11,6 +11,7 @@
 //! - [`api`]: the operator API (axum): `POST /v1/<method>` decodes the body into the core's typed
 //!   request, calls the one dispatcher, and maps an error code to an HTTP status in one place;
 //!   `GET /v1/openapi.json` serves the document generated from the same types.
+//! - [`bundle_store`]: where `logs.collect` bundles are kept, pruned by age, count and bytes.
 //! - [`metrics`]: Prometheus exposition; [`server`]: `bcctl serve` wiring; [`client`]: the
 //!   operator client `bcctl` uses. The CLI and the bench are in the binary (`src/cli`).
 //!
@@ -22,6 +23,7 @@
 //! One process, one SQLite file: no high availability.
 #![forbid(unsafe_code)]
 pub mod api;
+pub mod bundle_store;
 pub mod ca;
 pub mod client;
 pub mod gateway;

@@ -152,3 +152,16 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// clap's own checks of every subcommand (a positional `bool` without a value made
+    /// `bcctl nodes set-maintenance` panic at start in debug builds).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

@@ -19,7 +19,7 @@ use bc_protocol::pb::join_server::JoinServer;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 use cpl_core::commands::Commands;
 use cpl_core::liveness::{self, LivenessConfig};
@@ -48,11 +48,17 @@ pub enum ServeError {
     State(#[from] crate::state_dir::StateDirError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store file could not be opened or migrated; `path` names it.
+    #[error("store {path}: {source}")]
+    OpenStore { path: PathBuf, source: StoreError },
     #[error(transparent)]
     Ca(#[from] CaError),
     /// tonic refused the TLS setup or the server failed.
     #[error("gateway: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The gateway's TLS configuration could not be built.
+    #[error(transparent)]
+    GatewayTls(#[from] crate::gateway::listener::ListenerError),
     /// The metrics listener could not be started.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
@@ -82,6 +88,10 @@ pub struct ServeConfig {
     pub init: Init,
     /// Site lease, BMC verification and power sync timings.
     pub bare_metal: cpl_core::bare_metal::BareMetalConfig,
+    /// How long logs.collect bundles are kept and how much room they may take.
+    pub bundle_retention: crate::bundle_store::Retention,
+    /// Connection caps and timeouts of the gateway listener.
+    pub gateway_limits: crate::gateway::listener::Limits,
 }
 
 impl ServeConfig {
@@ -101,6 +111,8 @@ impl ServeConfig {
             metrics_listen: None,
             init: Init::IfEmpty,
             bare_metal: cpl_core::bare_metal::BareMetalConfig::default(),
+            bundle_retention: crate::bundle_store::Retention::default(),
+            gateway_limits: crate::gateway::listener::Limits::default(),
         }
     }
 }
@@ -177,7 +189,9 @@ pub fn open_state(dir: &Path, trust_domain: &str, init: Init) -> Result<OpenedSt
     if fresh {
         tracing::info!(state_dir = %dir.display(), "initialising a new state dir: an empty store, a new CA, an API token");
     }
-    let store = Store::open(&dir.join(STORE_FILE))?;
+    // SQLite's own message names no file.
+    let db = dir.join(STORE_FILE);
+    let store = Store::open(&db).map_err(|source| ServeError::OpenStore { path: db, source })?;
     let ca = if fresh {
         CertificateAuthority::create(dir, trust_domain)?
     } else {
@@ -213,9 +227,6 @@ fn default_names(listen: &SocketAddr) -> Vec<String> {
     }
     names
 }
-
-/// How long a gateway connection may take to finish its TLS handshake.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accept queue of the gateway listener. A restart storm opens thousands of connections within
 /// a second; with the usual 1,024 the kernel drops SYNs and clients wait for TCP's 1 s, 3 s, 7 s
@@ -306,6 +317,7 @@ fn parts(
             node_cert_ttl: cfg.node_cert_ttl,
             hello_timeout: Duration::from_secs(10),
             bundles_dir: cfg.state_dir.join("bundles"),
+            bundle_retention: cfg.bundle_retention,
         },
         registry: Arc::clone(&registry),
         heartbeats: Arc::new(HeartbeatBuffer::default()),
@@ -344,13 +356,10 @@ fn spawn_gateway(
     names.sort();
     names.dedup();
     let (chain_pem, key_pem) = p.ca.server_cert(&names)?;
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(chain_pem, key_pem))
-        .client_ca_root(Certificate::from_pem(p.ca.cert_pem()))
-        .client_auth_optional(true)
-        // A connection that never finishes its handshake would hold a socket (and a file
-        // descriptor) forever.
-        .timeout(TLS_HANDSHAKE_TIMEOUT);
+    // TLS is done by the gateway's own listener (caps per address and in total, a handshake
+    // and a preface timeout: a connection that never finishes either would hold a socket, and a
+    // file descriptor, forever), which hands tonic finished connections.
+    let tls = crate::gateway::listener::tls_config(&chain_pem, &key_pem, p.ca.cert_pem())?;
     let join = JoinService {
         store: p.store.clone(),
         ca: Arc::clone(&p.ca),
@@ -363,7 +372,6 @@ fn spawn_gateway(
         metrics: p.metrics.clone(),
     };
     let mut grpc = Server::builder()
-        .tls_config(tls)?
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_nodelay(true);
@@ -371,8 +379,9 @@ fn spawn_gateway(
         GatewayServer::new(p.gateway.clone())
             .max_decoding_message_size(bc_protocol::MAX_SESSION_MESSAGE_BYTES),
     );
+    let (limits, metrics) = (cfg.gateway_limits, p.metrics.clone());
     tasks.spawn(async move {
-        let incoming = bc_net::accept_loop(listener);
+        let incoming = crate::gateway::listener::incoming(listener, tls, limits, metrics);
         if let Err(e) = router
             .serve_with_incoming_shutdown(incoming, stopped(stop))
             .await
@@ -438,6 +447,37 @@ fn spawn_controllers(
                 let gw = gw_lease.clone();
                 async move { gw.flush_once().await }
             }) => {}
+            _ = until => {}
+        }
+    });
+
+    // NodeLifecycle: nodes still adopting past their pool's acceptance deadline fail.
+    let lifecycle_store = p.store.clone();
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = cpl_core::acceptance::run(lifecycle_store) => {}
+            _ = until => {}
+        }
+    });
+
+    // Bundles age out even when no upload comes to prune them.
+    let gw_bundles = p.gateway.clone();
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        let bundles = crate::bundle_store::BundleStore::new(
+            gw_bundles.cfg.bundles_dir.clone(),
+            gw_bundles.cfg.bundle_retention,
+        );
+        let mut tick = tokio::time::interval(crate::bundle_store::PRUNE_PERIOD);
+        let prune = async {
+            loop {
+                tick.tick().await;
+                crate::gateway::upload::prune(&gw_bundles, &bundles, None);
+            }
+        };
+        tokio::select! {
+            _ = prune => {}
             _ = until => {}
         }
     });

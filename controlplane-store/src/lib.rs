@@ -70,7 +70,7 @@ pub use events::{NewEvent, NodeEvent};
 pub use fleet::FleetCounts;
 pub use leases::DedicatedRootLease;
 pub use nodes::{MAX_INDEXED_DIGESTS, NewNode, NodeQuery, NodeRecord};
-pub use pools::{HardwareProfile, Pool};
+pub use pools::{Acceptance, HardwareProfile, Pool};
 pub use rejoin::RejoinRequest;
 pub use sites::Site;
 pub use taints::Taint;
@@ -106,6 +106,13 @@ pub enum StoreError {
     /// The blocking task running the query panicked or was cancelled.
     #[error("store task failed: {0}")]
     Task(String),
+    /// The database file (or its WAL and shared-memory files) could not be created or made
+    /// private; `path` names it.
+    #[error("{path}: {source}")]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The database's own error, kept opaque so no caller matches on a backend's error type.
@@ -206,6 +213,33 @@ impl Tx<'_> {
     }
 }
 
+/// Creates `path` 0600 when it is missing, and sets 0600 on it and on SQLite's `-wal` and `-shm`
+/// files beside it when they exist. SQLite creates its WAL and shared-memory files with the
+/// database file's mode, so a private database keeps them private.
+fn make_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| StoreError::File { path, source }
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(file_err(path))?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let p = std::path::PathBuf::from(name);
+        match std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !suffix.is_empty() => {}
+            r => r.map_err(file_err(&p))?,
+        }
+    }
+    Ok(())
+}
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(migrations::M001_NODE_MODEL),
@@ -213,14 +247,17 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M003_COMMANDS),
         M::up(migrations::M004_SCALE),
         M::up(migrations::M005_ACCESS),
-        M::up(migrations::M006_BARE_METAL),
+        M::up(migrations::M006_SESSIONS_AND_ACCEPTANCE),
+        M::up(migrations::M007_BARE_METAL),
     ])
 }
 
 impl Store {
     /// Opens (creating if needed) the SQLite file `path`, turns on WAL and foreign keys, applies
-    /// migrations.
+    /// migrations. The file is created 0600 whatever the umask, and an existing one (with its
+    /// `-wal` and `-shm` files) is made 0600: it holds every token hash and node record.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        make_private(path)?;
         Self::init(Connection::open(path)?)
     }
 

@@ -23,6 +23,42 @@ fn migrations_are_valid_and_reopen_is_idempotent() -> Result<(), StoreError> {
 }
 
 #[test]
+fn the_database_and_its_wal_are_private_whatever_the_umask() -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().map_err(|e| StoreError::Task(e.to_string()))?;
+    let path = dir.path().join("state.db");
+    let mode = |p: &Path| -> Result<u32, StoreError> {
+        let m = std::fs::metadata(p).map_err(|e| StoreError::Task(e.to_string()))?;
+        Ok(m.permissions().mode() & 0o777)
+    };
+    // SQLite alone creates the file 0644 under the usual umask 022 (the process umask cannot be
+    // changed safely in a threaded test, so this test relies on a umask that lets 0644 through).
+    let store = Store::open(&path)?;
+    store.write_blocking(|tx| {
+        tx.record_event(&NewEvent {
+            node_id: "n",
+            at: 0,
+            kind: "k",
+            from: None,
+            to: None,
+            actor: "t",
+            message: "",
+        })
+    })?;
+    assert_eq!(mode(&path)?, 0o600, "state.db");
+    let wal = dir.path().join("state.db-wal");
+    if wal.exists() {
+        assert_eq!(mode(&wal)?, 0o600, "state.db-wal");
+    }
+    drop(store);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| StoreError::Task(e.to_string()))?;
+    drop(Store::open(&path)?);
+    assert_eq!(mode(&path)?, 0o600, "an existing 0644 file is made private");
+    Ok(())
+}
+
+#[test]
 fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), StoreError> {
     let dir = tempfile::tempdir().map_err(|e| StoreError::Task(e.to_string()))?;
     let path = dir.path().join("state.db");
@@ -64,7 +100,9 @@ fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), 
         .collect();
     assert_eq!(rows, expect);
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    assert_eq!(version, 5, "every migration ran");
+    // Every later migration runs too (5: trusted keys, rejoin requests; 6: session_broken, pool
+    // acceptance; 7: bare metal).
+    assert_eq!(version, 7, "every migration ran");
     Ok(())
 }
 
@@ -189,6 +227,7 @@ fn migration_5_demotes_duplicate_trusted_keys_and_then_refuses_them() -> Result<
     let version: i64 = sqlite(&store)
         .lock()
         .query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    assert_eq!(version, 5);
+    // Migrations 6 (session_broken, pool acceptance) and 7 (bare metal) run after it.
+    assert_eq!(version, 7);
     Ok(())
 }

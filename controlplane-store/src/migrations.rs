@@ -261,12 +261,24 @@ CREATE TABLE rejoin_requests (
 CREATE UNIQUE INDEX rejoin_requests_node ON rejoin_requests(node_id);
 "#;
 
-/// Migration 6: bare metal (issue 14). `node_bmcs`: the BMC a node was enrolled through (address,
+/// Migration 6: a session whose stream broke without a Goodbye (`session_broken`: the node is
+/// `disconnected` at once, and Liveness still turns its silence into `unreachable`, which a clean
+/// Goodbye never does), and each pool's acceptance rules (`acceptance`, JSON
+/// `{requireTrustedKey?, deadlineSeconds?}`; absent keys take the kind's defaults), with an index
+/// on `provision_state` for the acceptance deadline sweep (it reads the `adopting` nodes every
+/// second).
+pub const M006_SESSIONS_AND_ACCEPTANCE: &str = r#"
+ALTER TABLE nodes ADD COLUMN session_broken INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN acceptance TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX nodes_provision_state ON nodes(provision_state);
+"#;
+
+/// Migration 7: bare metal (issue 14). `node_bmcs`: the BMC a node was enrolled through (address,
 /// TLS mode, the credentials sealed by the core's AEAD — never plaintext — and what the BMC
 /// reported at verification, its identifiers as digests); `site_leases`: which site agent holds
 /// each site's lease, at which epoch, until when; `commands.subject_node_id`: the bare-metal node
 /// a `bmc.*` command acts on (the command itself goes to the site agent holding the lease).
-pub const M006_BARE_METAL: &str = r#"
+pub const M007_BARE_METAL: &str = r#"
 CREATE TABLE node_bmcs (
     node_id           TEXT PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
     address           TEXT NOT NULL,

@@ -49,6 +49,9 @@ pub struct NodeRecord {
     pub connected_at: Option<i64>,
     pub disconnected_at: Option<i64>,
     pub last_seen: Option<i64>,
+    /// The last session ended without a Goodbye (its stream broke: a reset, a killed agent).
+    /// Liveness turns a broken session's silence into `unreachable`; a clean Goodbye's never.
+    pub session_broken: bool,
     /// The latest inventory document as stored (camelCase JSON text). Kept unparsed: the gateway
     /// loads a node several times per session and per report, and only NodeDetail, the profile
     /// checks and `nodes.updateSpec` read it ([`NodeRecord::inventory`]).
@@ -69,7 +72,7 @@ const NODE_COLUMNS: &str = "id, site_id, pool_id, owner_tenant_id, role, trust, 
     conditions, no_schedule_reasons, hardware_key, hardware_key_trusted, identifier_digests, \
     generation, observed_generation, identity_generation, version, labels, spec, hostname, \
     agent_version, boot_id, session_epoch, gateway_id, connected_at, disconnected_at, last_seen, \
-    inventory, inventory_at, created_at, updated_at, inventory_sha256";
+    inventory, inventory_at, created_at, updated_at, inventory_sha256, session_broken";
 
 fn u64_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
     let v: i64 = row.get(idx)?;
@@ -123,6 +126,7 @@ impl NodeRecord {
             created_at: row.get(36)?,
             updated_at: row.get(37)?,
             inventory_sha256: row.get(38)?,
+            session_broken: row.get(39)?,
         })
     }
 
@@ -347,6 +351,11 @@ fn changed_columns(before: &NodeRecord, after: &NodeRecord) -> Vec<(&'static str
         b.last_seen != a.last_seen,
         "last_seen",
         &|| int(a.last_seen),
+    );
+    col(
+        b.session_broken != a.session_broken,
+        "session_broken",
+        &|| SqlValue::Integer(a.session_broken.into()),
     );
     col(b.inventory_json != a.inventory_json, "inventory", &|| {
         text(&a.inventory_json)

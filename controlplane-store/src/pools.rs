@@ -27,6 +27,23 @@ pub struct HardwareProfile {
     pub drivers: BTreeMap<String, String>,
 }
 
+/// How a pool accepts its joining nodes (NodeLifecycle, `adopting -> adopted`). An absent key
+/// takes the default for the pool's kind (`cpl_core::acceptance::rules`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Acceptance {
+    /// A node needs a trusted hardware key (at least two independent identifiers) to be
+    /// accepted. Default: `true` for `metal-host` and `metal-dedicated` pools, `false` for
+    /// `vps-host` and `provider` pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require_trusted_key: Option<bool>,
+    /// Seconds a node may stay `adopting` before it is `failed` (failedFrom `adopting`), 1 to
+    /// 2,592,000 (30 days). Default 3,600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
+}
+
 /// One pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -40,13 +57,15 @@ pub struct Pool {
     /// The tenant whose pool this is; a `tenant-owned` node adds capacity only here.
     pub owner_tenant_id: Option<String>,
     pub hardware_profile: HardwareProfile,
+    /// How the pool accepts joining nodes.
+    #[serde(default)]
+    pub acceptance: Acceptance,
     pub version: u64,
     /// Milliseconds since the Unix epoch.
     pub created_at: i64,
 }
 
-const POOL_COLUMNS: &str =
-    "id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, version, created_at";
+const POOL_COLUMNS: &str = "id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, version, created_at, acceptance";
 
 fn from_row(row: &Row<'_>) -> Result<Pool, StoreError> {
     let kind: String = row.get(3)?;
@@ -61,6 +80,7 @@ fn from_row(row: &Row<'_>) -> Result<Pool, StoreError> {
         agent: parse_enum("pools.agent", &agent)?,
         owner_tenant_id: row.get(5)?,
         hardware_profile: from_json("pools.hardware_profile", &profile)?,
+        acceptance: from_json("pools.acceptance", &row.get::<_, String>(9)?)?,
         version: u64::try_from(version).unwrap_or(0),
         created_at: row.get(8)?,
     })
@@ -82,7 +102,7 @@ impl Tx<'_> {
         let n = self.sqlite().execute(
             &format!(
                 "INSERT INTO pools (id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, \
-                 version, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8){on_conflict}"
+                 version, created_at, acceptance) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9){on_conflict}"
             ),
             params![
                 pool.id,
@@ -92,26 +112,34 @@ impl Tx<'_> {
                 pool.agent.as_str(),
                 pool.owner_tenant_id,
                 to_json(&pool.hardware_profile),
-                pool.created_at
+                pool.created_at,
+                to_json(&pool.acceptance)
             ],
         )?;
         Ok(n == 1)
     }
 
-    /// Writes name and hardware profile if the pool is still at `version`; returns whether a row
-    /// changed. Kind, agent, site and owner are fixed at creation: nodes derived role, adapter and
-    /// trust from them.
+    /// Writes name, hardware profile and acceptance rules if the pool is still at `version`;
+    /// returns whether a row changed. Kind, agent, site and owner are fixed at creation: nodes
+    /// derived role, adapter and trust from them.
     pub fn update_pool(
         &self,
         id: &str,
         version: u64,
         name: &str,
         profile: &HardwareProfile,
+        acceptance: &Acceptance,
     ) -> Result<bool, StoreError> {
         let n = self.sqlite().execute(
-            "UPDATE pools SET name = ?3, hardware_profile = ?4, version = version + 1 \
-             WHERE id = ?1 AND version = ?2",
-            params![id, sql_u64(version), name, to_json(profile)],
+            "UPDATE pools SET name = ?3, hardware_profile = ?4, acceptance = ?5, \
+             version = version + 1 WHERE id = ?1 AND version = ?2",
+            params![
+                id,
+                sql_u64(version),
+                name,
+                to_json(profile),
+                to_json(acceptance)
+            ],
         )?;
         Ok(n == 1)
     }
@@ -147,6 +175,18 @@ impl Reader<'_> {
             out.push(from_row(row)?);
         }
         Ok(out)
+    }
+
+    /// Nodes in `adopting`, with their pool and when they entered `adopting` (the newest
+    /// `provisionState` event to `adopting`, else the node's creation), ms.
+    pub fn adopting_nodes(&self) -> Result<Vec<(String, Option<String>, i64)>, StoreError> {
+        let mut stmt = self.sqlite().prepare_cached(
+            "SELECT n.id, n.pool_id, COALESCE((SELECT MAX(e.at) FROM node_events e \
+             WHERE e.node_id = n.id AND e.kind = 'provisionState' AND e.to_value = 'adopting'), \
+             n.created_at) FROM nodes n WHERE n.provision_state = 'adopting' ORDER BY n.id",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// How many nodes are in the pool.

@@ -37,8 +37,9 @@ impl Tx<'_> {
 }
 
 impl Reader<'_> {
-    /// Liveness candidates at `now`: `connected` nodes silent for `unreachable_after_ms`, and
-    /// `unreachable` nodes silent for `unreachable_after_ms + lost_after_ms`.
+    /// Liveness candidates at `now`: `connected` nodes, and `disconnected` ones whose session
+    /// broke without a Goodbye, silent for `unreachable_after_ms`; `unreachable` nodes silent for
+    /// `unreachable_after_ms + lost_after_ms`.
     pub fn silent_nodes(
         &self,
         now: i64,
@@ -47,7 +48,8 @@ impl Reader<'_> {
     ) -> Result<Vec<String>, StoreError> {
         let mut stmt = self.sqlite().prepare_cached(
             "SELECT id FROM nodes WHERE \
-             (connectivity = 'connected' AND COALESCE(last_seen, 0) < ?1) OR \
+             (connectivity IN ('connected', 'disconnected') AND COALESCE(last_seen, 0) < ?1 \
+              AND (connectivity = 'connected' OR session_broken = 1)) OR \
              (connectivity = 'unreachable' AND COALESCE(last_seen, 0) < ?2)",
         )?;
         let rows = stmt.query_map(

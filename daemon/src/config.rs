@@ -1,4 +1,4 @@
-//! `bcd agent` configuration: `/etc/bcd/bcd.toml`, environment and flags.
+//! `bcd agent` (and `bcd site`) configuration: `/etc/bcd/bcd.toml`, environment and flags.
 //!
 //! # Background
 //! A node agent runs as a systemd service with a config file the package installs
@@ -11,6 +11,9 @@
 //! [`Config::load`] / [`Config::load_or_default`] give defaults overlaid by the file;
 //! [`ConfigOverrides::from_env`] and the caller's flags are applied in that order with
 //! [`Config::apply_overrides`]; [`Config::validate`] then reports every problem at once.
+//!
+//! `bcd site` reads the same file: the shared keys (control plane, join token file, CA pin, log,
+//! root, journalctl) and its own `[site]` section (`bcd_site::config::SiteConfig`).
 //!
 //! # Limitations
 //! The join token itself is never in the file, only the path of a file that holds it
@@ -81,6 +84,9 @@ pub struct Config {
     pub journalctl: PathBuf,
     /// Where to serve Prometheus metrics (`127.0.0.1:9464`); absent = no metrics listener.
     pub metrics_listen: Option<SocketAddr>,
+    /// `bcd site` only: the `[site]` section (its state dir, power sync defaults, limits,
+    /// timeouts, the ipmitool path); `BCD_SITE_<KEY>` variables and `bcd site` flags win.
+    pub site: bcd_site::config::SiteConfig,
 }
 
 impl Default for Config {
@@ -98,6 +104,7 @@ impl Default for Config {
             reboot_command: vec!["systemctl".to_owned(), "reboot".to_owned()],
             journalctl: PathBuf::from("journalctl"),
             metrics_listen: None,
+            site: bcd_site::config::SiteConfig::default(),
         }
     }
 }

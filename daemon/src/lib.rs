@@ -14,14 +14,16 @@
 //!   converge task, the XID watch, `status.json`, metrics, systemd) on the core's lifecycle.
 //! - [`sim`]: `bcd sim` — simulated node agents on the same core, for `bcctl bench` and
 //!   `bcctl dev --sim`.
+//! - [`site`]: `bcd site` — `bcd-site`'s machine, hooks and power sync loop with the process
+//!   around them (flags, the `[site]` config section, signals, systemd).
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
 //! - [`config`], [`ops`]: `/etc/bcd/bcd.toml` and the agent's flags; [`metrics`]: `/metrics`.
-//! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch (`bcd site` and `bcd ramdisk`
-//!   are `bcd-site` and `bcd-ramdisk`), and the only place errors become exit codes.
+//! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch (`bcd ramdisk` is
+//!   `bcd-ramdisk`), and the only place errors become exit codes.
 //!
 //! # Limitations
-//! Nothing depends on this crate. The site and ramdisk modes are documented in their crates but
-//! not implemented; the agent has no local control socket (`bcd status` reads `status.json`).
+//! Nothing depends on this crate. The ramdisk mode is documented in its crate but not
+//! implemented; the agent has no local control socket (`bcd status` reads `status.json`).
 #![forbid(unsafe_code)]
 pub mod agent;
 pub mod config;
@@ -29,3 +31,4 @@ pub mod converge;
 pub mod metrics;
 pub mod ops;
 pub mod sim;
+pub mod site;

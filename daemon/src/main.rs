@@ -20,15 +20,16 @@ struct Cli {
 enum Command {
     /// Run the node agent: join, hold a session, report inventory, run commands, converge.
     Agent(Box<bcd::agent::AgentArgs>),
-    /// Run the site agent (BMC power/boot control, PXE boot services).
-    Site,
+    /// Run the site agent: join as a site appliance, hold a session, and drive the site's BMCs
+    /// (power and boot device over Redfish or IPMI, the power sync loop) while holding the lease.
+    Site(Box<bcd::site::SiteArgs>),
     /// Run the ramdisk agent (inspection, burn-in, erase, image write).
     Ramdisk,
     /// Print this machine's hardware key and every candidate identifier.
     HardwareKey(bcd_probes::hwkey::HardwareKeyArgs),
     /// Show what the agent of a state dir says about itself (status.json, node.json).
     Status {
-        /// The agent's state dir.
+        /// The agent's state dir (a site agent's: /var/lib/bcd-site).
         #[arg(long, default_value = "/var/lib/bcd")]
         state_dir: PathBuf,
         /// Output format: `table` or `json`.
@@ -54,7 +55,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(bcd::sim::run(args))?;
         }
-        Command::Site => anyhow::bail!(bcd_site::NOT_YET),
+        Command::Site(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(bcd::site::run(*args))?;
+            tracing::info!("site agent stopped");
+        }
         Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),
         Command::HardwareKey(args) => print!("{}", bcd_probes::hwkey::run(&args)?),
         Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
@@ -111,6 +116,22 @@ fn print_status(state_dir: &std::path::Path, output: &str) -> anyhow::Result<()>
                 .map(|g| g.to_string())
                 .unwrap_or_else(|| "-".into())
         );
+        if let Some(site) = &st.site {
+            println!("siteId:              {}", d(&site.site_id));
+            println!(
+                "siteLease:           {}",
+                match (site.lease_held, site.lease_epoch) {
+                    (true, Some(e)) => format!("held (epoch {e})"),
+                    (false, Some(e)) => format!("not valid (epoch {e})"),
+                    _ => "none (standby)".to_owned(),
+                }
+            );
+            println!("leaseValidUntil:     {}", d(&site.lease_valid_until));
+            println!(
+                "bmcs:                {} ({} not answering)",
+                site.bmcs, site.bmcs_unreachable
+            );
+        }
         if !st.message.is_empty() {
             println!("message:             {}", st.message);
         }

@@ -52,12 +52,19 @@ fn a_broken_unit_is_caught() {
     };
     let broken = include_str!("../../packaging/systemd/bcd.service")
         .replace("Restart=always", "Restart=alwayz");
-    let wrote = std::fs::write(dir.path().join("bcd.service"), broken).and_then(|()| {
-        std::fs::write(
-            dir.path().join("bcctl.service"),
-            include_str!("../../packaging/systemd/bcctl.service"),
-        )
-    });
+    let wrote = std::fs::write(dir.path().join("bcd.service"), broken)
+        .and_then(|()| {
+            std::fs::write(
+                dir.path().join("bcctl.service"),
+                include_str!("../../packaging/systemd/bcctl.service"),
+            )
+        })
+        .and_then(|()| {
+            std::fs::write(
+                dir.path().join("bcd-site.service"),
+                include_str!("../../packaging/systemd/bcd-site.service"),
+            )
+        });
     if let Err(e) = wrote {
         panic!("write: {e}");
     }
@@ -76,4 +83,25 @@ fn a_broken_unit_is_caught() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("alwayz"), "{text}");
+}
+
+#[test]
+fn the_site_unit_runs_bcd_site_with_its_own_state_dir_and_few_capabilities() {
+    let unit = include_str!("../../packaging/systemd/bcd-site.service");
+    for line in [
+        "ExecStart=/usr/bin/bcd site --config /etc/bcd/bcd.toml",
+        "Type=notify",
+        "StateDirectory=bcd-site",
+        "StateDirectoryMode=0700",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "CapabilityBoundingSet=CAP_SYSLOG CAP_NET_ADMIN",
+        "UMask=0077",
+    ] {
+        assert!(
+            unit.lines().any(|l| l == line),
+            "bcd-site.service lacks {line:?}"
+        );
+    }
 }

@@ -11,16 +11,16 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bcd_bin=${BCD_BIN:-/bin/true}
 bcctl_bin=${BCCTL_BIN:-/bin/true}
-for unit in bcd.service bcctl.service; do
+for unit in bcd.service bcd-site.service bcctl.service; do
     sed -e "s#/usr/bin/bcd #${bcd_bin} #" -e "s#/usr/bin/bcctl #${bcctl_bin} #" \
         -e "s#^ExecStart=/usr/bin/bcctl\$#ExecStart=${bcctl_bin}#" \
         "$here/$unit" >"$tmp/$unit"
 done
-out=$(cd "$tmp" && SYSTEMD_LOG_LEVEL=${SYSTEMD_LOG_LEVEL:-notice} systemd-analyze verify --man=no ./bcd.service ./bcctl.service 2>&1) || status=$?
+out=$(cd "$tmp" && SYSTEMD_LOG_LEVEL=${SYSTEMD_LOG_LEVEL:-notice} systemd-analyze verify --man=no ./bcd.service ./bcd-site.service ./bcctl.service 2>&1) || status=$?
 printf '%s\n' "$out"
 # Complaints about units the test host lacks (network-online.target dependencies on a container
 # without systemd as PID 1) are not ours; anything mentioning our units is.
-if [ "${status:-0}" -ne 0 ] || printf '%s\n' "$out" | grep -E '(bcd|bcctl)\.service' >/dev/null; then
+if [ "${status:-0}" -ne 0 ] || printf '%s\n' "$out" | grep -E '(bcd|bcd-site|bcctl)\.service' >/dev/null; then
     echo "systemd-analyze verify: FAILED" >&2
     exit 1
 fi

@@ -30,6 +30,7 @@ pub mod commands;
 pub mod hwid;
 pub mod inventory;
 pub mod kinds;
+pub mod limits;
 #[cfg(feature = "openapi")]
 mod schema;
 pub mod spec;

@@ -157,6 +157,8 @@ string_enum! {
         PermissionDenied => "PERMISSION_DENIED",
         Internal => "INTERNAL",
         Unavailable => "UNAVAILABLE",
+        /// The request body is over the operator API's size limit.
+        PayloadTooLarge => "PAYLOAD_TOO_LARGE",
     }
 }
 
@@ -214,6 +216,11 @@ pub struct Condition {
     /// The controller that owns this condition (`Inventory`, `Health`, `Liveness`, `NodeLifecycle`).
     #[serde(default)]
     pub owner: String,
+    /// The GPUs (PCI bus ids, `0000:1a:00.0`) a GPU condition is about, e.g. the GPUs an
+    /// `XidCritical` came from; fixing one of them clears only its entry. Empty (and absent in
+    /// JSON) for a condition of the whole node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 #[cfg(test)]

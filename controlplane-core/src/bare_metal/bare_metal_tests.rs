@@ -443,6 +443,7 @@ async fn power_reports_need_the_current_epoch_and_name_out_of_band_changes() -> 
             power: power.into(),
             reachable,
             error: error.into(),
+            error_code: String::new(),
             observed_at_ms: now,
         }],
     };

@@ -402,6 +402,7 @@ pub(crate) fn pending(edit: &mut Edit, site_id: &str) {
                 "waiting for the site agent holding site {site_id}'s lease to verify the BMC"
             ),
             owner: OWNER.to_owned(),
+            gpus: Vec::new(),
         },
     );
 }

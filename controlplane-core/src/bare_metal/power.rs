@@ -344,6 +344,7 @@ pub fn apply_power_report(
                     reason: "Answered".to_owned(),
                     message: "the BMC answered the power sync".to_owned(),
                     owner: OWNER.to_owned(),
+                    gpus: Vec::new(),
                 },
             );
             let to: Power = o.power.parse().unwrap_or(Power::Unknown);
@@ -379,6 +380,7 @@ pub fn apply_power_report(
                     reason: "BmcUnreachable".to_owned(),
                     message: why.clone(),
                     owner: OWNER.to_owned(),
+                    gpus: Vec::new(),
                 },
             );
             set_power(

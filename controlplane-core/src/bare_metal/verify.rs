@@ -167,6 +167,7 @@ fn condition(edit: &mut Edit, type_: &str, status: ConditionStatus, reason: &str
             reason: reason.to_owned(),
             message: msg,
             owner: OWNER.to_owned(),
+            gpus: Vec::new(),
         },
     );
 }

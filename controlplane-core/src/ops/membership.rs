@@ -171,7 +171,10 @@ pub fn move_node(
         );
     }
     // The target pool's hardware profile decides the profile conditions now.
-    let updates = profile_conditions(&pool.hardware_profile, edit.node.inventory()?.as_ref());
+    let updates = profile_conditions(
+        &pool.hardware_profile,
+        crate::inventory::of(&edit.node).as_ref(),
+    );
     for type_ in PROFILE_CONDITIONS {
         let decided = updates.iter().any(|u| u.type_ == type_);
         let present = edit.node.conditions.iter().any(|c| c.type_ == type_);
@@ -184,6 +187,7 @@ pub fn move_node(
                     reason: "NotInPoolProfile".to_owned(),
                     message: format!("pool {pool_id}'s hardware profile sets no expectation"),
                     owner: "Inventory".to_owned(),
+                    gpus: Vec::new(),
                 },
             );
         }
@@ -191,6 +195,9 @@ pub fn move_node(
     for u in &updates {
         apply(&mut edit, u);
     }
+    // An `adopting` node is judged by the target pool's acceptance rules now, not at its next
+    // inventory report (which may come after the deadline); other states change nothing.
+    crate::acceptance::evaluate(tx, &mut edit)?;
     tx.delete_rejoin_request(node_id)?;
     edit.save(tx)
 }

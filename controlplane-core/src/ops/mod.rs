@@ -7,9 +7,11 @@
 //! which holds the write lock before the first read, so a read-check-write sequence cannot
 //! interleave with another writer. Node rows change only through [`crate::edit::Edit`].
 
+pub mod labels;
 pub mod membership;
 pub mod nodes;
 pub mod pools;
+pub mod retire;
 pub mod sites;
 pub mod tokens;
 
@@ -24,23 +26,11 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{bits:016x}")
 }
 
-/// Checks an operator-supplied key (taint keys, labels): 1 to 63 characters of
-/// `[A-Za-z0-9._/-]`, starting with an alphanumeric.
+/// Checks an operator-supplied key (taint keys, labels) against [`crate::text::KEY`]: 1 to 63
+/// characters of `[A-Za-z0-9._/-]`, starting with an alphanumeric. The verbs' requests already
+/// hold a checked [`crate::text::Key`]; this guards callers that pass a plain string.
 pub(crate) fn valid_key(what: &str, key: &str) -> Result<(), OpError> {
-    let ok = !key.is_empty()
-        && key.len() <= 63
-        && key
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(OpError::InvalidArgument(format!(
-            "{what} {key:?} is not 1-63 characters of [A-Za-z0-9._/-] starting with a letter or digit"
-        )))
-    }
+    crate::text::KEY
+        .check(key)
+        .map_err(|e| OpError::InvalidArgument(format!("{what}: {e}")))
 }

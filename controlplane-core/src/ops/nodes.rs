@@ -186,14 +186,10 @@ pub fn adopt(
     expected_version: u64,
     actor: &str,
 ) -> Result<NodeRecord, OpError> {
-    transition(
-        tx,
-        node_id,
-        Some(expected_version),
-        actor,
-        ProvisionState::Adopted,
-        "nodes.adopt",
-    )
+    let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
+    apply_transition(&mut edit, ProvisionState::Adopted, "nodes.adopt")?;
+    crate::conditions::apply(&mut edit, &crate::acceptance::accepted_by_operator());
+    edit.save(tx)
 }
 
 /// `nodes.recover`: moves a `failed` node back to `failedFrom` and clears it. Maintenance stays

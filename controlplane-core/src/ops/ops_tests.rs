@@ -275,6 +275,7 @@ fn no_schedule_condition_drives_its_reason() -> TestResult {
         reason: "CountDiffers".into(),
         message: "expected 8, found 7".into(),
         owner: "Inventory".into(),
+        gpus: Vec::new(),
     };
     let n = store.with(|c| {
         Ok(write_tx(c, |tx| {
@@ -344,7 +345,7 @@ fn connectivity_writer_keeps_unreachable_in_step() -> TestResult {
 fn drain_holds_draining_until_allocations_are_released() -> TestResult {
     let (store, pool_id) = setup()?;
     let req = AllocationRequest {
-        pool_id: pool_id.clone(),
+        pool_id: pool_id.clone().into(),
         gpus: 2,
         tenant_id: None,
     };
@@ -477,7 +478,7 @@ fn list_filters_by_pool_state_connectivity_and_schedulable() -> TestResult {
     );
     assert_eq!(
         ids(NodeFilter {
-            pool_id: Some(pool_id.clone()),
+            pool_id: Some(pool_id.clone().into()),
             ..Default::default()
         })?,
         vec!["node_a", "node_b"]

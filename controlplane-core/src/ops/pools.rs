@@ -3,26 +3,31 @@
 //! adapter and trust from them.
 
 use bc_protocol::{PoolAgent, PoolKind, SiteKind};
-use cpl_store::{HardwareProfile, Pool, Reader, Tx, now_ms};
+use cpl_store::{Acceptance, HardwareProfile, Pool, Reader, Tx, now_ms};
 
 use super::new_id;
 use crate::error::OpError;
+use crate::text::{Id, Name};
 
 /// `pools.create` request.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewPool {
-    pub name: String,
+    pub name: Name,
     pub kind: PoolKind,
     #[serde(default = "default_agent")]
     #[schema(default = "bcd")]
     pub agent: PoolAgent,
     #[serde(default)]
-    pub site_id: Option<String>,
+    pub site_id: Option<Id>,
     #[serde(default)]
-    pub owner_tenant_id: Option<String>,
-    #[serde(default)]
+    pub owner_tenant_id: Option<Id>,
+    #[serde(default, deserialize_with = "crate::text::profile")]
     pub hardware_profile: HardwareProfile,
+    /// How the pool accepts joining nodes (`crate::acceptance`); absent keys take the kind's
+    /// defaults.
+    #[serde(default)]
+    pub acceptance: Acceptance,
 }
 
 fn default_agent() -> PoolAgent {
@@ -35,11 +40,12 @@ pub fn create(tx: &Tx<'_>, new: &NewPool) -> Result<Pool, OpError> {
     if new.name.trim().is_empty() {
         return Err(OpError::InvalidArgument("pool name is required".into()));
     }
-    let mut owner = new.owner_tenant_id.clone();
+    crate::acceptance::check_settings(&new.acceptance)?;
+    let mut owner = new.owner_tenant_id.clone().map(Id::into_string);
     if let Some(site_id) = &new.site_id {
         let site = tx.site(site_id)?.ok_or_else(|| OpError::NotFound {
             kind: "site",
-            id: site_id.clone(),
+            id: site_id.to_string(),
         })?;
         if site.kind == SiteKind::Custom {
             if owner.is_some() && owner != site.owner_tenant_id {
@@ -52,12 +58,13 @@ pub fn create(tx: &Tx<'_>, new: &NewPool) -> Result<Pool, OpError> {
     }
     let pool = Pool {
         id: new_id("pool"),
-        site_id: new.site_id.clone(),
+        site_id: new.site_id.clone().map(Id::into_string),
         name: new.name.trim().to_owned(),
         kind: new.kind,
         agent: new.agent,
         owner_tenant_id: owner,
         hardware_profile: new.hardware_profile.clone(),
+        acceptance: new.acceptance,
         version: 1,
         created_at: now_ms(),
     };
@@ -91,21 +98,26 @@ fn check_version(pool: &Pool, expected: u64) -> Result<(), OpError> {
     }
 }
 
-/// `pools.update`: name and hardware profile. Nodes already in the pool keep the drivers they
-/// inherited at join.
+/// `pools.update`: name, hardware profile and (when given) acceptance rules. Nodes already in
+/// the pool keep the drivers they inherited at join.
 pub fn update(
     tx: &Tx<'_>,
     id: &str,
     expected_version: u64,
     name: &str,
     profile: &HardwareProfile,
+    acceptance: Option<&Acceptance>,
 ) -> Result<Pool, OpError> {
     if name.trim().is_empty() {
         return Err(OpError::InvalidArgument("pool name is required".into()));
     }
+    if let Some(a) = acceptance {
+        crate::acceptance::check_settings(a)?;
+    }
     let pool = get(tx, id)?;
     check_version(&pool, expected_version)?;
-    tx.update_pool(id, expected_version, name.trim(), profile)?;
+    let acceptance = acceptance.copied().unwrap_or(pool.acceptance);
+    tx.update_pool(id, expected_version, name.trim(), profile, &acceptance)?;
     get(tx, id)
 }
 

@@ -6,15 +6,16 @@ use cpl_store::{Reader, Site, Tx, now_ms};
 
 use super::new_id;
 use crate::error::OpError;
+use crate::text::{Id, Name};
 
 /// `sites.create` request.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewSite {
-    pub name: String,
+    pub name: Name,
     pub kind: SiteKind,
     #[serde(default)]
-    pub owner_tenant_id: Option<String>,
+    pub owner_tenant_id: Option<Id>,
 }
 
 /// `sites.create`.
@@ -39,7 +40,7 @@ pub fn create(tx: &Tx<'_>, new: &NewSite) -> Result<Site, OpError> {
         id: new_id("site"),
         name: new.name.trim().to_owned(),
         kind: new.kind,
-        owner_tenant_id: new.owner_tenant_id.clone(),
+        owner_tenant_id: new.owner_tenant_id.clone().map(Id::into_string),
         version: 1,
         created_at: now_ms(),
     };

@@ -16,6 +16,15 @@ pub fn create(tx: &Tx<'_>, new: &NewToken) -> Result<(JoinToken, String), OpErro
             "maxUses must be at least 1".into(),
         ));
     }
+    // The store holds a signed 64-bit integer: what it cannot hold is refused, never clamped.
+    if let Some(m) = new.max_uses
+        && i64::try_from(m).is_err()
+    {
+        return Err(OpError::InvalidArgument(format!(
+            "maxUses {m} is more than the store holds (at most {})",
+            i64::MAX
+        )));
+    }
     placement_for_join(tx, new.pool_id.as_deref(), new.site_id.as_deref(), false)?;
     Ok(tx.create_token(new, now_ms())?)
 }

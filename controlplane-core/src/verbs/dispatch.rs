@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use bc_protocol::pb::GoodbyeReason;
 use cpl_store::{NewToken, NodeRecord, Reader, Store, Tx};
-use serde_json::Value;
 use tracing::Instrument;
 
 use super::types::*;
@@ -90,11 +89,20 @@ impl Core {
                 .map(A::NodesDrain),
             R::NodesTaint(b) => self.nodes_taint(b, a).await.map(A::NodesTaint),
             R::NodesUntaint(b) => self.nodes_untaint(b, a).await.map(A::NodesUntaint),
+            R::NodesSetLabels(b) => self.nodes_set_labels(b, a).await.map(A::NodesSetLabels),
+            R::NodesRemoveLabels(b) => self
+                .nodes_remove_labels(b, a)
+                .await
+                .map(A::NodesRemoveLabels),
             R::NodesAdopt(b) => self
                 .node_verb(b, a, node_ops::adopt)
                 .await
                 .map(A::NodesAdopt),
             R::NodesRecover(b) => self.nodes_recover(b, a).await.map(A::NodesRecover),
+            R::NodesRetire(b) => self
+                .node_verb(b, a, ops::retire::retire)
+                .await
+                .map(A::NodesRetire),
             R::NodesSetMaintenance(b) => self
                 .nodes_set_maintenance(b, a)
                 .await
@@ -281,11 +289,11 @@ impl Core {
             ));
         }
         let new = NewToken {
-            pool_id: b.pool_id,
-            site_id: b.site_id,
+            pool_id: b.pool_id.map(crate::text::Id::into_string),
+            site_id: b.site_id.map(crate::text::Id::into_string),
             ttl_ms: i64::try_from(ttl.saturating_mul(1000)).unwrap_or(i64::MAX),
             max_uses: b.max_uses,
-            description: b.description,
+            description: b.description.map(crate::text::Text::into_string),
         };
         let (tok, secret) = self.write(move |tx| ops::tokens::create(tx, &new)).await?;
         Ok(TokensCreateResponse {
@@ -303,18 +311,14 @@ impl Core {
 
 /// The spec checks of `nodes.updateSpec` against the node as stored (`spec::validate`).
 fn validate_spec(node: &NodeRecord, spec: &bc_protocol::spec::NodeSpec) -> Result<(), OpError> {
-    let known: Option<Vec<bc_protocol::spec::KnownGpu>> = node.inventory()?.as_ref().map(|inv| {
-        inv.get("gpus")
-            .and_then(Value::as_array)
-            .map(|gs| {
-                gs.iter()
-                    .map(|g| bc_protocol::spec::KnownGpu {
-                        uuid: g.get("uuid").and_then(Value::as_str).map(str::to_owned),
-                        pci_address: g.get("pciBusId").and_then(Value::as_str).map(str::to_owned),
-                    })
-                    .collect()
+    let known: Option<Vec<bc_protocol::spec::KnownGpu>> = crate::inventory::of(node).map(|inv| {
+        inv.gpus
+            .into_iter()
+            .map(|g| bc_protocol::spec::KnownGpu {
+                uuid: g.uuid,
+                pci_address: Some(g.pci_bus_id),
             })
-            .unwrap_or_default()
+            .collect()
     });
     let ctx = bc_protocol::spec::ValidationContext {
         now_ms: cpl_store::now_ms(),

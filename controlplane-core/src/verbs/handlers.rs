@@ -63,6 +63,32 @@ impl Core {
         .await
     }
 
+    pub(super) async fn nodes_set_labels(
+        &self,
+        b: SetLabelsRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        self.write(move |tx| {
+            let n = ops::labels::set_labels(tx, &b.node_id, b.version, &actor, &b.labels)?;
+            detail(tx, &n)
+        })
+        .await
+    }
+
+    pub(super) async fn nodes_remove_labels(
+        &self,
+        b: RemoveLabelsRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        self.write(move |tx| {
+            let n = ops::labels::remove_labels(tx, &b.node_id, b.version, &actor, &b.keys)?;
+            detail(tx, &n)
+        })
+        .await
+    }
+
     pub(super) async fn nodes_set_maintenance(
         &self,
         b: MaintenanceRequest,
@@ -227,7 +253,14 @@ impl Core {
 
     pub(super) async fn pools_update(&self, b: PoolUpdate) -> Result<cpl_store::Pool, OpError> {
         self.write(move |tx| {
-            ops::pools::update(tx, &b.pool_id, b.version, &b.name, &b.hardware_profile)
+            ops::pools::update(
+                tx,
+                &b.pool_id,
+                b.version,
+                &b.name,
+                &b.hardware_profile,
+                b.acceptance.as_ref(),
+            )
         })
         .await
     }
@@ -269,8 +302,8 @@ impl Core {
         b: AllocationListRequest,
     ) -> Result<AllocationList, OpError> {
         let f = AllocationFilter {
-            pool_id: b.pool_id,
-            node_id: b.node_id,
+            pool_id: b.pool_id.map(crate::text::Id::into_string),
+            node_id: b.node_id.map(crate::text::Id::into_string),
             active_only: b.active_only,
         };
         self.read(move |r| {
@@ -321,7 +354,7 @@ impl Core {
         let rec = self.commands.get(&b.command_id).await?;
         let rec = rec.ok_or(OpError::NotFound {
             kind: "command",
-            id: b.command_id,
+            id: b.command_id.into_string(),
         })?;
         Ok(CommandView::from(&rec))
     }

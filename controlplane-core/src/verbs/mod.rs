@@ -39,8 +39,18 @@ fn parse<T: DeserializeOwned>(method: &str, body: Value) -> Result<T, OpError> {
     } else {
         body
     };
-    serde_json::from_value(body)
-        .map_err(|e| OpError::InvalidArgument(format!("{method}: invalid request body: {e}")))
+    // The error names the field (`name: a name is 70000 characters long, ...`): the bounded
+    // string types (`crate::text`) refuse while decoding, and their message alone does not say
+    // which field it was.
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            OpError::InvalidArgument(format!("{method}: invalid request body: {inner}"))
+        } else {
+            OpError::InvalidArgument(format!("{method}: invalid request body: {path}: {inner}"))
+        }
+    })
 }
 
 /// Declares the method table: `Variant => "wire.name", RequestType, ResponseType, "summary";`.
@@ -116,7 +126,7 @@ macro_rules! verbs {
 }
 
 verbs! {
-    NodesList => "nodes.list", NodeFilter, NodeList, "List nodes, filtered by pool, provisionState, connectivity or schedulable.";
+    NodesList => "nodes.list", NodeFilter, NodeList, "List nodes, filtered by pool, provisionState, connectivity, schedulable or labels.";
     NodesGet => "nodes.get", NodeRef, NodeDetail, "One node (NodeDetail).";
     NodesEvents => "nodes.events", NodeRef, EventList, "A node's event log, oldest first.";
     NodesCordon => "nodes.cordon", NodeMutation, NodeDetail, "Cordon: no new work lands on the node.";
@@ -124,8 +134,11 @@ verbs! {
     NodesDrain => "nodes.drain", NodeMutation, NodeDetail, "Cordon, plus `draining` until the node's allocations are released.";
     NodesTaint => "nodes.taint", TaintRequest, NodeDetail, "Add or replace an operator taint (`taint:<key>` in noScheduleReasons).";
     NodesUntaint => "nodes.untaint", UntaintRequest, NodeDetail, "Remove an operator taint.";
+    NodesSetLabels => "nodes.setLabels", SetLabelsRequest, NodeDetail, "Add or replace labels on a node (others stay).";
+    NodesRemoveLabels => "nodes.removeLabels", RemoveLabelsRequest, NodeDetail, "Remove labels from a node.";
     NodesAdopt => "nodes.adopt", NodeMutation, NodeDetail, "Accept an adopting node by hand (`adopting -> adopted`).";
     NodesRecover => "nodes.recover", NodeMutation, NodeDetail, "Move a failed node back to failedFrom.";
+    NodesRetire => "nodes.retire", NodeMutation, NodeDetail, "Retire a node (`-> retiring`; an adopted node, with nothing to tear down, on to `retired`).";
     NodesSetMaintenance => "nodes.setMaintenance", MaintenanceRequest, NodeDetail, "Turn maintenance on (with a reason) or off.";
     NodesRevokeIdentity => "nodes.revokeIdentity", NodeMutation, NodeDetail, "identityGeneration + 1: the node's certificates stop working and its session closes.";
     NodesDelete => "nodes.delete", NodeMutation, NodeDetail, "Delete the node (refused while it holds allocations).";
@@ -168,5 +181,7 @@ impl std::fmt::Display for Method {
     }
 }
 
+#[cfg(test)]
+mod bounds_tests;
 #[cfg(test)]
 mod verbs_tests;

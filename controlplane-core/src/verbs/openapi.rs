@@ -65,7 +65,7 @@ fn json_content(schema_name: &str) -> utoipa::openapi::Content {
 
 fn error_response() -> utoipa::openapi::Response {
     ResponseBuilder::new()
-        .description("An error: `{code, message}` (NOT_FOUND 404, INVALID_STATE and CONFLICT 409, INVALID_ARGUMENT 400, UNAUTHENTICATED 401, PERMISSION_DENIED 403, INTERNAL 500, UNAVAILABLE 503)")
+        .description("An error: `{code, message}` (NOT_FOUND 404, INVALID_STATE and CONFLICT 409, INVALID_ARGUMENT 400, UNAUTHENTICATED 401, PERMISSION_DENIED 403, INTERNAL 500, UNAVAILABLE 503, PAYLOAD_TOO_LARGE 413)")
         .content("application/json", json_content(&ErrorBody::name()))
         .build()
 }

@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 
 use crate::conditions::rfc3339_ms;
 use crate::detail::NodeDetail;
+use crate::text::{Id, Key, Name, ShortText, Text};
 
 /// A request without fields (`pools.list`, `sites.list`, `tokens.list`): any body is accepted
 /// and ignored.
@@ -35,7 +36,7 @@ pub struct Empty {}
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeRef {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
 }
 
 /// A node mutation: the node and the `version` the caller read (stale: `CONFLICT`).
@@ -43,7 +44,7 @@ pub struct NodeRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeMutation {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
 }
 
@@ -52,12 +53,12 @@ pub struct NodeMutation {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TaintRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     /// 1 to 63 characters of `[A-Za-z0-9._/-]`, starting with a letter or digit.
-    pub key: String,
+    pub key: Key,
     #[serde(default)]
-    pub value: String,
+    pub value: ShortText,
 }
 
 /// `nodes.untaint`.
@@ -65,9 +66,31 @@ pub struct TaintRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UntaintRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
-    pub key: String,
+    pub key: Key,
+}
+
+/// `nodes.setLabels`: labels to add or replace (others stay).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetLabelsRequest {
+    #[serde(alias = "id")]
+    pub node_id: Id,
+    pub version: u64,
+    /// Key (1 to 63 characters of `[A-Za-z0-9._/-]`) to value (0 to 256 printable characters);
+    /// a node carries at most 64 labels.
+    pub labels: std::collections::BTreeMap<Key, ShortText>,
+}
+
+/// `nodes.removeLabels`: keys to remove (a key the node does not carry is skipped).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RemoveLabelsRequest {
+    #[serde(alias = "id")]
+    pub node_id: Id,
+    pub version: u64,
+    pub keys: Vec<Key>,
 }
 
 /// `nodes.setMaintenance`.
@@ -75,11 +98,11 @@ pub struct UntaintRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MaintenanceRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     pub maintenance: bool,
     #[serde(default)]
-    pub reason: Option<String>,
+    pub reason: Option<Text>,
 }
 
 /// `nodes.updateSpec`: the new desired spec (a `NodeSpec` object, docs/node-model.md).
@@ -87,7 +110,7 @@ pub struct MaintenanceRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpecRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     #[schema(value_type = Object)]
     pub spec: serde_json::Value,
@@ -98,9 +121,9 @@ pub struct SpecRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LeaseRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
-    pub tenant_id: String,
+    pub tenant_id: Id,
 }
 
 /// `nodes.approveRejoin`: the request shown by `nodes.get` (`rejoinRequest.id`).
@@ -108,10 +131,10 @@ pub struct LeaseRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApproveRejoinRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     /// `rejoin_…`: the node's pending request.
-    pub request_id: String,
+    pub request_id: Id,
 }
 
 /// `nodes.move`: the pool the node moves to.
@@ -119,10 +142,10 @@ pub struct ApproveRejoinRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MoveRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: Id,
     pub version: u64,
     /// The pool the node moves to.
-    pub pool_id: String,
+    pub pool_id: Id,
 }
 
 /// `nodes.list` answer.
@@ -149,7 +172,7 @@ pub struct LeaseStarted {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolRef {
     #[serde(alias = "id")]
-    pub pool_id: String,
+    pub pool_id: Id,
 }
 
 /// `pools.update`: name and hardware profile.
@@ -157,11 +180,14 @@ pub struct PoolRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolUpdate {
     #[serde(alias = "id")]
-    pub pool_id: String,
+    pub pool_id: Id,
     pub version: u64,
-    pub name: String,
-    #[serde(default)]
+    pub name: Name,
+    #[serde(default, deserialize_with = "crate::text::profile")]
     pub hardware_profile: HardwareProfile,
+    /// New acceptance rules; absent: unchanged.
+    #[serde(default)]
+    pub acceptance: Option<cpl_store::Acceptance>,
 }
 
 /// `pools.delete`.
@@ -169,7 +195,7 @@ pub struct PoolUpdate {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolDelete {
     #[serde(alias = "id")]
-    pub pool_id: String,
+    pub pool_id: Id,
     pub version: u64,
 }
 
@@ -184,7 +210,7 @@ pub struct PoolList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteRef {
     #[serde(alias = "id")]
-    pub site_id: String,
+    pub site_id: Id,
 }
 
 /// `sites.update`: a new name.
@@ -192,9 +218,9 @@ pub struct SiteRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteUpdate {
     #[serde(alias = "id")]
-    pub site_id: String,
+    pub site_id: Id,
     pub version: u64,
-    pub name: String,
+    pub name: Name,
 }
 
 /// `sites.delete`.
@@ -202,7 +228,7 @@ pub struct SiteUpdate {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteDelete {
     #[serde(alias = "id")]
-    pub site_id: String,
+    pub site_id: Id,
     pub version: u64,
 }
 
@@ -218,19 +244,19 @@ pub struct SiteList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokensCreateRequest {
     #[serde(default)]
-    pub pool_id: Option<String>,
+    pub pool_id: Option<Id>,
     #[serde(default)]
-    pub site_id: Option<String>,
+    pub site_id: Option<Id>,
     /// Seconds, 1 to 2,592,000 (30 days); default 3600.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2_592_000)]
     pub ttl_seconds: Option<u64>,
-    /// At least 1; default: unlimited.
+    /// 1 to 2^63-1 (what the store holds); default: unlimited.
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
     pub max_uses: Option<u64>,
     #[serde(default)]
-    pub description: Option<String>,
+    pub description: Option<Text>,
 }
 
 /// `tokens.create` answer: the secret is shown here once and never again, with the CA pin and
@@ -257,7 +283,7 @@ pub struct TokensCreateResponse {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenRef {
     #[serde(alias = "id")]
-    pub token_id: String,
+    pub token_id: Id,
 }
 
 /// `tokens.list` answer, newest first, never with secrets.
@@ -271,7 +297,7 @@ pub struct TokenList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationRef {
     #[serde(alias = "id")]
-    pub allocation_id: String,
+    pub allocation_id: Id,
 }
 
 /// `allocations.list` filters; absent matches everything.
@@ -279,9 +305,9 @@ pub struct AllocationRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationListRequest {
     #[serde(default)]
-    pub pool_id: Option<String>,
+    pub pool_id: Option<Id>,
     #[serde(default)]
-    pub node_id: Option<String>,
+    pub node_id: Option<Id>,
     /// Only allocations not released yet.
     #[serde(default)]
     pub active_only: bool,
@@ -297,9 +323,9 @@ pub struct AllocationList {
 #[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandsCreateRequest {
-    pub node_id: String,
+    pub node_id: Id,
     /// `inventory.refresh`, `diag.nvml`, `logs.collect`, `gpu.reset` or `node.reboot`.
-    pub name: String,
+    pub name: Id,
     /// A JSON object; `force: true` lets a disruptive command reach a node that still takes work.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
@@ -314,7 +340,7 @@ pub struct CommandsCreateRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandRef {
-    pub command_id: String,
+    pub command_id: Id,
 }
 
 /// `commands.list` request.
@@ -322,7 +348,7 @@ pub struct CommandRef {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandsListRequest {
     #[serde(default)]
-    pub node_id: Option<String>,
+    pub node_id: Option<Id>,
     /// Default 100, at most 1000.
     #[serde(default)]
     pub limit: Option<u32>,

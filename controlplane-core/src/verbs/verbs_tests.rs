@@ -36,7 +36,7 @@ fn core(store: &Store) -> Core {
 }
 
 /// Runs `method` as the HTTP adapter does: name, body, dispatch, JSON answer.
-fn call(store: &Store, method: &str, body: Value) -> Result<Value, OpError> {
+pub(super) fn call(store: &Store, method: &str, body: Value) -> Result<Value, OpError> {
     let m = Method::from_name(method).ok_or_else(|| OpError::NotFound {
         kind: "method",
         id: method.to_owned(),

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -24,6 +25,8 @@ use cpl_core::error::{ErrorBody, OpError};
 use cpl_core::verbs::{Core, Method};
 use cpl_store::StoreError;
 use serde_json::Value;
+
+use crate::limits::API_MAX_BODY_BYTES;
 
 /// The HTTP status of an error code. Exhaustive on purpose: the one mapping of codes to statuses.
 pub fn status(code: ErrorCode) -> StatusCode {
@@ -35,6 +38,7 @@ pub fn status(code: ErrorCode) -> StatusCode {
         ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
     }
 }
 
@@ -82,12 +86,20 @@ pub struct ApiState {
     pub bundles_dir: std::path::PathBuf,
 }
 
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive and
+/// followed by one or more spaces (RFC 9110 §11.1, §11.4).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim().split_once(' ')?;
+    let token = rest.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 async fn require_bearer(State(st): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match presented {
         Some(t) if constant_time_eq(t.as_bytes(), st.api_token.as_bytes()) => next.run(req).await,
         Some(_) => ApiError::new(ErrorCode::Unauthenticated, "bearer token is not valid").into_response(),
@@ -103,12 +115,45 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The one answer to a body over [`API_MAX_BODY_BYTES`].
+fn too_large() -> ApiError {
+    ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        format!("request body is over {API_MAX_BODY_BYTES} bytes"),
+    )
+}
+
+/// Refuses, on every route and before authentication, a request whose `Content-Length` is over
+/// [`API_MAX_BODY_BYTES`]; a body without a length is cut at the same limit where it is read
+/// ([`verb`]), with the same answer.
+async fn limit_body(req: Request, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match announced {
+        Some(n) if n > API_MAX_BODY_BYTES as u64 => too_large().into_response(),
+        _ => next.run(req).await,
+    }
+}
+
 /// `POST /v1/{method}`: every verb of [`Method`].
 async fn verb(
     State(st): State<Arc<ApiState>>,
     Path(method): Path<String>,
-    raw: Bytes,
+    raw: Result<Bytes, BytesRejection>,
 ) -> Result<axum::Json<cpl_core::verbs::Response>, ApiError> {
+    let raw = raw.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large()
+        } else {
+            ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("request body unreadable: {}", e.body_text()),
+            )
+        }
+    })?;
     let method = Method::from_name(&method)
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("unknown method {method:?}")))?;
     let body: Value = if raw.is_empty() {
@@ -145,6 +190,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi))
         .merge(authenticated)
+        .layer(DefaultBodyLimit::max(API_MAX_BODY_BYTES))
+        .layer(middleware::from_fn(limit_body))
         .with_state(state)
 }
 

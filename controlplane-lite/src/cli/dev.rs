@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 
 use bc_protocol::{PoolAgent, PoolKind, SiteKind};
 use controlplane_lite::server::{self, ServeConfig};
-use cpl_store::{HardwareProfile, NewToken, Pool, Site, Store, StoreError, now_ms};
+use cpl_store::{Acceptance, HardwareProfile, NewToken, Pool, Site, Store, StoreError, now_ms};
 
 /// The site and pool `bcctl dev` puts its node in, so the node is a schedulable `host`.
 pub const DEV_SITE: &str = "site_dev";
@@ -88,6 +88,12 @@ pub(crate) fn ensure_dev_pool(store: &Store) -> anyhow::Result<()> {
         agent: PoolAgent::Bcd,
         owner_tenant_id: None,
         hardware_profile: HardwareProfile::default(),
+        // A developer's machine, a VM or a container often has no SMBIOS and so an untrusted
+        // hardware key; the dev pool accepts it (`bcctl dev` says so when it starts).
+        acceptance: Acceptance {
+            require_trusted_key: Some(false),
+            deadline_seconds: None,
+        },
         version: 1,
         created_at: now,
     };
@@ -167,6 +173,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         ep.gateway_url, ep.api_url
     );
     println!("state:         {}", base.display());
+    println!(
+        "pool:          {DEV_POOL} accepts an untrusted hardware key (acceptance.requireTrustedKey: false; metal pools require a trusted one by default)"
+    );
     println!(
         "operator API:  bcctl nodes list --state-dir {}",
         cp_dir.display()

@@ -98,6 +98,55 @@ pub struct ServeArgs {
     /// refused naming the file.
     #[arg(long)]
     pub init: bool,
+    /// Open gateway connections at most, all addresses together (0: no cap). Past it a new
+    /// connection is closed at accept.
+    #[arg(long, default_value_t = 50_000)]
+    pub gateway_max_connections: usize,
+    /// Open gateway connections at most from one source IP address (0: no cap). Nodes behind
+    /// one NAT address count together: raise it for a larger NAT'd site.
+    #[arg(long, default_value_t = 1024)]
+    pub gateway_max_connections_per_address: usize,
+    /// Time a gateway connection has to finish its TLS handshake.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub gateway_handshake_timeout: Duration,
+    /// Time a gateway connection has, after TLS, to send the HTTP/2 preface and first frame.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub gateway_preface_timeout: Duration,
+    /// logs.collect bundles older than this are deleted.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+    pub bundle_max_age: Duration,
+    /// At most this many bundles are kept (the newest).
+    #[arg(long, default_value_t = 1000)]
+    pub bundle_max_count: usize,
+    /// At most this many bytes of bundles are kept (the newest); a larger bundle is refused.
+    /// Bytes, or with a K, M, G or T suffix (powers of 1024: `10G`, `512MiB`).
+    #[arg(long, value_parser = parse_bytes, default_value = "10G")]
+    pub bundle_max_bytes: u64,
+    /// An upload is refused before it would leave less than this free on the bundles' file
+    /// system. Same units as --bundle-max-bytes.
+    #[arg(long, value_parser = parse_bytes, default_value = "1G")]
+    pub bundle_min_free_bytes: u64,
+}
+
+/// A size: bytes, or a number with `K`, `M`, `G` or `T` (powers of 1024; `KiB`, `MiB`, ... and a
+/// trailing `B` accepted too).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number of bytes, e.g. 10G"))?;
+    let shift = match unit.trim().trim_end_matches("iB").trim_end_matches('B') {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        other => return Err(format!("{s:?}: unknown unit {other:?} (K, M, G or T)")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// A listen address that may be given empty (off), as environment files often leave it.
@@ -134,6 +183,34 @@ impl ServeArgs {
         if self.init {
             cfg.init = controlplane_lite::state_dir::Init::Explicit;
         }
+        cfg.gateway_limits = controlplane_lite::gateway::listener::Limits {
+            max_connections: self.gateway_max_connections,
+            max_per_address: self.gateway_max_connections_per_address,
+            handshake_timeout: self.gateway_handshake_timeout,
+            preface_timeout: self.gateway_preface_timeout,
+        };
+        cfg.bundle_retention = controlplane_lite::bundle_store::Retention {
+            max_age: self.bundle_max_age,
+            max_count: self.bundle_max_count,
+            max_bytes: self.bundle_max_bytes,
+            min_free_bytes: self.bundle_min_free_bytes,
+        };
         cfg
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_in_powers_of_1024() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("10G"), Ok(10 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1KB"), Ok(1024));
+        assert!(parse_bytes("1Q").is_err());
+        assert!(parse_bytes("G").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
     }
 }

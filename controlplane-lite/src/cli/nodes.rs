@@ -24,6 +24,9 @@ pub enum NodesCommand {
         connectivity: Option<bc_protocol::Connectivity>,
         #[arg(long)]
         schedulable: Option<bool>,
+        /// Only nodes with this label (`key=value`); repeatable, all must match.
+        #[arg(long = "label")]
+        labels: Vec<String>,
     },
     /// Show one node (NodeDetail).
     Get { node_id: String },
@@ -56,6 +59,22 @@ pub enum NodesCommand {
         #[arg(long)]
         version: Option<u64>,
     },
+    /// Add or replace labels (`key=value`, repeatable); other labels stay.
+    SetLabels {
+        node_id: String,
+        #[arg(required = true)]
+        labels: Vec<String>,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Remove labels by key.
+    RemoveLabels {
+        node_id: String,
+        #[arg(required = true)]
+        keys: Vec<String>,
+        #[arg(long)]
+        version: Option<u64>,
+    },
     /// Remove a taint.
     Untaint {
         node_id: String,
@@ -75,9 +94,17 @@ pub enum NodesCommand {
         #[arg(long)]
         version: Option<u64>,
     },
+    /// Retire a node (an adopted node goes on to `retired` at once).
+    Retire {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
     /// Turn maintenance on or off.
     SetMaintenance {
         node_id: String,
+        /// `true` or `false`.
+        #[arg(action = clap::ArgAction::Set)]
         maintenance: bool,
         #[arg(long)]
         reason: Option<String>,
@@ -169,8 +196,12 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             provision_state,
             connectivity,
             schedulable,
+            labels,
         } => {
-            let filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable});
+            let mut filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable});
+            if !labels.is_empty() {
+                filter["labels"] = Value::Object(label_map(&labels)?);
+            }
             let v: Value = c.call(Method::NodesList, &filter).await?;
             print(args, &v, |v| render::nodes(&items(v, "nodes")))
         }
@@ -230,6 +261,7 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
         N::Drain { node_id, version } => plain(Method::NodesDrain, node_id, version),
         N::Adopt { node_id, version } => plain(Method::NodesAdopt, node_id, version),
         N::Recover { node_id, version } => plain(Method::NodesRecover, node_id, version),
+        N::Retire { node_id, version } => plain(Method::NodesRetire, node_id, version),
         N::RevokeIdentity { node_id, version } => {
             plain(Method::NodesRevokeIdentity, node_id, version)
         }
@@ -253,6 +285,26 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
             key,
             version,
         } => Ok((Method::NodesUntaint, node_id, version, json!({"key": key}))),
+        N::SetLabels {
+            node_id,
+            labels,
+            version,
+        } => Ok((
+            Method::NodesSetLabels,
+            node_id,
+            version,
+            json!({"labels": label_map(&labels)?}),
+        )),
+        N::RemoveLabels {
+            node_id,
+            keys,
+            version,
+        } => Ok((
+            Method::NodesRemoveLabels,
+            node_id,
+            version,
+            json!({"keys": keys}),
+        )),
         N::SetMaintenance {
             node_id,
             maintenance,
@@ -303,6 +355,19 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
             bail!("not a node mutation")
         }
     }
+}
+
+/// `key=value` arguments as a JSON object of strings (the value may be empty: `key=`).
+fn label_map(pairs: &[String]) -> anyhow::Result<serde_json::Map<String, Value>> {
+    pairs
+        .iter()
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("label {kv:?}: expected key=value"))?;
+            Ok((k.to_owned(), Value::String(v.to_owned())))
+        })
+        .collect()
 }
 
 /// The spec argument: JSON inline or `@file`.
@@ -366,10 +431,48 @@ async fn follow(args: &ClientArgs, c: &Client, id: &str) -> anyhow::Result<()> {
         ) {
             print(args, &v, render::object)?;
             if state != "succeeded" {
-                bail!("command {id} {state}");
+                bail!("{}", failure_line(id, &state, &v));
             }
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What `nodes run --wait` says when a command did not succeed: its state, and the error code
+/// and message the agent (or the control plane: `DEADLINE_EXCEEDED`, `CANCELLED`) gave.
+fn failure_line(id: &str, state: &str, v: &Value) -> String {
+    let err = v.get("error");
+    let code = err.and_then(|e| e.get("code")).and_then(Value::as_str);
+    let message = err.and_then(|e| e.get("message")).and_then(Value::as_str);
+    match (code, message) {
+        (Some(c), Some(m)) if !m.is_empty() => {
+            format!("command {id} {state}: {c}: {}", super::table::safe(m))
+        }
+        (Some(c), _) => format!("command {id} {state}: {c}"),
+        _ => format!("command {id} {state}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_command_says_its_code_and_message() {
+        let v = json!({"state": "failed", "error": {"code": "GPU_BUSY", "message": "pid 42 runs on 0000:1a:00.0"}});
+        assert_eq!(
+            failure_line("cmd_1", "failed", &v),
+            "command cmd_1 failed: GPU_BUSY: pid 42 runs on 0000:1a:00.0"
+        );
+        let esc = json!({"error": {"code": "X", "message": "a\u{1b}[2J"}});
+        assert_eq!(
+            failure_line("c", "failed", &esc),
+            "command c failed: X: a\\u{1b}[2J"
+        );
+        assert_eq!(
+            failure_line("c", "expired", &json!({})),
+            "command c expired"
+        );
     }
 }

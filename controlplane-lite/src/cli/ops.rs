@@ -32,6 +32,8 @@ pub enum PoolsCommand {
         expected_gpus: Option<u32>,
         #[arg(long)]
         expected_gpu_model: Option<String>,
+        #[command(flatten)]
+        acceptance: AcceptanceArgs,
     },
     List,
     Get {
@@ -52,12 +54,39 @@ pub enum PoolsCommand {
         expected_gpus: Option<u32>,
         #[arg(long)]
         expected_gpu_model: Option<String>,
+        #[command(flatten)]
+        acceptance: AcceptanceArgs,
     },
     Delete {
         pool_id: String,
         #[arg(long)]
         version: u64,
     },
+}
+
+/// A pool's acceptance rules (`acceptance` in the API). Without either flag a pool keeps the
+/// kind's defaults (create) or its current rules (update); with one, the other takes the kind's
+/// default.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AcceptanceArgs {
+    /// Whether a joining node needs a trusted hardware key (default: yes for metal pools).
+    #[arg(long)]
+    pub require_trusted_key: Option<bool>,
+    /// How long a node may stay adopting before it fails, e.g. `1h` (default 1h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub acceptance_deadline: Option<Duration>,
+}
+
+impl AcceptanceArgs {
+    /// The `acceptance` object, `None` when no flag was given.
+    fn json(&self) -> Option<Value> {
+        (self.require_trusted_key.is_some() || self.acceptance_deadline.is_some()).then(|| {
+            json!({
+                "requireTrustedKey": self.require_trusted_key,
+                "deadlineSeconds": self.acceptance_deadline.map(|d| d.as_secs()),
+            })
+        })
+    }
 }
 
 /// `bcctl sites ...`
@@ -247,31 +276,70 @@ pub(super) fn parse_arg(kv: &str) -> anyhow::Result<(String, Value)> {
 pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
     let c = args.client()?;
     let v: Value = match cmd {
-        PoolsCommand::Create { name, kind, site, agent, owner_tenant, expected_gpus, expected_gpu_model } => {
-            c.call(
-                Method::PoolsCreate,
-                &json!({"name": name, "kind": kind, "siteId": site, "agent": agent, "ownerTenantId": owner_tenant,
-                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}}),
-            )
-            .await?
+        PoolsCommand::Create {
+            name,
+            kind,
+            site,
+            agent,
+            owner_tenant,
+            expected_gpus,
+            expected_gpu_model,
+            acceptance,
+        } => {
+            let mut body = json!({"name": name, "kind": kind, "siteId": site, "agent": agent, "ownerTenantId": owner_tenant,
+                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}});
+            if let Some(a) = acceptance.json() {
+                body["acceptance"] = a;
+            }
+            c.call(Method::PoolsCreate, &body).await?
         }
         PoolsCommand::List => {
             let v: Value = c.call(Method::PoolsList, &json!({})).await?;
             return print(args, &v, |v| {
-                render::list(&items(v, "pools"), &[("ID", "/id"), ("NAME", "/name"), ("KIND", "/kind"), ("AGENT", "/agent"), ("SITE", "/siteId"), ("OWNER", "/ownerTenantId"), ("VERSION", "/version")])
+                render::list(
+                    &items(v, "pools"),
+                    &[
+                        ("ID", "/id"),
+                        ("NAME", "/name"),
+                        ("KIND", "/kind"),
+                        ("AGENT", "/agent"),
+                        ("SITE", "/siteId"),
+                        ("OWNER", "/ownerTenantId"),
+                        ("VERSION", "/version"),
+                    ],
+                )
             });
         }
-        PoolsCommand::Get { pool_id } => c.call(Method::PoolsGet, &json!({"poolId": pool_id})).await?,
-        PoolsCommand::Capacity { pool_id } => c.call(Method::PoolsCapacity, &json!({"poolId": pool_id})).await?,
-        PoolsCommand::Update { pool_id, version, name, expected_gpus, expected_gpu_model } => {
+        PoolsCommand::Get { pool_id } => {
+            c.call(Method::PoolsGet, &json!({"poolId": pool_id}))
+                .await?
+        }
+        PoolsCommand::Capacity { pool_id } => {
+            c.call(Method::PoolsCapacity, &json!({"poolId": pool_id}))
+                .await?
+        }
+        PoolsCommand::Update {
+            pool_id,
+            version,
+            name,
+            expected_gpus,
+            expected_gpu_model,
+            acceptance,
+        } => {
+            let mut body = json!({"poolId": pool_id, "version": version, "name": name,
+                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}});
+            if let Some(a) = acceptance.json() {
+                body["acceptance"] = a;
+            }
+            c.call(Method::PoolsUpdate, &body).await?
+        }
+        PoolsCommand::Delete { pool_id, version } => {
             c.call(
-                Method::PoolsUpdate,
-                &json!({"poolId": pool_id, "version": version, "name": name,
-                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}}),
+                Method::PoolsDelete,
+                &json!({"poolId": pool_id, "version": version}),
             )
             .await?
         }
-        PoolsCommand::Delete { pool_id, version } => c.call(Method::PoolsDelete, &json!({"poolId": pool_id, "version": version})).await?,
     };
     print(args, &v, render::object)
 }

@@ -40,6 +40,10 @@ pub fn object(v: &Value) -> String {
 
 fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, String)>) {
     match v {
+        // An empty object (a node without labels) shows as `-`, as an empty array does.
+        Value::Object(map) if map.is_empty() && !prefix.is_empty() => {
+            out.push((prefix.to_owned(), "-".to_owned()));
+        }
         Value::Object(map) if prefix.split('.').count() < 3 => {
             for (k, val) in map {
                 let key = if prefix.is_empty() {
@@ -120,6 +124,22 @@ mod tests {
             text.lines()
                 .any(|l| l.starts_with("session.gatewayId:") && l.ends_with('-')),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn labels_show_one_per_line_and_none_as_a_dash() {
+        let text = object(&serde_json::json!({"labels": {"rack": "r7", "tier": "gold"}}));
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("labels.rack:") && l.ends_with("r7")),
+            "{text}"
+        );
+        let none = object(&serde_json::json!({"id": "n", "labels": {}}));
+        assert!(
+            none.lines()
+                .any(|l| l.starts_with("labels:") && l.ends_with('-')),
+            "{none}"
         );
     }
 

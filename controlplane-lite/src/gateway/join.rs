@@ -186,9 +186,15 @@ impl JoinService {
 #[tonic::async_trait]
 impl Join for JoinService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let peer = request.remote_addr();
+        let peer = super::listener::remote_addr(&request);
         let span = tracing::info_span!("join", peer = ?peer, node_id = tracing::field::Empty);
-        self.run_join(peer, request.into_inner(), &span)
+        let mut req = request.into_inner();
+        // Hostname, agent version and identifiers are kept: bounded before anything reads them.
+        let cut = bc_protocol::limits::bound_join_request(&mut req);
+        if !cut.is_empty() {
+            span.in_scope(|| tracing::warn!(fields = ?cut, "join request text cut to its limits"));
+        }
+        self.run_join(peer, req, &span)
             .instrument(span.clone())
             .await
     }

@@ -6,6 +6,7 @@
 pub mod join;
 #[cfg(test)]
 mod join_tests;
+pub mod listener;
 pub mod registry;
 pub mod report_rate;
 mod session;
@@ -40,6 +41,8 @@ pub struct GatewayConfig {
     pub hello_timeout: Duration,
     /// Where logs.collect bundles are stored (`<state dir>/bundles`).
     pub bundles_dir: std::path::PathBuf,
+    /// How long bundles are kept and how much room they may take.
+    pub bundle_retention: crate::bundle_store::Retention,
 }
 
 /// Heartbeats waiting to be written: node id -> (epoch, last seen ms).
@@ -87,7 +90,7 @@ impl GatewayService {
     /// Checks the client certificate: chain already verified by TLS; here the node id and identity
     /// generation must match the store.
     async fn authenticate<T>(&self, req: &Request<T>) -> Result<NodeIdentity, Status> {
-        let certs = req.peer_certs().ok_or_else(|| {
+        let certs = listener::peer_certs(req).ok_or_else(|| {
             Status::unauthenticated("a node certificate is required (mutual TLS)")
         })?;
         let leaf = certs.first().ok_or_else(|| {

@@ -45,10 +45,11 @@ async fn open_in(
     mut inbound: Streaming<AgentMessage>,
     span: tracing::Span,
 ) -> Result<mpsc::Receiver<Result<GatewayMessage, Status>>, Status> {
-    let first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
+    let mut first = tokio::time::timeout(gw.cfg.hello_timeout, inbound.message())
         .await
         .map_err(|_| Status::deadline_exceeded("no Hello within the hello timeout"))??
         .ok_or_else(|| Status::cancelled("stream closed before Hello"))?;
+    bound(&mut first);
     let Some(agent_message::Msg::Hello(hello)) = first.msg else {
         return Err(Status::failed_precondition(
             "the first message of a session must be Hello",
@@ -125,6 +126,15 @@ async fn open_in(
     Ok(rx)
 }
 
+/// Cuts what the agent sent to the limits of `bc_protocol::limits` (counted there, exposed as
+/// `bcctl_agent_text_truncated_total`): every message, before anything reads it.
+fn bound(m: &mut AgentMessage) {
+    let cut = bc_protocol::limits::bound_agent_message(m);
+    if !cut.is_empty() {
+        tracing::warn!(fields = ?cut, "agent text cut to its limits");
+    }
+}
+
 /// A message the session hands to its writer: everything that needs the store, in arrival order.
 #[derive(Debug)]
 enum Write {
@@ -134,6 +144,8 @@ enum Write {
     Xid(serde_json::Value),
     Power(bc_protocol::pb::PowerReport),
     Goodbye(String),
+    /// The stream ended without a Goodbye and without the gateway ending it.
+    Broken,
 }
 
 /// Store writes one session may have queued before its reader waits for the writer.
@@ -156,12 +168,16 @@ async fn serve(
         write_loop(gw.clone(), node_id.clone(), epoch, wrx).instrument(tracing::Span::current()),
     );
     let mut clean = false;
+    let mut stopped = false;
     loop {
         let next = tokio::select! {
-            _ = stop.changed() => break,
+            _ = stop.changed() => {
+                stopped = true;
+                break;
+            }
             next = inbound.message() => next,
         };
-        let m = match next {
+        let mut m = match next {
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(status) => {
@@ -175,6 +191,7 @@ async fn serve(
                 break;
             }
         };
+        bound(&mut m);
         if m.epoch != 0 && m.epoch != epoch {
             tracing::debug!(got = m.epoch, "message of a stale epoch dropped");
             continue;
@@ -201,7 +218,8 @@ async fn serve(
                 gw.heartbeats.note(&node_id, epoch, now);
                 gw.metrics.heartbeat();
                 // The holder's heartbeat renews its site lease (written with the heartbeats).
-                let lease_ttl = i64::try_from(gw.bare_metal.cfg.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+                let lease_ttl =
+                    i64::try_from(gw.bare_metal.cfg.lease_ttl.as_millis()).unwrap_or(i64::MAX);
                 let site_lease_expires_at_ms = gw.bare_metal.leases.renew(&node_id, now, lease_ttl);
                 if tx
                     .send(msg(Msg::HeartbeatAck(HeartbeatAck {
@@ -230,7 +248,9 @@ async fn serve(
                 let _ = wtx.send(Write::Goodbye(reason)).await;
                 break;
             }
-            Some(agent_message::Msg::Event(ev)) if ev.r#type == "xid" => {
+            Some(agent_message::Msg::Event(ev))
+                if ev.r#type == bc_protocol::commands::EventType::Xid.as_str() =>
+            {
                 tracing::warn!(message = %ev.message, "XID reported");
                 Write::Xid(serde_json::from_slice(&ev.data_json).unwrap_or_default())
             }
@@ -249,9 +269,17 @@ async fn serve(
             break;
         }
     }
+    // The gateway ended it (superseded, revoked, deleted, shutting down: each records its own
+    // end, or none), or the agent said Goodbye; anything else is a broken transport, and the
+    // node is `disconnected` now rather than after the silence rule. Checked after the loop too:
+    // a stream may end in the same instant the gateway stops it.
+    let broken = !clean && !stopped && !*stop.borrow();
+    if broken {
+        let _ = wtx.send(Write::Broken).await;
+    }
     drop(wtx);
     gw.registry.remove_if(&node_id, epoch);
-    tracing::info!(clean, "session closed");
+    tracing::info!(clean, broken, "session closed");
     // The writer finishes what the session queued (a CommandUpdate sent just before the stream
     // ended still counts) and then ends.
     if let Err(e) = writer.await {
@@ -311,6 +339,16 @@ async fn write_loop(
                     cpl_core::bare_metal::power::ReportOutcome::Ignored(why) => {
                         tracing::warn!(observations, reason = %why, "power report ignored")
                     }
+                }
+            }
+            Write::Broken => {
+                let id = node_id.clone();
+                if let Err(e) = gw
+                    .store
+                    .write(move |tx| sessions::close_broken(tx, &id, epoch))
+                    .await
+                {
+                    tracing::error!(error = %e, "recording the broken session failed");
                 }
             }
             Write::Goodbye(reason) => {

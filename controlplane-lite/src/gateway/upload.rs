@@ -10,6 +10,11 @@
 //! reports in its result. A stored bundle is never replaced: an upload of the same bytes again
 //! (an agent that lost the answer) succeeds without writing, other bytes are refused
 //! (`ALREADY_EXISTS`).
+//!
+//! The bundles dir keeps its retention rules ([`crate::bundle_store`]): it is pruned before and
+//! after each upload, and a chunk that would take the bundle past the store's byte limit or the
+//! disk past its free-space reserve is refused with `RESOURCE_EXHAUSTED` (counted in
+//! `bcctl_bundle_uploads_refused_total`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +25,9 @@ use tokio::io::AsyncWriteExt;
 use tonic::{Status, Streaming};
 
 use cpl_store::CommandRecord;
+
+use crate::bundle_store::BundleStore;
+pub use crate::bundle_store::digest_path;
 
 /// Largest `data` in one chunk, bytes (1 MiB).
 pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
@@ -53,16 +61,14 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// The file holding the SHA-256 (lowercase hex) the gateway computed for the bundle at `bundle`.
-pub fn digest_path(bundle: &Path) -> PathBuf {
-    let mut name = bundle.as_os_str().to_owned();
-    name.push(".sha256");
-    PathBuf::from(name)
-}
-
 /// The SHA-256 the gateway computed for a stored bundle: its digest file, or for a bundle stored
-/// before digest files existed, the bundle's bytes hashed now. `None` when there is no bundle.
+/// before digest files existed, the bundle's bytes hashed now. `None` when there is no bundle,
+/// whatever digest file is left (one written just before a crash, before its bundle was renamed
+/// into place, must not make a repeated upload look stored).
 pub async fn stored_digest(bundle: &Path) -> std::io::Result<Option<String>> {
+    if !tokio::fs::try_exists(bundle).await? {
+        return Ok(None);
+    }
     match tokio::fs::read_to_string(digest_path(bundle)).await {
         Ok(s) if !s.trim().is_empty() => return Ok(Some(s.trim().to_owned())),
         Ok(_) => {}
@@ -130,20 +136,31 @@ pub async fn receive(
             "another upload for command {cid} is in progress; one upload per command at a time"
         ))
     })?;
-    tokio::fs::create_dir_all(&dir)
-        .await
+    let bundles = BundleStore::new(dir.clone(), gw.cfg.bundle_retention);
+    bundles
+        .ensure_dir()
         .map_err(|e| internal("creating", &dir, e))?;
-    // A name of its own (0600, random suffix), removed when dropped: a failed or abandoned
-    // upload leaves nothing behind, and two uploads never write one file.
-    let (std_file, part) = tempfile::Builder::new()
-        .prefix(&format!(".{cid}."))
-        .suffix(".part")
-        .tempfile_in(&dir)
+    // Old bundles go first, so that the room this upload is measured against is what is left.
+    prune(gw, &bundles, None);
+    // A name of its own (0600 whatever the umask, random suffix), removed when dropped: a failed
+    // or abandoned upload leaves nothing behind, and two uploads never write one file.
+    let (std_file, part) = bundles
+        .create_temp(&format!(".{cid}."), ".part")
         .map_err(|e| internal("creating a temp file in", &dir, e))?
         .into_parts();
     let mut file = tokio::fs::File::from_std(std_file);
-    let r = write_chunks(&mut file, &part, &cid, first, &mut inbound).await?;
+    let outcome = write_chunks(&mut file, &part, &bundles, first, &mut inbound).await;
     drop(file);
+    let r = match outcome {
+        Ok(r) => r,
+        Err(s) => {
+            if s.code() == tonic::Code::ResourceExhausted {
+                gw.metrics.bundle_refused();
+                tracing::warn!(reason = %s.message(), "bundle upload refused");
+            }
+            return Err(s);
+        }
+    };
     match stored_digest(&path)
         .await
         .map_err(|e| internal("reading the digest of", &path, e))?
@@ -165,7 +182,31 @@ pub async fn receive(
     part.persist(&path)
         .map_err(|e| internal("renaming", &e.path, e.error))?;
     tracing::info!(bytes = r.bytes, sha256 = %r.sha256, "bundle stored");
+    // The new bundle counts now; it is never the one deleted.
+    prune(gw, &bundles, Some(&path));
     Ok(r)
+}
+
+/// Prunes the bundle store by its retention rules, never `keep`; a failure is logged (an upload
+/// does not fail because an old bundle could not be deleted).
+pub(crate) fn prune(gw: &super::GatewayService, bundles: &BundleStore, keep: Option<&Path>) {
+    match bundles.prune(std::time::SystemTime::now(), keep) {
+        Ok(p) => {
+            gw.metrics.bundles_pruned(p.deleted);
+            if p.deleted > 0 {
+                tracing::info!(
+                    deleted = p.deleted,
+                    freed_bytes = p.freed_bytes,
+                    kept = p.kept,
+                    kept_bytes = p.kept_bytes,
+                    "old bundles deleted"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(dir = %bundles.dir().display(), error = %e, "pruning bundles failed")
+        }
+    }
 }
 
 /// Whether `node_id` may upload a bundle for `cmd`.
@@ -254,13 +295,17 @@ impl Assembler {
 async fn write_chunks(
     file: &mut tokio::fs::File,
     part: &Path,
-    cid: &str,
+    bundles: &BundleStore,
     first: UploadChunk,
     inbound: &mut Streaming<UploadChunk>,
 ) -> Result<UploadResult, Status> {
-    let mut asm = Assembler::new(cid);
+    let mut asm = Assembler::new(&first.command_id);
     let mut next = Some(first);
     while let Some(chunk) = next.take() {
+        // Refused with a clear error before the store or the disk would be over its limit.
+        bundles
+            .room_for(asm.offset, chunk.data.len() as u64)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let done = asm.accept(&chunk)?;
         file.write_all(&chunk.data)
             .await

@@ -106,6 +106,7 @@ async fn fleet_gauges_come_from_the_store_at_scrape_time() {
                 message: "m".into(),
                 last_transition_time: "2026-01-01T00:00:00Z".into(),
                 owner: "Health".into(),
+                gpus: Vec::new(),
             };
             for (id, t, s) in [
                 ("node_a", "GpuUnhealthy", bc_protocol::ConditionStatus::True),
@@ -237,4 +238,20 @@ async fn an_address_in_use_is_a_bind_error() {
     .unwrap_err();
     assert!(matches!(err, MetricsError::Bind { .. }), "{err}");
     assert!(err.to_string().contains(&addr.to_string()), "{err}");
+}
+
+#[test]
+fn cut_agent_text_is_counted_by_field() {
+    let m = Metrics::new();
+    let mut s = "x".repeat(5000);
+    bc_protocol::limits::bound(bc_protocol::limits::Field::SpecStatusMessage, &mut s);
+    let text = m.encode().unwrap();
+    let l = line(
+        &text,
+        "bcctl_agent_text_truncated_total{field=\"specStatus.message\"}",
+    );
+    let n: u64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 1, "{l}");
+    // Every field has its series, at zero until something is cut.
+    assert!(text.contains("bcctl_agent_text_truncated_total{field=\"goodbye.message\"}"));
 }

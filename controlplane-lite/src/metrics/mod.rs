@@ -107,6 +107,53 @@ impl JoinOutcome {
     }
 }
 
+/// Why the gateway refused a connection at accept (`bcctl_gateway_connections_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnRefused {
+    /// `--gateway-max-connections` open already.
+    Total,
+    /// `--gateway-max-connections-per-address` open from this address already.
+    PerAddress,
+}
+
+impl ConnRefused {
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnRefused::Total => "total",
+            ConnRefused::PerAddress => "per_address",
+        }
+    }
+}
+
+/// Why the gateway closed a connection before it served it
+/// (`bcctl_gateway_connections_closed_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConnClosed {
+    /// No finished TLS handshake within `--gateway-handshake-timeout`.
+    HandshakeTimeout,
+    /// The TLS handshake failed.
+    HandshakeFailed,
+    /// No HTTP/2 preface and first frame within `--gateway-preface-timeout` after TLS.
+    PrefaceTimeout,
+}
+
+impl ConnClosed {
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnClosed::HandshakeTimeout => "handshake_timeout",
+            ConnClosed::HandshakeFailed => "handshake_failed",
+            ConnClosed::PrefaceTimeout => "preface_timeout",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// Every command state, spelled as in the store.
 const COMMAND_STATES: &[CommandState] = &[
     CommandState::Queued,
@@ -156,6 +203,11 @@ struct Inner {
     nodes_gpu_unhealthy: Gauge,
     inventory_record: Histogram,
     heartbeat_flush: Histogram,
+    bundles_pruned: Counter,
+    bundles_refused: Counter,
+    gateway_connections: Gauge,
+    gateway_refused: Family<ReasonLabel, Counter>,
+    gateway_closed: Family<ReasonLabel, Counter>,
     /// One scrape at a time: the scrape-time gauges are set and encoded together.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -235,6 +287,47 @@ impl Metrics {
             Unit::Seconds,
             heartbeat_flush.clone(),
         );
+        registry.register_collector(Box::new(TruncatedText));
+        let bundles_pruned = Counter::default();
+        registry.register(
+            "bcctl_bundles_pruned",
+            "logs.collect bundles deleted by the retention rules (age, count, bytes)",
+            bundles_pruned.clone(),
+        );
+        let gateway_connections = Gauge::default();
+        registry.register(
+            "bcctl_gateway_connections",
+            "Open gateway connections (TLS handshakes in progress included)",
+            gateway_connections.clone(),
+        );
+        let gateway_refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "bcctl_gateway_connections_refused",
+            "Gateway connections closed at accept because a connection cap was reached, by reason (total, per_address)",
+            gateway_refused.clone(),
+        );
+        let gateway_closed = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "bcctl_gateway_connections_closed",
+            "Gateway connections closed before they were served, by reason (handshake_timeout, handshake_failed, preface_timeout)",
+            gateway_closed.clone(),
+        );
+        for r in [ConnRefused::Total, ConnRefused::PerAddress] {
+            let _ = gateway_refused.get_or_create(&ReasonLabel { reason: r.as_str() });
+        }
+        for r in [
+            ConnClosed::HandshakeTimeout,
+            ConnClosed::HandshakeFailed,
+            ConnClosed::PrefaceTimeout,
+        ] {
+            let _ = gateway_closed.get_or_create(&ReasonLabel { reason: r.as_str() });
+        }
+        let bundles_refused = Counter::default();
+        registry.register(
+            "bcctl_bundle_uploads_refused",
+            "Bundle uploads refused because the bundle store or the disk had no room",
+            bundles_refused.clone(),
+        );
         for o in JoinOutcome::ALL {
             let _ = joins.get_or_create(&OutcomeLabel {
                 outcome: o.as_str(),
@@ -253,6 +346,11 @@ impl Metrics {
                 nodes_gpu_unhealthy,
                 inventory_record,
                 heartbeat_flush,
+                bundles_pruned,
+                bundles_refused,
+                gateway_connections,
+                gateway_refused,
+                gateway_closed,
                 scrape: tokio::sync::Mutex::new(()),
             }),
         };
@@ -287,6 +385,44 @@ impl Metrics {
     /// Storing one Inventory took `d` (`bcctl_inventory_record_duration_seconds`).
     pub fn observe_inventory(&self, d: Duration) {
         self.inner.inventory_record.observe(d.as_secs_f64());
+    }
+
+    /// `n` gateway connections are open (`bcctl_gateway_connections`).
+    pub fn gateway_connections(&self, n: usize) {
+        self.inner
+            .gateway_connections
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// The gateway refused a connection at accept (`bcctl_gateway_connections_refused_total`).
+    pub fn gateway_refused(&self, why: ConnRefused) {
+        self.inner
+            .gateway_refused
+            .get_or_create(&ReasonLabel {
+                reason: why.as_str(),
+            })
+            .inc();
+    }
+
+    /// The gateway closed a connection before serving it
+    /// (`bcctl_gateway_connections_closed_total`).
+    pub fn gateway_closed(&self, why: ConnClosed) {
+        self.inner
+            .gateway_closed
+            .get_or_create(&ReasonLabel {
+                reason: why.as_str(),
+            })
+            .inc();
+    }
+
+    /// `n` bundles were deleted by the retention rules (`bcctl_bundles_pruned_total`).
+    pub fn bundles_pruned(&self, n: usize) {
+        self.inner.bundles_pruned.inc_by(n as u64);
+    }
+
+    /// A bundle upload was refused for room (`bcctl_bundle_uploads_refused_total`).
+    pub fn bundle_refused(&self) {
+        self.inner.bundles_refused.inc();
     }
 
     /// Writing one heartbeat batch took `d` (`bcctl_heartbeat_flush_duration_seconds`).
@@ -355,6 +491,32 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.inner.registry)?;
         Ok(out)
+    }
+}
+
+/// `bcctl_agent_text_truncated_total{field}`: values agents sent that were cut to their limit
+/// (`bc_protocol::limits`, which counts where it cuts), read at scrape time.
+#[derive(Debug)]
+struct TruncatedText;
+
+impl prometheus_client::collector::Collector for TruncatedText {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let mut family = encoder.encode_descriptor(
+            "bcctl_agent_text_truncated",
+            "Values agents sent that were cut to their size limit, by field",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (field, n) in bc_protocol::limits::truncated_counts() {
+            let labels = [("field", field.name())];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 

@@ -98,7 +98,7 @@ pub enum AgentError {
 
 impl AgentError {
     /// The agent's message for a lifecycle that stopped with `e`; `state_dir` for the usage hint.
-    fn from_lifecycle(e: LifecycleError, state_dir: &std::path::Path) -> Self {
+    pub(crate) fn from_lifecycle(e: LifecycleError, state_dir: &std::path::Path) -> Self {
         match e {
             LifecycleError::State(e) => Self::State(e),
             LifecycleError::Tls(e) => Self::Tls(e),
@@ -115,7 +115,7 @@ impl AgentError {
 }
 
 /// Resolves when SIGTERM or SIGINT arrives, flipping `tx` to true.
-async fn watch_signals(tx: watch::Sender<bool>) -> Result<(), AgentError> {
+pub(crate) async fn watch_signals(tx: watch::Sender<bool>) -> Result<(), AgentError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
@@ -166,9 +166,9 @@ pub fn resolve_config(args: &AgentArgs) -> Result<crate::config::Config, AgentEr
 /// The join token: the flag/env value, else the token file (read at every attempt, so a new
 /// token can be dropped in after a revocation).
 #[derive(Debug)]
-struct JoinTokens {
-    flag: Option<String>,
-    file: Option<PathBuf>,
+pub(crate) struct JoinTokens {
+    pub(crate) flag: Option<String>,
+    pub(crate) file: Option<PathBuf>,
 }
 
 impl TokenSource for JoinTokens {
@@ -273,7 +273,10 @@ async fn run_until(
 /// The command journal of the state dir, after the last run's leftovers are settled: a
 /// node.reboot that came back under a new boot id succeeded; anything else that was running
 /// when the agent stopped is reported failed, never re-run.
-fn open_journal(state_dir: &std::path::Path, boot_id: &str) -> Result<Journal, StateError> {
+pub(crate) fn open_journal(
+    state_dir: &std::path::Path,
+    boot_id: &str,
+) -> Result<Journal, StateError> {
     let journal = Journal::open(state_dir)?;
     let now = chrono::Utc::now().timestamp_millis();
     let reboot = bcd_core::ops::reboot::complete_after_boot(&journal, boot_id, now);

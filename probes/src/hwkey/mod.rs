@@ -33,7 +33,6 @@ mod render;
 pub use bc_protocol::hwid as normalize;
 
 use bc_protocol::pb::HardwareIdentity;
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::hostroot::HostRoot;

@@ -15,14 +15,17 @@
 //! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry;
 //! [`bmc`] the site agent's BMC commands (`bmc.verify`, `bmc.power`, `bmc.setBootDevice`).
 //! [`CommandName`] names the commands, [`CommandErrorCode`] the codes of a failed one and
-//! [`CommandFailure`] a failure as `CommandUpdate.error` carries it. The agent keeps results as a
-//! `serde_json::Value` (its journal does), so on the wire every object's keys are sorted.
+//! [`CommandFailure`] a failure as `CommandUpdate.error` carries it; [`check_args`] holds a
+//! command's arguments against its contract (the control plane refuses a bad one at
+//! `commands.create`). The agent keeps results as a `serde_json::Value` (its journal does), so on
+//! the wire every object's keys are sorted.
 //!
 //! # Limitations
 //! Pure data and the small pure rules that belong to a type (the XID catalog's class of a number,
 //! the order of recommended actions). Collecting the data is the agent's business (`bcd-probes`).
 
 pub mod bmc;
+mod check;
 pub mod diag;
 pub mod inventory;
 pub mod logs;
@@ -31,6 +34,7 @@ pub mod reset;
 pub mod xid;
 
 pub use crate::types::CommandName;
+pub use check::{ArgsError, check_args};
 
 crate::string_enum! {
     /// `CommandUpdate.error.code` of a failed or cancelled command.

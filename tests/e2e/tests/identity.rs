@@ -141,7 +141,10 @@ fn wiped_state_rejoins_in_place_and_a_clone_is_refused_while_the_original_is_con
     agent.kill9();
     std::fs::remove_dir_all(&dir).unwrap();
     // The gateway still thinks the old session may be alive until the stream breaks.
-    eventually(WAIT, "old session gone", || {
+    // The re-joined agent is kept (bound): dropping it kills it, and since issue 18 item 10 a
+    // killed agent's node is `disconnected` at once, where it used to look connected for the
+    // silence period (which is all this test's last check saw).
+    let _rejoined_agent = eventually(WAIT, "old session gone", || {
         let again = Agent::start(&cp, &dir, Some(&token), &["--root", &root]);
         let ok = eventually(Duration::from_secs(10), "joined or refused", || {
             if dir.join("node.json").exists() {
@@ -191,11 +194,20 @@ fn five_second_certificates_renew_without_dropping_the_node() {
         std::fs::read_to_string(dir.join("cert.pem")).unwrap(),
         first
     );
-    assert!(
-        !events(&cp, &id)
-            .iter()
-            .any(|e| e["to"] == "unreachable" || e["to"] == "disconnected")
-    );
+    // Issue 18 item 10: the agent drops its old stream to reconnect with the new certificate,
+    // so each renewal may show as a `disconnected` (at once, no Goodbye) immediately followed by
+    // `connected`; never `unreachable`.
+    let moves: Vec<String> = events(&cp, &id)
+        .iter()
+        .filter(|e| e["kind"] == "connectivity")
+        .map(|e| e["to"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(!moves.iter().any(|t| t == "unreachable"), "{moves:?}");
+    for pair in moves.windows(2) {
+        if pair[0] == "disconnected" {
+            assert_eq!(pair[1], "connected", "{moves:?}");
+        }
+    }
     assert!(agent.log_text().contains("renewed certificate in use"));
 }
 

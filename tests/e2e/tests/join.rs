@@ -153,6 +153,41 @@ fn killed_agent_becomes_unreachable_after_the_grace_period() {
         n["connectivity"] == "unreachable"
     });
     assert_eq!(n["noScheduleReasons"], json!(["unreachable"]));
+    // Issue 18 item 10: the broken stream made the node `disconnected` (with `disconnectedAt`)
+    // when the transport closed, before the silence rule made it `unreachable`.
+    assert!(n["session"]["disconnectedAt"].is_string(), "{n}");
+    let moves: Vec<(String, String, String)> =
+        cp.ok("nodes.events", json!({"nodeId": id}))["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "connectivity")
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                (s("from"), s("to"), s("message"))
+            })
+            .collect();
+    let tail: Vec<(&str, &str)> = moves
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .map(|(f, t, _)| (f.as_str(), t.as_str()))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            ("connected", "disconnected"),
+            ("disconnected", "unreachable")
+        ],
+        "{moves:?}"
+    );
+    assert!(
+        moves
+            .iter()
+            .any(|(_, t, m)| t == "disconnected" && m.contains("without a Goodbye")),
+        "{moves:?}"
+    );
     // Back: connected again and the reason is gone.
     let _agent = Agent::start(&cp, &tmp.path().join("agent"), None, &[]);
     let n = wait_node(&cp, &id, "connected again", |n| {

@@ -140,6 +140,10 @@ impl Harness {
             .arg(&self.dir)
             .args(["--listen", listen, "--api-listen", api])
             .args(["--join-attempts-per-minute", "0"])
+            // Every simulated agent connects from 127.0.0.1: no per-address cap, and no total
+            // cap beyond the file-descriptor check the bench makes itself.
+            .args(["--gateway-max-connections-per-address", "0"])
+            .args(["--gateway-max-connections", "0"])
             .args(["--metrics-listen", "127.0.0.1:0"])
             .arg("--heartbeat-interval")
             .arg(humantime::format_duration(self.heartbeat).to_string())

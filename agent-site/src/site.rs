@@ -1,0 +1,437 @@
+//! The site agent's state, shared by its command handlers ([`crate::machine`]), its session
+//! hooks ([`crate::hooks`]) and the power sync loop ([`crate::sync`]): the lease, the assignment
+//! (the BMCs with their drivers and limits), and the observations waiting to be reported.
+//!
+//! # Design
+//! - An assignment replaces the previous one entirely. A BMC whose endpoint and limit did not
+//!   change keeps its driver (and so its open connections); every other driver, and every
+//!   credential it held, is dropped with the old assignment. A standby (`lease_held = false`)
+//!   holds no BMCs at all.
+//! - Every BMC operation goes through [`Site::with_bmc`]: the lease of the command's epoch must
+//!   be valid, the node must be assigned, the BMC's and the site's permits are taken, the lease
+//!   is checked again (it may have lapsed while waiting), and the operation runs under the
+//!   operation timeout. Nothing reaches a BMC without a valid lease.
+//! - Changes (assignment, lease) bump a version on a `watch` channel: the sync loop restarts its
+//!   pollers on a new assignment and resumes them after a renewal.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bc_protocol::commands::{CommandErrorCode, CommandFailure};
+use bc_protocol::pb;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::bmc::{Bmc, BmcError, Connector, Endpoint};
+use crate::config::SiteConfig;
+use crate::lease::{Lease, LeaseError};
+use crate::limiter::{BmcLimit, SiteLimit};
+use crate::report::Reports;
+
+/// Heartbeat send times remembered, to date the renewal an acknowledgement brings.
+const HEARTBEATS_KEPT: usize = 64;
+
+/// A driver, or why there is none (a bad address is reported by every operation on it).
+pub type Driver = Result<Arc<dyn Bmc>, BmcError>;
+
+/// One BMC of the assignment.
+#[derive(Debug)]
+pub struct ManagedBmc {
+    /// The bare-metal node it controls.
+    pub node_id: String,
+    /// Its address as errors name it.
+    pub address: String,
+    endpoint: Option<Endpoint>,
+    driver: Driver,
+    candidate: Option<(Option<Endpoint>, Driver)>,
+    /// Whether the sync loop polls it.
+    pub sync_power: bool,
+    /// Its concurrency bound (shared by its candidate: the same physical BMC).
+    pub limit: BmcLimit,
+}
+
+impl ManagedBmc {
+    /// The driver of the current credentials (or of the candidate ones).
+    pub fn driver(&self, candidate: bool) -> Option<&Driver> {
+        if candidate {
+            self.candidate.as_ref().map(|(_, d)| d)
+        } else {
+            Some(&self.driver)
+        }
+    }
+}
+
+/// The assignment in force.
+#[derive(Debug)]
+pub struct Assignment {
+    /// The site.
+    pub site_id: String,
+    /// Whether this appliance was granted the lease.
+    pub held: bool,
+    /// The lease epoch (0 for a standby).
+    pub epoch: u64,
+    /// Bumped by every assignment applied here.
+    pub generation: u64,
+    /// The BMCs by node id.
+    pub bmcs: HashMap<String, Arc<ManagedBmc>>,
+    /// The power sync period.
+    pub sync_interval: Duration,
+    /// The site-wide bound.
+    pub site_limit: SiteLimit,
+}
+
+#[derive(Debug)]
+struct Inner {
+    lease: Lease,
+    assignment: Option<Arc<Assignment>>,
+    generation: u64,
+    heartbeats: VecDeque<(u64, Instant)>,
+    unreachable: HashSet<String>,
+}
+
+/// The site agent's shared state.
+#[derive(Debug)]
+pub struct Site {
+    config: SiteConfig,
+    connector: Arc<dyn Connector>,
+    inner: Mutex<Inner>,
+    version: watch::Sender<u64>,
+    /// Observations waiting for the session.
+    pub reports: Reports,
+}
+
+/// What status.json and `bcd status` show about the site (never credentials).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SiteView {
+    /// The site, once an assignment named it.
+    pub site_id: Option<String>,
+    /// The lease epoch held (valid or not).
+    pub lease_epoch: Option<u64>,
+    /// Whether BMC work is allowed now.
+    pub lease_valid: bool,
+    /// How long it stays allowed without another renewal.
+    pub lease_left: Option<Duration>,
+    /// BMCs assigned.
+    pub bmcs: usize,
+    /// BMCs whose last poll found no answer.
+    pub unreachable: usize,
+}
+
+fn lease_lost(e: &LeaseError) -> CommandFailure {
+    CommandFailure::new(
+        CommandErrorCode::LeaseLost,
+        format!("{e}; nothing was done"),
+    )
+}
+
+impl Site {
+    /// A site agent with `config`, making drivers with `connector`.
+    pub fn new(config: SiteConfig, connector: Arc<dyn Connector>) -> Self {
+        let lease = Lease::new(config.lease_margin());
+        Self {
+            config,
+            connector,
+            inner: Mutex::new(Inner {
+                lease,
+                assignment: None,
+                generation: 0,
+                heartbeats: VecDeque::new(),
+                unreachable: HashSet::new(),
+            }),
+            version: watch::channel(0).0,
+            reports: Reports::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SiteConfig {
+        &self.config
+    }
+
+    /// A receiver that sees every change of the assignment or the lease.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// The assignment in force.
+    pub fn assignment(&self) -> Option<Arc<Assignment>> {
+        self.inner.lock().assignment.clone()
+    }
+
+    /// Until when BMC work is allowed (local clock), if a lease is held.
+    pub fn lease_valid_until(&self) -> Option<Instant> {
+        self.inner.lock().lease.valid_until()
+    }
+
+    /// Whether BMC work under `epoch` is allowed now.
+    pub fn check_lease(&self, epoch: u64) -> Result<(), LeaseError> {
+        self.inner.lock().lease.check(epoch, Instant::now())
+    }
+
+    /// Applies a `SiteAssignment` (it replaces the previous one). Consumes it, so the only copy
+    /// of the credentials is the one the drivers hold.
+    pub fn apply(&self, a: pb::SiteAssignment) {
+        let now = Instant::now();
+        let per_bmc = usize::try_from(if a.max_requests_per_bmc > 0 {
+            a.max_requests_per_bmc
+        } else {
+            self.config.max_requests_per_bmc
+        })
+        .unwrap_or(1);
+        let per_site = usize::try_from(if a.max_requests_per_site > 0 {
+            a.max_requests_per_site
+        } else {
+            self.config.max_requests_per_site
+        })
+        .unwrap_or(1);
+        let interval = Duration::from_millis(if a.power_sync_interval_ms > 0 {
+            u64::from(a.power_sync_interval_ms)
+        } else {
+            self.config.power_sync_interval_ms
+        });
+        let mut inner = self.inner.lock();
+        let old = inner.assignment.take();
+        let site_limit = match &old {
+            Some(o) if o.site_limit.limit() == per_site.max(1) => o.site_limit.clone(),
+            _ => SiteLimit::new(per_site),
+        };
+        if a.lease_held {
+            if a.lease_ttl_ms == 0 {
+                tracing::warn!(
+                    "the site assignment grants the lease with a TTL of 0: it is lapsed at once"
+                );
+            }
+            inner.lease.grant(
+                a.lease_epoch,
+                Duration::from_millis(u64::from(a.lease_ttl_ms)),
+                now,
+            );
+        } else {
+            inner.lease.release();
+            self.reports.clear();
+        }
+        let mut bmcs = HashMap::new();
+        if a.lease_held {
+            for m in a.bmcs {
+                let prev = old.as_ref().and_then(|o| o.bmcs.get(&m.node_id));
+                let bmc = self.managed(m, prev.map(Arc::as_ref), per_bmc, &site_limit);
+                bmcs.insert(bmc.node_id.clone(), Arc::new(bmc));
+            }
+        } else if !a.bmcs.is_empty() {
+            tracing::warn!(
+                bmcs = a.bmcs.len(),
+                "a standby assignment came with BMCs: ignored (only the lease holder manages BMCs)"
+            );
+        }
+        inner.generation += 1;
+        inner.unreachable.retain(|n| bmcs.contains_key(n));
+        tracing::info!(
+            site_id = %a.site_id,
+            lease_held = a.lease_held,
+            lease_epoch = a.lease_epoch,
+            bmcs = bmcs.len(),
+            sync_interval = ?interval,
+            max_requests_per_bmc = per_bmc,
+            max_requests_per_site = per_site,
+            "site assignment applied"
+        );
+        inner.assignment = Some(Arc::new(Assignment {
+            site_id: a.site_id,
+            held: a.lease_held,
+            epoch: if a.lease_held { a.lease_epoch } else { 0 },
+            generation: inner.generation,
+            bmcs,
+            sync_interval: interval,
+            site_limit,
+        }));
+        drop(inner);
+        // The old assignment (and the credentials in its drivers) goes once the last command
+        // that still runs on it finishes.
+        drop(old);
+        self.bump();
+    }
+
+    /// One BMC of a new assignment, reusing `prev`'s drivers where nothing changed.
+    fn managed(
+        &self,
+        m: pb::ManagedBmc,
+        prev: Option<&ManagedBmc>,
+        per_bmc: usize,
+        site_limit: &SiteLimit,
+    ) -> ManagedBmc {
+        let limit = match prev {
+            Some(p) if p.limit.same_shape(per_bmc, site_limit) => p.limit.clone(),
+            _ => BmcLimit::new(per_bmc, site_limit),
+        };
+        let (endpoint, driver) = self.driver(m.endpoint, prev.map(|p| (&p.endpoint, &p.driver)));
+        let candidate = m.candidate.map(|c| {
+            let prev_c = prev.and_then(|p| p.candidate.as_ref()).map(|(e, d)| (e, d));
+            self.driver(Some(c), prev_c)
+        });
+        let address = match (&endpoint, &driver) {
+            (_, Ok(d)) => d.address().to_owned(),
+            (Some(e), Err(_)) => e.address.display(),
+            (None, Err(e)) => e.to_string(),
+        };
+        ManagedBmc {
+            node_id: m.node_id,
+            address,
+            endpoint,
+            driver,
+            candidate,
+            sync_power: m.sync_power,
+            limit,
+        }
+    }
+
+    fn driver(
+        &self,
+        e: Option<pb::BmcEndpoint>,
+        prev: Option<(&Option<Endpoint>, &Driver)>,
+    ) -> (Option<Endpoint>, Driver) {
+        let Some(e) = e else {
+            let err = BmcError::Faulty {
+                address: "(none)".to_owned(),
+                detail: "the assignment gives no endpoint for this node".to_owned(),
+            };
+            return (None, Err(err));
+        };
+        let endpoint = match Endpoint::from_pb(e) {
+            Ok(ep) => ep,
+            Err(err) => return (None, Err(BmcError::Address(err))),
+        };
+        if let Some((Some(pe), Ok(pd))) = prev
+            && *pe == endpoint
+        {
+            return (Some(endpoint), Ok(Arc::clone(pd)));
+        }
+        let driver = self.connector.connect(&endpoint);
+        (Some(endpoint), driver)
+    }
+
+    /// Records that heartbeat `seq` was sent now.
+    pub fn heartbeat_sent(&self, seq: u64) {
+        let mut inner = self.inner.lock();
+        inner.heartbeats.push_back((seq, Instant::now()));
+        while inner.heartbeats.len() > HEARTBEATS_KEPT {
+            inner.heartbeats.pop_front();
+        }
+    }
+
+    /// A `HeartbeatAck`: a renewal (dated by when its heartbeat was sent here) or a loss.
+    pub fn heartbeat_acked(&self, ack: &pb::HeartbeatAck) {
+        let mut inner = self.inner.lock();
+        let Some(sent_at) = inner
+            .heartbeats
+            .iter()
+            .find(|(s, _)| *s == ack.seq)
+            .map(|(_, t)| *t)
+        else {
+            // Not sent by this process (or too long ago): cannot be dated, so it renews nothing.
+            return;
+        };
+        let was_valid = inner.lease.is_valid(Instant::now());
+        if !inner
+            .lease
+            .acknowledged(sent_at, ack.site_lease_expires_at_ms)
+        {
+            return;
+        }
+        let valid = inner.lease.is_valid(Instant::now());
+        drop(inner);
+        if was_valid && !valid {
+            tracing::warn!(
+                "the control plane no longer counts this site agent as the lease holder: BMC work stopped"
+            );
+            self.reports.clear();
+        } else if !was_valid && valid {
+            tracing::info!("site lease renewed after it had lapsed: BMC work resumes");
+        }
+        self.bump();
+    }
+
+    /// Records a poll's outcome for the status (which BMCs do not answer).
+    pub fn note_reachable(&self, node_id: &str, reachable: bool) {
+        let mut inner = self.inner.lock();
+        if reachable {
+            inner.unreachable.remove(node_id);
+        } else {
+            inner.unreachable.insert(node_id.to_owned());
+        }
+    }
+
+    /// What the status shows.
+    pub fn view(&self) -> SiteView {
+        let inner = self.inner.lock();
+        let now = Instant::now();
+        let a = inner.assignment.as_ref();
+        SiteView {
+            site_id: a.map(|a| a.site_id.clone()),
+            lease_epoch: inner.lease.epoch(),
+            lease_valid: inner.lease.is_valid(now),
+            lease_left: inner
+                .lease
+                .valid_until()
+                .map(|t| t.saturating_duration_since(now)),
+            bmcs: a.map_or(0, |a| a.bmcs.len()),
+            unreachable: inner.unreachable.len(),
+        }
+    }
+
+    /// Runs `op` on the BMC of `node_id` under lease `epoch` (see the module docs), with the
+    /// candidate credentials when `candidate`.
+    pub async fn with_bmc<T, F>(
+        &self,
+        epoch: u64,
+        node_id: &str,
+        candidate: bool,
+        op: F,
+    ) -> Result<T, CommandFailure>
+    where
+        F: for<'a> FnOnce(&'a dyn Bmc) -> crate::bmc::BmcFuture<'a, T>,
+    {
+        self.check_lease(epoch).map_err(|e| lease_lost(&e))?;
+        let assignment = self.assignment().ok_or_else(|| {
+            CommandFailure::new(CommandErrorCode::LeaseLost, "no site assignment yet")
+        })?;
+        let bmc = assignment.bmcs.get(node_id).cloned().ok_or_else(|| {
+            CommandFailure::new(
+                CommandErrorCode::BmcUnknown,
+                format!("node {node_id} is not among the BMCs assigned to this site agent"),
+            )
+        })?;
+        let driver = match bmc.driver(candidate) {
+            Some(Ok(d)) => Arc::clone(d),
+            Some(Err(e)) => return Err(e.to_failure()),
+            None => {
+                return Err(CommandFailure::new(
+                    CommandErrorCode::BmcUnknown,
+                    format!("node {node_id} has no candidate credentials in the assignment"),
+                ));
+            }
+        };
+        let limit = self.config.operation_timeout();
+        let timed_out = || {
+            CommandFailure::new(
+                CommandErrorCode::BmcUnreachable,
+                format!("BMC {} did not finish within {limit:?}", bmc.address),
+            )
+        };
+        let deadline = Instant::now() + limit;
+        let _permit = tokio::time::timeout_at(deadline, bmc.limit.acquire())
+            .await
+            .map_err(|_| timed_out())?;
+        // The lease may have lapsed (or changed hands) while this waited for its turn.
+        self.check_lease(epoch).map_err(|e| lease_lost(&e))?;
+        match tokio::time::timeout_at(deadline, op(driver.as_ref())).await {
+            Ok(r) => r.map_err(|e| e.to_failure()),
+            Err(_) => Err(timed_out()),
+        }
+    }
+}

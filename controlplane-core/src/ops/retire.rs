@@ -1,0 +1,76 @@
+//! `nodes.retire`: takes a node out of service for good (spec "Provision states": `retiring ->
+//! retired`). An adopted node — a server you already run, with no bare-metal teardown to wait
+//! for — goes `adopted -> retiring -> retired` in one save; a node in `ready` goes to `retiring`,
+//! where the bare-metal retire workflow (not built yet) takes over. Any other state is
+//! `INVALID_STATE` from the one provision table.
+
+use bc_protocol::ProvisionState;
+use cpl_store::{NodeRecord, Tx};
+
+use crate::edit::Edit;
+use crate::error::OpError;
+use crate::ops::nodes::apply_transition;
+
+/// `nodes.retire`. Refused (`INVALID_STATE`) while the node holds allocations.
+pub fn retire(
+    tx: &Tx<'_>,
+    node_id: &str,
+    expected_version: u64,
+    actor: &str,
+) -> Result<NodeRecord, OpError> {
+    let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
+    let active = tx.active_allocation_count(node_id)?;
+    if active > 0 {
+        return Err(OpError::InvalidState(format!(
+            "node {node_id} still holds {active} allocation(s); drain it before retiring it"
+        )));
+    }
+    let from = edit.node.provision_state;
+    apply_transition(&mut edit, ProvisionState::Retiring, "nodes.retire")?;
+    if from == ProvisionState::Adopted {
+        apply_transition(
+            &mut edit,
+            ProvisionState::Retired,
+            "nodes.retire: an adopted node has nothing to tear down",
+        )?;
+    }
+    edit.save(tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_utils::{node, ready_host};
+    use cpl_store::Store;
+
+    #[test]
+    fn an_adopted_node_is_retired_and_others_follow_the_table() -> Result<(), OpError> {
+        let store = Store::open_in_memory()?;
+        store.write_blocking(|tx| -> Result<(), OpError> {
+            node(tx, "node_a", None)?;
+            let a = ready_host(tx, "node_a", 2)?;
+            let r = retire(tx, "node_a", a.version, "operator:t")?;
+            assert_eq!(r.provision_state, ProvisionState::Retired);
+            let moves: Vec<(Option<String>, Option<String>)> = tx
+                .events("node_a")?
+                .into_iter()
+                .filter(|e| e.kind == "provisionState")
+                .map(|e| (e.from, e.to))
+                .collect();
+            assert_eq!(
+                &moves[moves.len() - 2..],
+                [
+                    (Some("adopted".into()), Some("retiring".into())),
+                    (Some("retiring".into()), Some("retired".into()))
+                ]
+            );
+            // Retired is terminal; adopting has no edge to retiring.
+            let again = retire(tx, "node_a", r.version, "operator:t");
+            assert!(matches!(again, Err(OpError::InvalidTransition { .. })));
+            let b = node(tx, "node_b", None)?;
+            let adopting = retire(tx, "node_b", b.version, "operator:t");
+            assert!(matches!(adopting, Err(OpError::InvalidTransition { .. })));
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,228 @@
+//! [`check_args`]: a command's arguments against its typed contract, before it is queued. The
+//! control plane refuses at `commands.create` what the agent would refuse when it runs the
+//! command (`INVALID_ARGUMENT` there, a failed command here), so a bad argument never waits in a
+//! queue or reaches a node.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::CommandName;
+use super::bmc::{BootDeviceArgs, PowerArgs, VerifyArgs};
+use super::diag::DiagArgs;
+use super::inventory::InventoryRefreshArgs;
+use super::logs::CollectArgs;
+use super::reboot::{MAX_DELAY_SECONDS, RebootArgs};
+use super::reset::{ResetArgs, ResetTarget};
+
+/// Why a command's arguments break its contract.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// The arguments do not have the contract's shape (a missing or unknown key, a wrong type, a
+    /// negative size); `path` names the key (`.` for the whole object).
+    #[error("{command} args: {path}: {source}")]
+    Shape {
+        command: CommandName,
+        path: String,
+        source: serde_json::Error,
+    },
+    /// A value has the right type but is out of range.
+    #[error("{command} args: {field}: {message}")]
+    Range {
+        command: CommandName,
+        field: &'static str,
+        message: String,
+    },
+}
+
+fn shape<T: DeserializeOwned>(command: CommandName, args: &Value) -> Result<T, ArgsError> {
+    serde_path_to_error::deserialize(args).map_err(|e| ArgsError::Shape {
+        command,
+        path: e.path().to_string(),
+        source: e.into_inner(),
+    })
+}
+
+fn range(command: CommandName, field: &'static str, message: impl Into<String>) -> ArgsError {
+    ArgsError::Range {
+        command,
+        field,
+        message: message.into(),
+    }
+}
+
+/// Whether `since` is a duration back from now (`2h`) or an RFC 3339 time, as the agent reads it.
+fn since_parses(s: &str) -> bool {
+    humantime::parse_duration(s).is_ok() || chrono::DateTime::parse_from_rfc3339(s).is_ok()
+}
+
+/// Checks `args` (without the control plane's own `force`) against the contract of `command`:
+/// `logs.collect` ([`CollectArgs`]: `maxBytes` over 0, `since` a duration or an RFC 3339 time),
+/// `gpu.reset` ([`ResetArgs`]: `gpus` is `"all"` or a non-empty list), `node.reboot`
+/// ([`RebootArgs`]: `delaySeconds` at most [`MAX_DELAY_SECONDS`]), `diag.nvml` ([`DiagArgs`]),
+/// `inventory.refresh` ([`InventoryRefreshArgs`]) and the site agent's `bmc.verify`
+/// ([`VerifyArgs`]), `bmc.power` ([`PowerArgs`]) and `bmc.setBootDevice` ([`BootDeviceArgs`]).
+pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
+    match command {
+        CommandName::InventoryRefresh => shape::<InventoryRefreshArgs>(command, args).map(drop),
+        CommandName::DiagNvml => shape::<DiagArgs>(command, args).map(drop),
+        CommandName::BmcVerify => shape::<VerifyArgs>(command, args).map(drop),
+        CommandName::BmcPower => shape::<PowerArgs>(command, args).map(drop),
+        CommandName::BmcSetBootDevice => shape::<BootDeviceArgs>(command, args).map(drop),
+        CommandName::LogsCollect => {
+            let a: CollectArgs = shape(command, args)?;
+            if a.max_bytes == Some(0) {
+                return Err(range(command, "maxBytes", "must be over 0"));
+            }
+            if let Some(s) = a.since.as_deref()
+                && !since_parses(s)
+            {
+                return Err(range(
+                    command,
+                    "since",
+                    "must be a duration back from now (2h) or an RFC 3339 time",
+                ));
+            }
+            Ok(())
+        }
+        CommandName::GpuReset => {
+            let a: ResetArgs = shape(command, args)?;
+            if a.gpus == ResetTarget::Gpus(Vec::new()) {
+                return Err(range(
+                    command,
+                    "gpus",
+                    "names no GPU: give \"all\" or at least one UUID or PCI bus id",
+                ));
+            }
+            Ok(())
+        }
+        CommandName::NodeReboot => {
+            let a: RebootArgs = shape(command, args)?;
+            if a.delay_seconds > MAX_DELAY_SECONDS {
+                return Err(range(
+                    command,
+                    "delaySeconds",
+                    format!("{} is over {MAX_DELAY_SECONDS}", a.delay_seconds),
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_command_is_checked_against_its_contract() {
+        let ok = [
+            (CommandName::InventoryRefresh, json!({})),
+            (CommandName::DiagNvml, json!({})),
+            (
+                CommandName::DiagNvml,
+                json!({"expectedGpus": {"count": 8, "name": "H100"}}),
+            ),
+            (CommandName::LogsCollect, json!({})),
+            (
+                CommandName::LogsCollect,
+                json!({"since": "2h", "maxBytes": 1024, "sources": ["kernel"]}),
+            ),
+            (
+                CommandName::LogsCollect,
+                json!({"since": "2025-01-02T03:04:05Z"}),
+            ),
+            (CommandName::GpuReset, json!({"gpus": "all"})),
+            (CommandName::GpuReset, json!({"gpus": ["0000:1a:00.0"]})),
+            (CommandName::NodeReboot, json!({})),
+            (
+                CommandName::NodeReboot,
+                json!({"mode": "force", "delaySeconds": 3600}),
+            ),
+            (
+                CommandName::BmcVerify,
+                json!({"nodeId": "node_1", "leaseEpoch": 3}),
+            ),
+            (
+                CommandName::BmcVerify,
+                json!({"nodeId": "node_1", "leaseEpoch": 3, "candidate": true}),
+            ),
+            (
+                CommandName::BmcPower,
+                json!({"nodeId": "node_1", "leaseEpoch": 3, "action": "softOff"}),
+            ),
+            (
+                CommandName::BmcSetBootDevice,
+                json!({"nodeId": "node_1", "leaseEpoch": 3, "device": "pxe", "persistent": true}),
+            ),
+        ];
+        for (c, a) in ok {
+            assert!(
+                check_args(c, &a).is_ok(),
+                "{c} {a}: {:?}",
+                check_args(c, &a)
+            );
+        }
+        let bad = [
+            (
+                CommandName::LogsCollect,
+                json!({"maxBytes": -1}),
+                "maxBytes",
+            ),
+            (CommandName::LogsCollect, json!({"maxBytes": 0}), "maxBytes"),
+            (
+                CommandName::LogsCollect,
+                json!({"since": "yesterday-ish"}),
+                "since",
+            ),
+            (
+                CommandName::LogsCollect,
+                json!({"sources": ["dmesg"]}),
+                "dmesg",
+            ),
+            (CommandName::LogsCollect, json!({"bogus": 1}), "bogus"),
+            (CommandName::GpuReset, json!({}), "gpus"),
+            (CommandName::GpuReset, json!({"gpus": "some"}), "some"),
+            (CommandName::GpuReset, json!({"gpus": []}), "gpus"),
+            (
+                CommandName::NodeReboot,
+                json!({"delaySeconds": 3601}),
+                "delaySeconds",
+            ),
+            (CommandName::NodeReboot, json!({"mode": "hard"}), "hard"),
+            (CommandName::BmcVerify, json!({"nodeId": "n"}), "leaseEpoch"),
+            (
+                CommandName::BmcVerify,
+                json!({"nodeId": "n", "leaseEpoch": 1, "password": "x"}),
+                "password",
+            ),
+            (
+                CommandName::BmcPower,
+                json!({"nodeId": "n", "leaseEpoch": 1, "action": "GracefulShutdown"}),
+                "GracefulShutdown",
+            ),
+            (
+                CommandName::BmcPower,
+                json!({"nodeId": "n", "leaseEpoch": -1, "action": "on"}),
+                "-1",
+            ),
+            (
+                CommandName::BmcSetBootDevice,
+                json!({"nodeId": "n", "leaseEpoch": 1, "device": "cdrom"}),
+                "cdrom",
+            ),
+            (
+                CommandName::DiagNvml,
+                json!({"expectedGpus": {"count": -2}}),
+                "-2",
+            ),
+        ];
+        for (c, a, what) in bad {
+            let e = check_args(c, &a)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains(what) && e.contains(c.as_str()), "{c} {a}: {e:?}");
+        }
+    }
+}
