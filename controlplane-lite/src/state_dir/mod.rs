@@ -2,6 +2,8 @@
 //! issue 19.6) and whether it is whole (issue 19.5).
 //!
 //! # Design
+//! - **Private**: the dir is made 0700 whatever the umask, an existing one too, before anything
+//!   is read or written in it.
 //! - **Lock**: `serve.lock` in the dir, `flock(LOCK_EX | LOCK_NB)`, held until the process ends
 //!   (the kernel drops it with the process, so a `kill -9` leaves no stale lock). The holder writes
 //!   its pid into the file; a second `bcctl serve` on the dir exits naming that pid, before it
@@ -21,7 +23,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -81,6 +83,11 @@ pub enum StateDirError {
         "state dir {dir} is already initialised ({evidence}); --init only initialises a new dir: start without --init"
     )]
     AlreadyInitialised { dir: PathBuf, evidence: String },
+    /// A secret file (the BMC credentials key) may be read by the group or others.
+    #[error(
+        "{file} is readable by its group or others (mode {mode:o}): it is the key every BMC password in the store is sealed under. bcctl serve will not start until it is private: chmod 600 {file} (and check who may have read it; rotate the BMC credentials if in doubt)"
+    )]
+    Exposed { file: PathBuf, mode: u32 },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateDirError + '_ {
@@ -88,6 +95,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateDirError + '_ {
         path: path.to_owned(),
         source,
     }
+}
+
+/// Creates `dir` 0700 (whatever the umask) and makes an existing one 0700: it holds the CA key,
+/// the API token and every node record.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
 }
 
 /// How `bcctl serve` may initialise a dir.
@@ -125,11 +142,7 @@ impl StateDir {
     /// Creates `path` (0700) if needed and takes its lock, writing this process's pid into the
     /// lock file. Errors: [`StateDirError::Locked`] naming the holder's pid.
     pub fn lock(path: &Path) -> Result<Self, StateDirError> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(path)
-            .map_err(io(path))?;
+        private_dir(path).map_err(io(path))?;
         let lock_path = path.join(LOCK_FILE);
         // Not truncated before the lock is ours: the holder's pid must stay readable.
         let file = OpenOptions::new()
@@ -315,7 +328,8 @@ impl StateDir {
     /// The BMC credentials key (`bmc-credentials.key`, 0600): made when the dir is initialised
     /// (`fresh`) or when a dir initialised before the key existed starts for the first time
     /// (recorded in the marker); afterwards it must be there and whole, or the start is refused
-    /// (the store's sealed credentials open with it alone; a new key would lose them all).
+    /// (the store's sealed credentials open with it alone; a new key would lose them all), as it
+    /// is when the group or others may read it ([`StateDirError::Exposed`]).
     pub fn bmc_key(
         &self,
         fresh: bool,
@@ -336,12 +350,15 @@ impl StateDir {
                 let key = hex::decode(text.trim())
                     .ok()
                     .and_then(|b| CredentialKey::from_bytes(&b).ok())
-                    .ok_or_else(|| damaged(format!("is not {} hex-encoded bytes", CredentialKey::LEN)))?;
+                    .ok_or_else(|| {
+                        damaged(format!("is not {} hex-encoded bytes", CredentialKey::LEN))
+                    })?;
                 let mode = fs::metadata(&path).map_err(io(&path))?.permissions().mode();
                 if mode & 0o077 != 0 {
-                    tracing::warn!(file = %path.display(), mode = format!("{:o}", mode & 0o777), "the BMC credentials key was readable by others; made 0600");
-                    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
-                        .map_err(io(&path))?;
+                    return Err(StateDirError::Exposed {
+                        file: path.clone(),
+                        mode: mode & 0o777,
+                    });
                 }
                 Ok(key)
             }
