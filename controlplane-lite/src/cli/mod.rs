@@ -1,6 +1,7 @@
 //! `bcctl` verbs: `serve`, `dev`, and one operator-client verb per API method (tables by default,
 //! the API's JSON with `-o json`).
 
+pub mod bare_metal;
 pub mod bench;
 pub mod dev;
 pub mod logs;
