@@ -300,6 +300,18 @@ fn store_bound(m: &Option<agent_message::Msg>) -> Option<&'static str> {
     }
 }
 
+/// After a site agent's `bmc.verify` is over: its new assignment (a verified BMC is synced,
+/// with the certificate pinned at the verification; a rotation's new pair or none).
+async fn after_bmc_verify(gw: &GatewayService, node_id: &str, command_id: &str) {
+    let verify = bc_protocol::CommandName::BmcVerify.as_str();
+    if let Ok(Some(c)) = gw.commands.get(command_id).await
+        && c.state.is_final()
+        && c.name == verify
+    {
+        gw.bare_metal.push_assignment(node_id).await;
+    }
+}
+
 /// Applies one session's store writes in the order they arrived.
 async fn write_loop(
     gw: GatewayService,
@@ -328,7 +340,13 @@ async fn write_loop(
                     tracing::error!(error = %e, "recording SpecStatus failed");
                 }
             }
-            Write::Command(u) => gw.commands.update(&node_id, u).await,
+            Write::Command(u) => {
+                let (id, done) = (u.id.clone(), u.progress >= 100);
+                gw.commands.update(&node_id, u).await;
+                if done {
+                    after_bmc_verify(&gw, &node_id, &id).await;
+                }
+            }
             Write::Xid(data) => cpl_core::health::on_xid(&gw.store, &node_id, &data).await,
             Write::Power(r) => {
                 let observations = r.observations.len();
