@@ -305,8 +305,9 @@ fn parts(
         sessions: Arc::clone(&registry) as Arc<dyn cpl_core::port::AgentSessions>,
     };
     let mut bm_cfg = cfg.bare_metal;
-    // A restart must not flap a lease: no move while agents may still be reconnecting.
-    bm_cfg.grace = bm_cfg.grace.max(cfg.liveness.unreachable_after);
+    // A restart must not flap a lease: no move while agents may still be reconnecting (the same
+    // grace Liveness gives them before it judges silence).
+    bm_cfg.grace = cfg.liveness.unreachable_after;
     let bare_metal = cpl_core::bare_metal::BareMetal::new(commands.clone(), bmc_key, bm_cfg);
     let gateway = GatewayService {
         store: store.clone(),

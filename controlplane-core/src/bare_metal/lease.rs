@@ -449,7 +449,13 @@ mod tests {
         );
         // Lapsed and nobody to take it: kept (the holder may come back at the same epoch).
         assert_eq!(
-            decide(Some(&l), &[dead_a.clone()], 20_000, 15_000, false),
+            decide(
+                Some(&l),
+                std::slice::from_ref(&dead_a),
+                20_000,
+                15_000,
+                false
+            ),
             Decision::Keep
         );
         // A standby that is live but silent past the TTL is no candidate.

@@ -469,16 +469,15 @@ impl BareMetal {
         let mut sites = std::collections::BTreeSet::new();
         for b in pending {
             if !due(&b, now, deadline) {
-                if b.verified_at.is_none() {
-                    if let Ok(Some(n)) = {
-                        let id = b.node_id.clone();
-                        self.store
-                            .read(move |r| r.node(&id).map_err(OpError::from))
-                            .await
-                    } && let Some(s) = n.site_id
-                    {
-                        sites.insert(s);
-                    }
+                let id = b.node_id.clone();
+                if b.verified_at.is_none()
+                    && let Ok(Some(n)) = self
+                        .store
+                        .read(move |r| r.node(&id).map_err(OpError::from))
+                        .await
+                    && let Some(s) = n.site_id
+                {
+                    sites.insert(s);
                 }
                 continue;
             }

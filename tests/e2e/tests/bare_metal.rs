@@ -7,7 +7,10 @@
 //! - power on/off/reboot and boot device PXE reach the emulator (read back from it) and the
 //!   `power` axis follows; a power change made on the emulator is an out-of-band event;
 //! - no BMC password appears in any API answer, event, serve's or the site agent's log, or
-//!   `bcd status`.
+//!   `bcd status`;
+//! - with two site agents, the lease holder killed (SIGKILL) while a `bmc.power` waits at the BMC:
+//!   the lease moves to the other one, the command fails with `LEASE_LOST` and is never run
+//!   again, and the new holder drives the BMC.
 //!
 //! Without sushy-emulator (`BC_SUSHY_EMULATOR` or on PATH) the test says so loudly and checks
 //! nothing; under `CI=true` it fails instead.
@@ -20,6 +23,7 @@ use std::time::Duration;
 
 use bc_e2e::{ControlPlane, bins, eventually};
 use bc_protocol::hwid;
+use bcd_site::test_utils::proxy::{Fault, FaultProxy};
 use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
 use bcd_site::test_utils::{PASSWORD, USER, free_tcp_port};
 use serde_json::{Value, json};
@@ -65,6 +69,21 @@ impl SiteAgent {
 
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its node id, once joined.
+    fn node_id(&self) -> String {
+        eventually(WAIT, "the site agent's identity", || {
+            let text = std::fs::read_to_string(self.state.join("node.json")).ok()?;
+            let v: Value = serde_json::from_str(&text).ok()?;
+            v["nodeId"].as_str().map(str::to_owned)
+        })
+    }
+
+    /// SIGKILL.
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -373,4 +392,107 @@ fn bare_metal_enrollment_power_and_boot_device_through_a_real_site_agent() {
             assert!(!text.contains(secret), "a BMC password in {what}");
         }
     }
+}
+
+#[test]
+fn a_killed_lease_holder_hands_the_site_to_the_standby_and_no_command_runs_twice() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let system = FakeSystem::numbered(3);
+    let Some(sushy) = rt.block_on(Sushy::start(
+        "bare metal failover e2e",
+        std::slice::from_ref(&system),
+        None,
+    )) else {
+        return;
+    };
+    let proxy = rt.block_on(FaultProxy::start(sushy.socket()));
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(
+        &dir.path().join("cp"),
+        &["--site-lease-ttl", "3s", "--power-sync-interval", "1s"],
+    );
+    let mut seen = Seen::default();
+    let site = seen.ok(
+        &cp,
+        "sites.create",
+        json!({"name": "dc2", "kind": "platform"}),
+    );
+    let site = site["id"].as_str().unwrap().to_owned();
+    let token = cp.create_token(&["--site", &site, "--uses", "2"]);
+    let mut agents = [
+        SiteAgent::start(&cp, dir.path(), "site-a", &token),
+        SiteAgent::start(&cp, dir.path(), "site-b", &token),
+    ];
+    let ids = [agents[0].node_id(), agents[1].node_id()];
+    let (holder, epoch) = eventually(WAIT, "a holder with a connected standby", || {
+        let s = seen.ok(&cp, "sites.get", json!({"siteId": site}));
+        let connected = s["appliances"]
+            .as_array()?
+            .iter()
+            .filter(|a| a["connectivity"] == "connected")
+            .count();
+        let h = s["lease"]["holderNodeId"].as_str()?.to_owned();
+        (connected == 2).then(|| (h, s["lease"]["epoch"].as_u64().unwrap_or(0)))
+    });
+    let held = ids.iter().position(|i| *i == holder).unwrap();
+    let standby = 1 - held;
+
+    let node = seen.ok(
+        &cp,
+        "nodes.enroll",
+        json!({"siteId": site, "name": "m3", "bmc": {
+            "address": proxy.address(&format!("/redfish/v1/Systems/{}", system.uuid)),
+            "username": USER, "password": PASSWORD}}),
+    );
+    let node = node["id"].as_str().unwrap().to_owned();
+    eventually(WAIT, "the BMC verified", || {
+        seen.node(&cp, &node)["bmc"]["verifiedAt"]
+            .is_string()
+            .then_some(())
+    });
+
+    // A power-on that waits at the BMC, and its holder killed meanwhile.
+    assert_eq!(rt.block_on(sushy.power(&system.uuid)), "Off");
+    let resets = || {
+        proxy
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("ComputerSystem.Reset"))
+            .count()
+    };
+    proxy.set_fault(Fault::Delay(Duration::from_secs(60)));
+    let cmd = seen.ok(&cp, "nodes.power", json!({"nodeId": node, "action": "on"}));
+    let cmd_id = cmd["id"].as_str().unwrap().to_owned();
+    // The agent reads the system before it resets it: that read is what waits at the BMC.
+    eventually(WAIT, "the power-on running at the BMC", || {
+        let c = seen.ok(&cp, "commands.get", json!({"commandId": cmd_id}));
+        (c["state"] == "running" && proxy.in_flight() > 0).then_some(())
+    });
+    agents[held].kill9();
+    let resets_before = resets();
+    proxy.set_fault(Fault::Pass);
+
+    // The standby takes the lease; the interrupted command fails cleanly, never re-run.
+    let c = seen.finished(&cp, &cmd_id);
+    assert_eq!(c["state"], "failed", "{c}");
+    assert_eq!(c["error"]["code"], "LEASE_LOST", "{c}");
+    let s = eventually(WAIT, "the standby holding the lease", || {
+        let s = seen.ok(&cp, "sites.get", json!({"siteId": site}));
+        (s["lease"]["holderNodeId"] == ids[standby].as_str()).then_some(s)
+    });
+    assert!(s["lease"]["epoch"].as_u64().unwrap() > epoch, "{s}");
+    let c2 = seen.ok(&cp, "nodes.power", json!({"nodeId": node, "action": "on"}));
+    let c2 = seen.finished(&cp, c2["id"].as_str().unwrap());
+    assert_eq!(c2["state"], "succeeded", "{c2}");
+    assert_eq!(rt.block_on(sushy.power(&system.uuid)), "On");
+    assert_eq!(
+        resets(),
+        resets_before + 1,
+        "only the new power-on reached the BMC: the interrupted one was not sent again"
+    );
+    let log = agents[standby].log_text();
+    assert!(!log.contains(&cmd_id), "the standby never got {cmd_id}");
+    eventually(WAIT, "the power axis on", || {
+        (seen.node(&cp, &node)["bmc"]["power"] == "on").then_some(())
+    });
 }
