@@ -364,7 +364,7 @@ async fn a_moved_lease_fails_the_old_holders_commands_with_lease_lost() -> TestR
     let power =
         w.bm.power(
             PowerRequest {
-                node_id: node.clone(),
+                node_id: node.clone().into(),
                 version: None,
                 action: bc_protocol::commands::bmc::PowerAction::Off,
             },
@@ -478,7 +478,7 @@ async fn power_reports_need_the_current_epoch_and_name_out_of_band_changes() -> 
     // Asked for on: not out of band.
     w.bm.power(
         PowerRequest {
-            node_id: node.clone(),
+            node_id: node.clone().into(),
             version: None,
             action: bc_protocol::commands::bmc::PowerAction::On,
         },
@@ -536,7 +536,7 @@ async fn a_rotation_replaces_the_credentials_only_when_the_bmc_accepts_them() ->
         let version = w.node(&node)?.version;
         let bm = w.bm.clone();
         let req = UpdateBmcCredentialsRequest {
-            node_id: node.clone(),
+            node_id: node.clone().into(),
             version,
             username: "admin".into(),
             password: serde_json::from_value(serde_json::json!(if answer {

@@ -110,13 +110,13 @@ pub struct BmcInput {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnrollRequest {
     /// The site whose site agent reaches the BMC.
-    pub site_id: String,
+    pub site_id: crate::text::Id,
     /// The pool the machine will serve; without one it is `unassigned`.
     #[serde(default)]
-    pub pool_id: Option<String>,
+    pub pool_id: Option<crate::text::Id>,
     /// A name for the machine (shown as its hostname until an agent reports one).
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<crate::text::Name>,
     pub bmc: BmcInput,
     /// The machine's NIC MACs, when known (PXE boot by MAC, next workflows).
     #[serde(default)]
@@ -289,12 +289,12 @@ pub fn enroll(
     }
     let site = tx.site(&req.site_id)?.ok_or_else(|| OpError::NotFound {
         kind: "site",
-        id: req.site_id.clone(),
+        id: req.site_id.to_string(),
     })?;
     let pool = match &req.pool_id {
         Some(id) => Some(tx.pool(id)?.ok_or_else(|| OpError::NotFound {
             kind: "pool",
-            id: id.clone(),
+            id: id.to_string(),
         })?),
         None => None,
     };

@@ -26,7 +26,7 @@ pub const EXPECTED_WINDOW_MS: i64 = 10 * 60 * 1000;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PowerRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: crate::text::Id,
     /// When given, the node must still be at this version.
     #[serde(default)]
     pub version: Option<u64>,
@@ -40,7 +40,7 @@ pub struct PowerRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootDeviceRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: crate::text::Id,
     #[serde(default)]
     pub version: Option<u64>,
     /// `pxe` or `disk`.
@@ -56,7 +56,7 @@ pub struct BootDeviceRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdateBmcCredentialsRequest {
     #[serde(alias = "id")]
-    pub node_id: String,
+    pub node_id: crate::text::Id,
     pub version: u64,
     pub username: String,
     /// Write-only.
