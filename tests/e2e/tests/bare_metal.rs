@@ -10,7 +10,8 @@
 //!   `bcd status`;
 //! - with two site agents, the lease holder killed (SIGKILL) while a `bmc.power` waits at the BMC:
 //!   the lease moves to the other one, the command fails with `LEASE_LOST` and is never run
-//!   again, and the new holder drives the BMC.
+//!   again, and the new holder drives the BMC; a BMC answering 500 fails the task as a BMC fault
+//!   naming the BMC.
 //!
 //! Without sushy-emulator (`BC_SUSHY_EMULATOR` or on PATH) the test says so loudly and checks
 //! nothing; under `CI=true` it fails instead.
@@ -495,4 +496,15 @@ fn a_killed_lease_holder_hands_the_site_to_the_standby_and_no_command_runs_twice
     eventually(WAIT, "the power axis on", || {
         (seen.node(&cp, &node)["bmc"]["power"] == "on").then_some(())
     });
+
+    // A BMC answering 500: the task fails as a BMC fault, naming the BMC.
+    proxy.set_fault(Fault::Status(500));
+    let c3 = seen.ok(&cp, "nodes.power", json!({"nodeId": node, "action": "off"}));
+    let c3 = seen.finished(&cp, c3["id"].as_str().unwrap());
+    proxy.set_fault(Fault::Pass);
+    assert_eq!(c3["state"], "failed", "{c3}");
+    assert_eq!(c3["error"]["code"], "BMC_ERROR", "{c3}");
+    let message = c3["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&proxy.addr.to_string()), "{c3}");
+    assert_eq!(rt.block_on(sushy.power(&system.uuid)), "On");
 }
