@@ -11,7 +11,9 @@
 //! - with two site agents, the lease holder killed (SIGKILL) while a `bmc.power` waits at the BMC:
 //!   the lease moves to the other one, the command fails with `LEASE_LOST` and is never run
 //!   again, and the new holder drives the BMC; a BMC answering 500 fails the task as a BMC fault
-//!   naming the BMC.
+//!   naming the BMC;
+//! - an IPMI BMC (pyghmi's fakebmc, driven through ipmitool) is enrolled, verified, powered on
+//!   and set to boot from PXE the same way (skipped loudly without fakebmc or ipmitool).
 //!
 //! Without sushy-emulator (`BC_SUSHY_EMULATOR` or on PATH) the test says so loudly and checks
 //! nothing; under `CI=true` it fails instead.
@@ -24,6 +26,7 @@ use std::time::Duration;
 
 use bc_e2e::{ControlPlane, bins, eventually};
 use bc_protocol::hwid;
+use bcd_site::test_utils::fakebmc::FakeBmcProcess;
 use bcd_site::test_utils::proxy::{Fault, FaultProxy};
 use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
 use bcd_site::test_utils::{PASSWORD, USER, free_tcp_port};
@@ -41,6 +44,10 @@ struct SiteAgent {
 
 impl SiteAgent {
     fn start(cp: &ControlPlane, dir: &Path, name: &str, token: &str) -> Self {
+        Self::start_with(cp, dir, name, token, &[])
+    }
+
+    fn start_with(cp: &ControlPlane, dir: &Path, name: &str, token: &str, extra: &[&str]) -> Self {
         let (_, bcd) = bins();
         let base = dir.join(name);
         let kernel = base.join("root/proc/sys/kernel");
@@ -57,6 +64,7 @@ impl SiteAgent {
             .arg(&state)
             .arg("--root")
             .arg(base.join("root"))
+            .args(extra)
             .env_remove("NOTIFY_SOCKET")
             .env("BCD_LOG", "debug")
             .env("BCD_SITE_LEASE_MARGIN_MS", "1000")
@@ -507,4 +515,78 @@ fn a_killed_lease_holder_hands_the_site_to_the_standby_and_no_command_runs_twice
     let message = c3["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains(&proxy.addr.to_string()), "{c3}");
     assert_eq!(rt.block_on(sushy.power(&system.uuid)), "On");
+}
+
+#[test]
+fn an_ipmi_bmc_is_enrolled_powered_on_and_set_to_pxe_through_the_site_agent() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(fake) = rt.block_on(FakeBmcProcess::start("bare metal IPMI e2e")) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(&dir.path().join("cp"), &["--power-sync-interval", "1s"]);
+    let mut seen = Seen::default();
+    let site = seen.ok(
+        &cp,
+        "sites.create",
+        json!({"name": "dc3", "kind": "platform"}),
+    );
+    let site = site["id"].as_str().unwrap().to_owned();
+    let token = cp.create_token(&["--site", &site]);
+    let ipmitool = fake.ipmitool.to_str().unwrap().to_owned();
+    let agent = SiteAgent::start_with(
+        &cp,
+        dir.path(),
+        "site-i",
+        &token,
+        &["--ipmitool", &ipmitool],
+    );
+    let node = seen.ok(
+        &cp,
+        "nodes.enroll",
+        json!({"siteId": site, "name": "ipmi-1", "bmc": {
+            "address": fake.address(), "username": USER, "password": PASSWORD}}),
+    );
+    let node = node["id"].as_str().unwrap().to_owned();
+    let n = eventually(WAIT, "the IPMI BMC verified", || {
+        let n = seen.node(&cp, &node);
+        n["bmc"]["verifiedAt"].is_string().then_some(n)
+    });
+    let verified = condition(&n, "BmcVerified").unwrap();
+    assert!(
+        verified["message"].as_str().unwrap().contains("(IPMI)"),
+        "{n}"
+    );
+    assert_eq!(n["bmc"]["power"], "off", "{n}");
+
+    let c = seen.ok(&cp, "nodes.power", json!({"nodeId": node, "action": "on"}));
+    let c = seen.finished(&cp, c["id"].as_str().unwrap());
+    assert_eq!(c["state"], "succeeded", "{c}");
+    let status = fake
+        .ipmitool(&["chassis", "power", "status"])
+        .unwrap_or_default();
+    assert!(status.contains("is on"), "{status}");
+    eventually(WAIT, "the power axis on", || {
+        (seen.node(&cp, &node)["bmc"]["power"] == "on").then_some(())
+    });
+    let c = seen.ok(
+        &cp,
+        "nodes.setBootDevice",
+        json!({"nodeId": node, "device": "pxe"}),
+    );
+    let c = seen.finished(&cp, c["id"].as_str().unwrap());
+    assert_eq!(c["state"], "succeeded", "{c}");
+    let flags = fake
+        .ipmitool(&["chassis", "bootparam", "get", "5"])
+        .unwrap_or_default();
+    assert!(flags.contains("Force PXE"), "{flags}");
+
+    let serve_log = std::fs::read_to_string(cp.dir.join("serve.log")).unwrap_or_default();
+    for (what, text) in [
+        ("API answers", seen.0.join("\n")),
+        ("serve.log", serve_log),
+        ("site.log", agent.log_text()),
+    ] {
+        assert!(!text.contains(PASSWORD), "the BMC password in {what}");
+    }
 }
