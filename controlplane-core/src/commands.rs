@@ -164,6 +164,7 @@ impl Commands {
             started_at: None,
             finished_at: None,
             deadline_at: now.saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
+            subject_node_id: None,
         };
         let to_insert = rec.clone();
         let id = node_id.to_owned();
@@ -261,6 +262,10 @@ impl Commands {
                 {
                     tracing::warn!(error = %e, "Health: condition not written");
                 }
+                // A BMC command's effect on its bare-metal node, in the same transaction.
+                if after.state.is_final() && !before.state.is_final() {
+                    crate::bare_metal::verify::on_command_final(tx, &after)?;
+                }
                 Ok(Some(after))
             })
             .instrument(span.clone())
@@ -291,13 +296,18 @@ impl Commands {
         let c2 = cid.clone();
         self.store
             .write(move |tx| {
-                tx.finish_command(
+                if tx.finish_command(
                     &c2,
                     CommandState::Cancelled,
                     "CANCELLED",
                     "cancelled by operator",
                     now_ms(),
-                )
+                )? && let Some(done) = tx.command(&c2)?
+                    && let Err(e) = crate::bare_metal::verify::on_command_final(tx, &done)
+                {
+                    tracing::warn!(error = %e, "the cancelled BMC command's effect was not written");
+                }
+                Ok::<_, StoreError>(())
             })
             .await?;
         self.tell_cancel(&cur.node_id, &cid).await;
@@ -328,13 +338,17 @@ impl Commands {
                 let expired = self
                     .store
                     .write(move |tx| {
-                        tx.finish_command(
+                        let over = tx.finish_command(
                             &id,
                             CommandState::Expired,
                             "DEADLINE_EXCEEDED",
                             "the command did not finish before its deadline",
                             now_ms(),
-                        )
+                        )?;
+                        if over && let Some(done) = tx.command(&id)? {
+                            crate::bare_metal::verify::on_command_final(tx, &done)?;
+                        }
+                        Ok::<_, OpError>(over)
                     })
                     .await;
                 if matches!(expired, Ok(true)) {

@@ -100,6 +100,10 @@ pub struct NodeDetail {
     /// A machine's re-join request waiting for `nodes.approveRejoin` (`nodes.get` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejoin_request: Option<RejoinRequestView>,
+    /// The BMC of a bare-metal node enrolled through one (`nodes.get` only): address, TLS mode,
+    /// certificate fingerprint, verified facts and the power axis; never its credentials.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<crate::bare_metal::enroll::BmcView>,
 }
 
 impl NodeDetail {
@@ -138,6 +142,7 @@ impl NodeDetail {
             schedulable: bucket == CapacityBucket::Available,
             capacity_bucket: bucket,
             rejoin_request: None,
+            bmc: None,
         }
     }
 }

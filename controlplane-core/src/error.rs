@@ -45,6 +45,10 @@ pub enum OpError {
         requested: u32,
         largest_free: u32,
     },
+    /// What the operation needs is not there right now; retrying later may work (e.g. no site
+    /// agent holds the site's lease).
+    #[error("{0}")]
+    Unavailable(String),
     /// The store failed underneath.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -63,7 +67,9 @@ impl OpError {
             OpError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             OpError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             // Capacity comes back as allocations are released: retryable, hence UNAVAILABLE.
-            OpError::InsufficientCapacity { .. } => ErrorCode::Unavailable,
+            OpError::InsufficientCapacity { .. } | OpError::Unavailable(_) => {
+                ErrorCode::Unavailable
+            }
             OpError::Store(_) | OpError::Internal(_) => ErrorCode::Internal,
         }
     }

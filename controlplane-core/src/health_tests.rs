@@ -29,6 +29,7 @@ fn cmd(name: &str, state: CommandState, result: Option<serde_json::Value>) -> Co
         started_at: None,
         finished_at: None,
         deadline_at: 1,
+        subject_node_id: None,
     }
 }
 

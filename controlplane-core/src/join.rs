@@ -32,7 +32,7 @@ use crate::ownership::{Placement, placement_for_join};
 pub const APPROVAL_TTL_MS: i64 = 3_600_000;
 
 /// What a joining agent says about its machine (the `JoinRequest`'s facts).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct JoinFacts {
     /// `<id>.<secret>`.
     pub token: String,
@@ -46,6 +46,23 @@ pub struct JoinFacts {
     pub hostname: Option<String>,
     /// The source address of the join, for the operator who approves a re-join.
     pub peer: Option<String>,
+    /// What joins: a node agent (the default), or a site agent (`bcd site`), which needs a token
+    /// bound to a site and no pool and becomes a node with `role: site`.
+    pub mode: bc_protocol::Mode,
+}
+
+impl Default for JoinFacts {
+    fn default() -> Self {
+        Self {
+            token: String::new(),
+            hardware_key: String::new(),
+            trusted: false,
+            identifier_digests: Vec::new(),
+            hostname: None,
+            peer: None,
+            mode: bc_protocol::Mode::Node,
+        }
+    }
 }
 
 /// A join that went through.
@@ -117,6 +134,10 @@ pub enum JoinError {
         node_trust: Trust,
         token_trust: Trust,
     },
+    /// The token's scope does not fit what joins: a site agent needs a site-only token, a
+    /// node agent a token that is not site-only; or a re-join in place would change the role.
+    #[error("{0}")]
+    WrongMode(String),
     /// The store failed.
     #[error(transparent)]
     Failed(#[from] OpError),
@@ -182,15 +203,48 @@ fn same_machine(r: &Reader<'_>, f: &JoinFacts, trusted: bool) -> Result<Option<M
 }
 
 /// Where the token puts machines; a bcd agent is refused from an `agent: none` pool (18.14).
-fn token_placement(tx: &Tx<'_>, tok: &JoinToken) -> Result<Placement, JoinError> {
-    let p = placement_for_join(tx, tok.pool_id.as_deref(), tok.site_id.as_deref(), false)
-        .map_err(|e| JoinError::Placement(e.to_string()))?;
+fn token_placement(
+    tx: &Tx<'_>,
+    tok: &JoinToken,
+    mode: bc_protocol::Mode,
+) -> Result<Placement, JoinError> {
+    check_mode(tok, mode)?;
+    let site_agent = mode == bc_protocol::Mode::Site;
+    let p = placement_for_join(
+        tx,
+        tok.pool_id.as_deref(),
+        tok.site_id.as_deref(),
+        site_agent,
+    )
+    .map_err(|e| JoinError::Placement(e.to_string()))?;
     if p.adapter != Adapter::BcdV1 {
         return Err(JoinError::AgentlessPool {
             pool_id: p.pool_id.unwrap_or_default(),
         });
     }
     Ok(p)
+}
+
+/// A site agent joins with a token bound to a site and no pool; a node agent (or a ramdisk)
+/// with any other token.
+fn check_mode(tok: &JoinToken, mode: bc_protocol::Mode) -> Result<(), JoinError> {
+    use bc_protocol::Mode;
+    match (mode, tok.pool_id.as_deref(), tok.site_id.as_deref()) {
+        (Mode::Site, None, Some(_)) => Ok(()),
+        (Mode::Site, Some(pool), _) => Err(JoinError::WrongMode(format!(
+            "a site agent (bcd site) joins with a token bound to a site and no pool; token {} is bound to pool {pool}: create one with bcctl tokens create --site <site>",
+            tok.id
+        ))),
+        (Mode::Site, None, None) => Err(JoinError::WrongMode(format!(
+            "a site agent (bcd site) joins with a token bound to a site; token {} is bound to no site: create one with bcctl tokens create --site <site>",
+            tok.id
+        ))),
+        (_, None, Some(site)) => Err(JoinError::WrongMode(format!(
+            "token {} is bound to site {site} only, which is for site agents (bcd site); a node agent needs a token bound to a pool (bcctl tokens create --pool <pool>)",
+            tok.id
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The token's scope in words.
@@ -278,7 +332,7 @@ pub fn join(
         if let Some(r) = limit {
             return Err(JoinError::Token(r));
         }
-        let p = token_placement(tx, &tok)?;
+        let p = token_placement(tx, &tok, f.mode)?;
         tx.spend_token(&tok.id)?;
         return new_node(tx, f, trusted, &tok, p);
     };
@@ -309,8 +363,20 @@ pub fn join(
     {
         return Err(JoinError::Token(r));
     }
-    let p = token_placement(tx, &tok)?;
+    let p = token_placement(tx, &tok, f.mode)?;
     check_scope(&tok, &p, &node)?;
+    if (node.role == bc_protocol::NodeRole::Site) != (f.mode == bc_protocol::Mode::Site) {
+        return Err(JoinError::WrongMode(format!(
+            "this machine is node {} (role {}); a {} cannot re-join it in place",
+            node.id,
+            node.role,
+            if f.mode == bc_protocol::Mode::Site {
+                "site agent"
+            } else {
+                "node agent"
+            }
+        )));
+    }
     if connected(&node.id) {
         return Err(JoinError::Duplicate(node.id));
     }

@@ -96,6 +96,7 @@ fn facts(token: &str, key: &str, trusted: bool, digests: &[&str]) -> JoinFacts {
         identifier_digests: digests.iter().map(|d| (*d).to_owned()).collect(),
         hostname: Some("h".into()),
         peer: Some("192.0.2.7:5000".into()),
+        mode: bc_protocol::Mode::Node,
     }
 }
 
@@ -331,17 +332,14 @@ fn trusted_keys_re_join_in_place_within_the_pool_or_the_site() -> TestResult {
             (j.node_id.as_str(), j.identity_generation),
             (id.as_str(), 2)
         );
-        // A token for the node's site (no pool) also re-joins it in place; its pool stays.
-        let JoinOutcome::Joined(j) =
-            try_join(tx, &facts(&f.tok_site_p, "kt", true, &["d1", "d3"]))?
-        else {
-            return Err("site token".into());
-        };
-        assert_eq!(
-            (j.node_id.as_str(), j.identity_generation),
-            (id.as_str(), 3)
-        );
+        // A token for the node's site only is a site agent's (issue 14): a node agent is
+        // refused with it, and nothing changes.
+        let err = try_join(tx, &facts(&f.tok_site_p, "kt", true, &["d1", "d3"]))
+            .err()
+            .ok_or("site token")?;
+        assert!(matches!(err, JoinError::WrongMode(_)), "{err}");
         let n = tx.node(&id)?.ok_or("node")?;
+        assert_eq!(n.identity_generation, 2);
         assert_eq!(n.pool_id.as_deref(), Some(f.pool_a.as_str()));
         assert_eq!(n.site_id.as_deref(), Some(f.site_p.as_str()));
         // Another pool's token: refused, naming the pool the machine belongs to (18.15).
@@ -452,6 +450,51 @@ fn a_node_moves_between_pools_with_role_and_trust_from_the_target() -> TestResul
         };
         assert_eq!(j.node_id, id);
         let _ = f.site_c;
+        Ok(())
+    })
+}
+
+#[test]
+fn site_agents_join_with_site_tokens_and_node_agents_with_pool_tokens() -> TestResult {
+    let store = Store::open_in_memory()?;
+    store.write_blocking(|tx| -> TestResult {
+        let f = fleet(tx)?;
+        let site = |token: &str, key: &str, digests: &[&str]| JoinFacts {
+            mode: bc_protocol::Mode::Site,
+            ..facts(token, key, true, digests)
+        };
+        // A site agent with a site token: role site, no pool, the token's site.
+        let id = joined(tx, &site(&f.tok_site_p, "ks", &["s1", "s2"]))?;
+        let n = tx.node(&id)?.ok_or("node")?;
+        assert_eq!(n.role, bc_protocol::NodeRole::Site);
+        assert_eq!(n.pool_id, None);
+        assert_eq!(n.site_id.as_deref(), Some(f.site_p.as_str()));
+        // A site agent with a pool token: refused, naming what it needs.
+        let before = uses(tx, &f.tok_a)?;
+        let err = try_join(tx, &site(&f.tok_a, "kx", &["x1", "x2"]))
+            .err()
+            .ok_or("pool token")?;
+        assert!(matches!(err, JoinError::WrongMode(_)), "{err}");
+        assert!(err.to_string().contains("tokens create --site"), "{err}");
+        assert_eq!(uses(tx, &f.tok_a)?, before, "a refusal spends no use");
+        // A node agent with the site token: refused.
+        let err = try_join(tx, &facts(&f.tok_site_p, "ky", true, &["y1", "y2"]))
+            .err()
+            .ok_or("site token, node agent")?;
+        assert!(err.to_string().contains("--pool"), "{err}");
+        // The site agent re-joins in place within its site.
+        let JoinOutcome::Joined(j) = try_join(tx, &site(&f.tok_site_p, "ks", &["s1", "s2"]))?
+        else {
+            return Err("re-join".into());
+        };
+        assert_eq!(
+            (j.node_id.as_str(), j.identity_generation),
+            (id.as_str(), 2)
+        );
+        // A node agent on the site agent's machine (a pool token of the site) cannot take its
+        // record over.
+        let err = try_join(tx, &facts(&f.tok_a, "ks", true, &["s1", "s2"]));
+        assert!(err.is_err());
         Ok(())
     })
 }

@@ -22,6 +22,8 @@
 //!   [`verbs::Response`]), one dispatcher ([`verbs::Core::dispatch`]), and the OpenAPI document
 //!   generated from them ([`verbs::openapi`]).
 //! - [`commands`]: the Commands controller (queue, dispatch, updates, deadlines).
+//! - [`bare_metal`]: enrollment through a BMC, the site lease, the power axis's owner, BMC
+//!   credentials sealed at rest.
 //! - [`port::AgentSessions`]: how the core reaches a live agent session (push a spec, send a
 //!   command, close a revoked session); the gateway implements it.
 //! - Errors: [`error::OpError`] maps every refusal to one API code ([`error::OpError::code`]);
@@ -33,11 +35,12 @@
 //! controlplane-lite (`tests/layers.rs`) reads `cargo metadata` and fails if that changes.
 //!
 //! # Limitations
-//! `power` has no writer yet (bare-metal power control is not built). Controllers run in every
+//! Controllers run in every
 //! process; with several replicas they will need a leader (DESIGN.md).
 #![forbid(unsafe_code)]
 
 pub mod acceptance;
+pub mod bare_metal;
 pub mod commands;
 pub mod conditions;
 pub mod detail;

@@ -35,6 +35,7 @@ fn diag(result: serde_json::Value) -> CommandRecord {
         started_at: None,
         finished_at: None,
         deadline_at: 1,
+        subject_node_id: None,
     }
 }
 

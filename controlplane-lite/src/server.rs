@@ -2,7 +2,8 @@
 //! (HTTP + JSON) together, and runs the controllers.
 //!
 //! The state dir holds `state.db` (SQLite, WAL), `ca.key` (0600) / `ca.crt`, `api-token` (0600,
-//! the operator bearer token), `state-dir.json` (the marker of an initialised dir),
+//! the operator bearer token), `bmc-credentials.key` (0600, the key BMC credentials are sealed
+//! under), `state-dir.json` (the marker of an initialised dir),
 //! `serve.lock` (held for the process's life) and `endpoints.json` (the addresses actually bound,
 //! written after binding so clients and tests can find a server started on port 0). Which dir is
 //! initialised and when a start is refused: [`crate::state_dir`].
@@ -85,6 +86,8 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Which state dir may be initialised (`--init`).
     pub init: Init,
+    /// Site lease, BMC verification and power sync timings.
+    pub bare_metal: cpl_core::bare_metal::BareMetalConfig,
     /// How long logs.collect bundles are kept and how much room they may take.
     pub bundle_retention: crate::bundle_store::Retention,
     /// Connection caps and timeouts of the gateway listener.
@@ -107,6 +110,7 @@ impl ServeConfig {
             join_attempts_per_minute: 60,
             metrics_listen: None,
             init: Init::IfEmpty,
+            bare_metal: cpl_core::bare_metal::BareMetalConfig::default(),
             bundle_retention: crate::bundle_store::Retention::default(),
             gateway_limits: crate::gateway::listener::Limits::default(),
         }
@@ -173,6 +177,8 @@ pub struct OpenedState {
     pub ca: CertificateAuthority,
     /// The operator bearer token (`api-token`).
     pub api_token: String,
+    /// The key BMC credentials are sealed under (`bmc-credentials.key`).
+    pub bmc_key: cpl_core::bare_metal::CredentialKey,
 }
 
 /// Locks `dir`, checks it ([`StateDir::check`]), and opens its store, CA and API token; a new
@@ -194,12 +200,14 @@ pub fn open_state(dir: &Path, trust_domain: &str, init: Init) -> Result<OpenedSt
     let pin = ca.pin()?;
     sd.check_pin(&pin)?;
     let api_token = load_or_create_api_token(dir)?;
+    let bmc_key = sd.bmc_key(fresh)?;
     sd.mark_initialised(&pin)?;
     Ok(OpenedState {
         dir: sd,
         store,
         ca,
         api_token,
+        bmc_key,
     })
 }
 
@@ -281,15 +289,26 @@ struct Parts {
     metrics: crate::metrics::Metrics,
     commands: Commands,
     gateway: GatewayService,
+    bare_metal: cpl_core::bare_metal::BareMetal,
 }
 
-fn parts(cfg: &ServeConfig, store: Store, ca: Arc<CertificateAuthority>) -> Parts {
+fn parts(
+    cfg: &ServeConfig,
+    store: Store,
+    ca: Arc<CertificateAuthority>,
+    bmc_key: cpl_core::bare_metal::CredentialKey,
+) -> Parts {
     let registry = Arc::new(Registry::default());
     let metrics = crate::metrics::Metrics::new();
     let commands = Commands {
         store: store.clone(),
         sessions: Arc::clone(&registry) as Arc<dyn cpl_core::port::AgentSessions>,
     };
+    let mut bm_cfg = cfg.bare_metal;
+    // A restart must not flap a lease: no move while agents may still be reconnecting (the same
+    // grace Liveness gives them before it judges silence).
+    bm_cfg.grace = cfg.liveness.unreachable_after;
+    let bare_metal = cpl_core::bare_metal::BareMetal::new(commands.clone(), bmc_key, bm_cfg);
     let gateway = GatewayService {
         store: store.clone(),
         ca: Arc::clone(&ca),
@@ -307,6 +326,7 @@ fn parts(cfg: &ServeConfig, store: Store, ca: Arc<CertificateAuthority>) -> Part
         metrics: metrics.clone(),
         reports: Arc::new(crate::gateway::report_rate::ReportLimiter::default()),
         uploads: Arc::new(crate::gateway::upload::InFlight::default()),
+        bare_metal: bare_metal.clone(),
     };
     Parts {
         store,
@@ -315,6 +335,7 @@ fn parts(cfg: &ServeConfig, store: Store, ca: Arc<CertificateAuthority>) -> Part
         metrics,
         commands,
         gateway,
+        bare_metal,
     }
 }
 
@@ -419,6 +440,18 @@ fn spawn_controllers(
         }
     });
 
+    let (leases, gw_lease) = (p.bare_metal.clone(), p.gateway.clone());
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = leases.run_leases(move || {
+                let gw = gw_lease.clone();
+                async move { gw.flush_once().await }
+            }) => {}
+            _ = until => {}
+        }
+    });
+
     // NodeLifecycle: nodes still adopting past their pool's acceptance deadline fail.
     let lifecycle_store = p.store.clone();
     let until = stopped(stop.clone());
@@ -474,6 +507,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         store,
         ca,
         api_token,
+        bmc_key,
     } = opened;
     let ca = Arc::new(ca);
     let listeners = bind(&cfg).await?;
@@ -488,7 +522,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         ca_pin: ca.pin()?,
         metrics_url: None,
     };
-    let p = parts(&cfg, store, ca);
+    let p = parts(&cfg, store, ca, bmc_key);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -511,6 +545,7 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     let core = Core {
         store: p.store.clone(),
         commands: p.commands.clone(),
+        bare_metal: p.bare_metal.clone(),
         sessions: Arc::clone(&p.registry) as Arc<dyn cpl_core::port::AgentSessions>,
         issuer: TokenIssuer {
             ca_pin: endpoints.ca_pin.clone(),

@@ -80,10 +80,13 @@ pub struct CommandRecord {
     pub started_at: Option<i64>,
     pub finished_at: Option<i64>,
     pub deadline_at: i64,
+    /// The bare-metal node a `bmc.*` command acts on (`node_id` is the site agent that runs it).
+    #[serde(default)]
+    pub subject_node_id: Option<String>,
 }
 
 const COLUMNS: &str = "id, node_id, name, args, state, progress, result, error_code, error_message, actor, \
-    created_at, sent_at, started_at, finished_at, deadline_at";
+    created_at, sent_at, started_at, finished_at, deadline_at, subject_node_id";
 
 fn from_row(r: &Row<'_>) -> Result<CommandRecord, StoreError> {
     let state: String = r.get(4)?;
@@ -105,6 +108,7 @@ fn from_row(r: &Row<'_>) -> Result<CommandRecord, StoreError> {
         started_at: r.get(12)?,
         finished_at: r.get(13)?,
         deadline_at: r.get(14)?,
+        subject_node_id: r.get(15)?,
     })
 }
 
@@ -126,8 +130,8 @@ impl Tx<'_> {
     /// Inserts a queued command.
     pub fn insert_command(&self, c: &CommandRecord) -> Result<(), StoreError> {
         self.sqlite().execute(
-            &format!("INSERT INTO commands ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 0, NULL, NULL, NULL, ?6, ?7, NULL, NULL, NULL, ?8)"),
-            params![c.id, c.node_id, c.name, to_json(&c.args), c.state.as_str(), c.actor, c.created_at, c.deadline_at],
+            &format!("INSERT INTO commands ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 0, NULL, NULL, NULL, ?6, ?7, NULL, NULL, NULL, ?8, ?9)"),
+            params![c.id, c.node_id, c.name, to_json(&c.args), c.state.as_str(), c.actor, c.created_at, c.deadline_at, c.subject_node_id],
         )?;
         Ok(())
     }
@@ -211,7 +215,8 @@ impl Reader<'_> {
             .next())
     }
 
-    /// Commands, newest first, optionally of one node; at most `limit`.
+    /// Commands, newest first, optionally of one node (the node that runs them, or the bare-metal
+    /// node a `bmc.*` command acts on); at most `limit`.
     pub fn commands(
         &self,
         node_id: Option<&str>,
@@ -221,7 +226,7 @@ impl Reader<'_> {
         match node_id {
             Some(n) => query(
                 conn,
-                "WHERE node_id = ?1 ORDER BY created_at DESC, id LIMIT ?2",
+                "WHERE node_id = ?1 OR subject_node_id = ?1 ORDER BY created_at DESC, id LIMIT ?2",
                 params![n, limit],
             ),
             None => query(
@@ -237,6 +242,16 @@ impl Reader<'_> {
         query(
             self.sqlite(),
             "WHERE node_id = ?1 AND state IN ('queued', 'sent', 'running') ORDER BY created_at, id",
+            params![node_id],
+        )
+    }
+
+    /// The `bmc.*` commands of site agent `node_id` that are not over yet, oldest first.
+    pub fn open_bmc_commands(&self, node_id: &str) -> Result<Vec<CommandRecord>, StoreError> {
+        query(
+            self.sqlite(),
+            "WHERE node_id = ?1 AND name LIKE 'bmc.%' AND state IN ('queued', 'sent', 'running') \
+             ORDER BY created_at, id",
             params![node_id],
         )
     }
@@ -273,6 +288,7 @@ mod tests {
             started_at: None,
             finished_at: None,
             deadline_at: 10,
+            subject_node_id: None,
         }
     }
 

@@ -14,7 +14,7 @@
 //!   transaction commits when the closure returns `Ok` and rolls back on `Err`. The async forms
 //!   run on tokio's blocking pool; `*_blocking` run on the calling thread (tests, the CLI).
 //! - [`Reader`] and [`Tx`] carry typed methods only (nodes, events, tokens, taints, pools, sites,
-//!   leases, allocations, commands, heartbeats, sweeps, the identifier index, the placer's locked
+//!   leases, BMCs and site leases, allocations, commands, heartbeats, sweeps, the identifier index, the placer's locked
 //!   candidates, capacity rows, fleet gauges, bench counts). Each domain module adds its methods
 //!   with its own `impl` blocks; the SQL is inside them.
 //! - Which database is underneath is private: a `Backend` enum with one variant today. A
@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 mod allocations;
+mod bare_metal;
 mod bench;
 mod commands;
 mod events;
@@ -62,6 +63,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use rusqlite_migration::{M, Migrations};
 
 pub use allocations::{Allocation, AllocationFilter};
+pub use bare_metal::{BmcIdentifier, BmcRecord, SiteLease};
 pub use bench::BenchCounts;
 pub use commands::{CommandRecord, CommandState};
 pub use events::{NewEvent, NodeEvent};
@@ -246,6 +248,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M004_SCALE),
         M::up(migrations::M005_ACCESS),
         M::up(migrations::M006_SESSIONS_AND_ACCEPTANCE),
+        M::up(migrations::M007_BARE_METAL),
     ])
 }
 

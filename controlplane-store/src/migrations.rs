@@ -272,3 +272,41 @@ ALTER TABLE nodes ADD COLUMN session_broken INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE pools ADD COLUMN acceptance TEXT NOT NULL DEFAULT '{}';
 CREATE INDEX nodes_provision_state ON nodes(provision_state);
 "#;
+
+/// Migration 7: bare metal (issue 14). `node_bmcs`: the BMC a node was enrolled through (address,
+/// TLS mode, the credentials sealed by the core's AEAD — never plaintext — and what the BMC
+/// reported at verification, its identifiers as digests); `site_leases`: which site agent holds
+/// each site's lease, at which epoch, until when; `commands.subject_node_id`: the bare-metal node
+/// a `bmc.*` command acts on (the command itself goes to the site agent holding the lease).
+pub const M007_BARE_METAL: &str = r#"
+CREATE TABLE node_bmcs (
+    node_id           TEXT PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+    address           TEXT NOT NULL,
+    tls               TEXT NOT NULL,                    -- pin | verify | insecure
+    credentials       TEXT NOT NULL,                    -- sealed: AEAD envelope, never plaintext
+    candidate         TEXT,                             -- sealed credentials under rotation
+    cert_sha256       TEXT,
+    facts             TEXT,                             -- JSON: what the BMC reported
+    identifiers       TEXT NOT NULL DEFAULT '[]',       -- JSON [{kind, digest}]
+    macs              TEXT NOT NULL DEFAULT '[]',       -- JSON: MACs the operator gave
+    verified_at       BIGINT,
+    verify_command_id TEXT,
+    verify_started_at BIGINT,
+    last_error        TEXT,
+    power_expected    TEXT,
+    power_expected_at BIGINT,
+    reachable         INTEGER,
+    created_at        BIGINT NOT NULL
+);
+
+CREATE TABLE site_leases (
+    site_id        TEXT PRIMARY KEY REFERENCES sites(id) ON DELETE CASCADE,
+    holder_node_id TEXT,
+    epoch          BIGINT NOT NULL DEFAULT 0,
+    granted_at     BIGINT,
+    expires_at     BIGINT
+);
+
+ALTER TABLE commands ADD COLUMN subject_node_id TEXT;
+CREATE INDEX commands_subject ON commands(subject_node_id, created_at);
+"#;

@@ -521,6 +521,16 @@ impl Tx<'_> {
     /// Inserts a node in provisionState `adopting`, generation 1, identityGeneration 1, and
     /// indexes its identifier digests.
     pub fn insert_node(&self, n: &NewNode, now: i64) -> Result<(), StoreError> {
+        self.insert_node_in(n, ProvisionState::Adopting, now)
+    }
+
+    /// Inserts a node in `state` (`enrolling` for a bare-metal node enrolled through its BMC).
+    pub fn insert_node_in(
+        &self,
+        n: &NewNode,
+        state: ProvisionState,
+        now: i64,
+    ) -> Result<(), StoreError> {
         let tx = self.sqlite();
         tx.execute(
             "INSERT INTO nodes (id, site_id, pool_id, owner_tenant_id, role, trust, adapter, drivers, \
@@ -535,7 +545,7 @@ impl Tx<'_> {
                 n.trust.as_str(),
                 n.adapter.as_str(),
                 to_json(&n.drivers),
-                ProvisionState::Adopting.as_str(),
+                state.as_str(),
                 n.hostname,
                 n.hardware_key,
                 n.hardware_key_trusted,

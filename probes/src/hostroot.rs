@@ -164,26 +164,8 @@ impl HostRoot {
     }
 }
 
-/// The one normalisation of every identifier string bcd reads from the machine: sysfs files
-/// (`serial`, `wwid`, `address`, `/sys/class/dmi/id/*`), SCSI VPD pages, SMBIOS strings and NVML
-/// strings all pass through it before anything compares, shows or hashes them.
-///
-/// Firmware and devices pad fixed-width fields: SCSI INQUIRY and VPD page 0x80 with spaces and
-/// NULs (SPC-5 §7.7.3), NVMe `serial`/`model` with spaces (NVMe base spec, Identify Controller),
-/// SMBIOS strings with spaces, tabs or NULs, some BIOSes with `0xFF`. So: NUL bytes are dropped
-/// wherever they are (a C string field never holds one on purpose); other control characters
-/// (tab, CR, LF, ...) become a space; whitespace and the replacement character (from bytes that
-/// are not UTF-8, such as `0xFF` padding) are trimmed from both ends. Inner spaces stay (the
-/// hardware key and the inventory report values as written). `None` when nothing is left.
-pub fn clean_identifier(raw: &str) -> Option<String> {
-    let s: String = raw
-        .chars()
-        .filter(|c| *c != '\0')
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let t = s.trim_matches(|c: char| c.is_whitespace() || c == char::REPLACEMENT_CHARACTER);
-    (!t.is_empty()).then(|| t.to_owned())
-}
+/// Firmware strings' cleaning, shared with the control plane ([`bc_protocol::hwid`]).
+pub use bc_protocol::hwid::clean_identifier;
 
 /// [`clean_identifier`] over bytes (decoded as UTF-8, invalid sequences replaced).
 pub fn clean_identifier_bytes(raw: &[u8]) -> Option<String> {

@@ -17,6 +17,8 @@
 //! - Features: `grpc` (default) generates the tonic clients and servers; without it [`pb`] is the
 //!   messages alone and nothing here depends on tonic. `openapi` derives utoipa schemas for the
 //!   types the operator API returns (same serde shape).
+//! - [`hwid`]: hardware identifiers' normalization, junk rules, `kind:value` lines and digests,
+//!   shared by the machine's hardware key and the BMC-reported identifiers of an enrollment.
 //! - [`commands`] types the arguments and results of every command and the XID event payload.
 //!
 //! # Limitations
@@ -25,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod commands;
+pub mod hwid;
 pub mod inventory;
 pub mod kinds;
 pub mod limits;

@@ -201,6 +201,13 @@ pub fn recover(
     actor: &str,
 ) -> Result<NodeRecord, OpError> {
     let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
+    recover_in(&mut edit)?;
+    edit.save(tx)
+}
+
+/// The move of `nodes.recover` on an edit: `failed` back to `failedFrom`. Errors:
+/// `INVALID_STATE` when the node is not failed with a failedFrom.
+pub fn recover_in(edit: &mut Edit) -> Result<(), OpError> {
     let state = edit.node.provision_state;
     let Some(back) = edit
         .node
@@ -208,11 +215,11 @@ pub fn recover(
         .filter(|_| state == ProvisionState::Failed)
     else {
         return Err(OpError::InvalidState(format!(
-            "node {node_id} is {state}, not failed with a failedFrom: nothing to recover"
+            "node {} is {state}, not failed with a failedFrom: nothing to recover",
+            edit.node.id
         )));
     };
-    apply_transition(&mut edit, back, "nodes.recover")?;
-    edit.save(tx)
+    apply_transition(edit, back, "nodes.recover")
 }
 
 /// `nodes.setMaintenance`: turns maintenance on (with `reason`) or off.

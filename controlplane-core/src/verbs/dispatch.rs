@@ -41,6 +41,8 @@ pub struct TokenIssuer {
 pub struct Core {
     pub store: Store,
     pub commands: Commands,
+    /// Enrollment, power and BMC credentials (the site lease's holder does the BMC work).
+    pub bare_metal: crate::bare_metal::BareMetal,
     pub sessions: Arc<dyn AgentSessions>,
     pub issuer: TokenIssuer,
 }
@@ -96,10 +98,7 @@ impl Core {
                 .node_verb(b, a, node_ops::adopt)
                 .await
                 .map(A::NodesAdopt),
-            R::NodesRecover(b) => self
-                .node_verb(b, a, node_ops::recover)
-                .await
-                .map(A::NodesRecover),
+            R::NodesRecover(b) => self.nodes_recover(b, a).await.map(A::NodesRecover),
             R::NodesRetire(b) => self
                 .node_verb(b, a, ops::retire::retire)
                 .await
@@ -127,6 +126,21 @@ impl Core {
                 .await
                 .map(A::NodesApproveRejoin),
             R::NodesMove(b) => self.nodes_move(b, a).await.map(A::NodesMove),
+            R::NodesEnroll(b) => self.nodes_enroll(b, a).await.map(A::NodesEnroll),
+            R::NodesPower(b) => self
+                .bare_metal
+                .power(b, a)
+                .await
+                .map(|c| A::NodesPower(CommandView::from(&c))),
+            R::NodesSetBootDevice(b) => self
+                .bare_metal
+                .set_boot_device(b, a)
+                .await
+                .map(|c| A::NodesSetBootDevice(CommandView::from(&c))),
+            R::NodesUpdateBmcCredentials(b) => self
+                .nodes_update_bmc_credentials(b, a)
+                .await
+                .map(A::NodesUpdateBmcCredentials),
             R::PoolsCreate(b) => self
                 .write(move |tx| ops::pools::create(tx, &b))
                 .await
@@ -150,7 +164,7 @@ impl Core {
                 .await
                 .map(A::SitesCreate),
             R::SitesGet(b) => self
-                .read(move |r| ops::sites::get(r, &b.site_id))
+                .read(move |r| crate::bare_metal::site_detail::get(r, &b.site_id))
                 .await
                 .map(A::SitesGet),
             R::SitesList(_) => self.sites_list().await.map(A::SitesList),

@@ -190,6 +190,58 @@ impl Core {
         .await
     }
 
+    /// `nodes.enroll`, then the site's lease holder gets the new BMC and its verification.
+    pub(super) async fn nodes_enroll(
+        &self,
+        b: crate::bare_metal::enroll::EnrollRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        let key = std::sync::Arc::clone(&self.bare_metal.key);
+        let site = b.site_id.clone();
+        let d = self
+            .write(move |tx| {
+                let n = crate::bare_metal::enroll::enroll(tx, &key, &b, &actor)?;
+                query::get_node(tx, &n.id)
+            })
+            .await?;
+        self.bare_metal.issue_verifications(&site).await;
+        Ok(d)
+    }
+
+    /// `nodes.recover`; a failed enrollment is verified again at once when its site has a
+    /// lease holder.
+    pub(super) async fn nodes_recover(
+        &self,
+        b: NodeMutation,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        let d = self
+            .write(move |tx| {
+                let n = crate::bare_metal::enroll::recover(tx, &b.node_id, b.version, &actor)?;
+                query::get_node(tx, &n.id)
+            })
+            .await?;
+        if d.bmc.is_some()
+            && let Some(site) = &d.site_id
+        {
+            self.bare_metal.issue_verifications(site).await;
+        }
+        Ok(d)
+    }
+
+    /// `nodes.updateBmcCredentials`: answered once the BMC accepted (or refused) the new pair.
+    pub(super) async fn nodes_update_bmc_credentials(
+        &self,
+        b: crate::bare_metal::power::UpdateBmcCredentialsRequest,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let id = b.node_id.clone();
+        self.bare_metal.update_credentials(b, actor).await?;
+        self.read(move |r| query::get_node(r, &id)).await
+    }
+
     pub(super) async fn pools_list(&self) -> Result<PoolList, OpError> {
         self.read(|r| {
             Ok(PoolList {

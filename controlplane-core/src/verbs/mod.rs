@@ -21,6 +21,9 @@ pub use dispatch::{
 };
 pub use types::*;
 
+use crate::bare_metal::enroll::EnrollRequest;
+use crate::bare_metal::power::{BootDeviceRequest, PowerRequest, UpdateBmcCredentialsRequest};
+use crate::bare_metal::site_detail::SiteDetail;
 use crate::detail::NodeDetail;
 use crate::error::OpError;
 use crate::ops::pools::NewPool;
@@ -144,6 +147,10 @@ verbs! {
     NodesEndDedicatedRoot => "nodes.endDedicatedRoot", NodeMutation, NodeDetail, "End the dedicated-root lease and restore the trust before it.";
     NodesApproveRejoin => "nodes.approveRejoin", ApproveRejoinRequest, NodeDetail, "Approve a machine's pending re-join in place of a platform node (matched by its identifiers, not a trusted hardware key).";
     NodesMove => "nodes.move", MoveRequest, NodeDetail, "Move the node to another pool; role, trust, owner, adapter and drivers follow the target pool.";
+    NodesEnroll => "nodes.enroll", EnrollRequest, NodeDetail, "Enroll a bare-metal machine through its BMC: the node starts in `enrolling` and the site's lease holder verifies the BMC (the password is write-only).";
+    NodesPower => "nodes.power", PowerRequest, CommandView, "Power a bare-metal node on, off, softOff or reboot through its BMC (a `bmc.power` command on the site's lease holder).";
+    NodesSetBootDevice => "nodes.setBootDevice", BootDeviceRequest, CommandView, "Set the device a bare-metal node boots from next (pxe or disk; persistent or once) through its BMC.";
+    NodesUpdateBmcCredentials => "nodes.updateBmcCredentials", UpdateBmcCredentialsRequest, NodeDetail, "Rotate a node's BMC credentials: the new pair replaces the old one only once the BMC accepted it (the password is write-only).";
     PoolsCreate => "pools.create", NewPool, Pool, "Create a pool.";
     PoolsGet => "pools.get", PoolRef, Pool, "One pool.";
     PoolsList => "pools.list", NoArgs, PoolList, "Every pool.";
@@ -151,7 +158,7 @@ verbs! {
     PoolsDelete => "pools.delete", PoolDelete, Pool, "Delete an empty pool.";
     PoolsCapacity => "pools.capacity", PoolRef, PoolCapacity, "GPU counts of a pool per capacity bucket.";
     SitesCreate => "sites.create", NewSite, Site, "Create a site.";
-    SitesGet => "sites.get", SiteRef, Site, "One site.";
+    SitesGet => "sites.get", SiteRef, SiteDetail, "One site, with its appliances (site agents) and who holds its lease.";
     SitesList => "sites.list", NoArgs, SiteList, "Every site.";
     SitesUpdate => "sites.update", SiteUpdate, Site, "Rename a site.";
     SitesDelete => "sites.delete", SiteDelete, Site, "Delete a site no pool or node references.";

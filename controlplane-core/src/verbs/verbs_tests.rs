@@ -15,12 +15,18 @@ const OP: &str = "operator:api";
 
 fn core(store: &Store) -> Core {
     let sessions: Arc<dyn crate::port::AgentSessions> = Arc::new(NoSessions);
+    let commands = Commands {
+        store: store.clone(),
+        sessions: Arc::clone(&sessions),
+    };
     Core {
         store: store.clone(),
-        commands: Commands {
-            store: store.clone(),
-            sessions: Arc::clone(&sessions),
-        },
+        bare_metal: crate::bare_metal::BareMetal::new(
+            commands.clone(),
+            crate::bare_metal::CredentialKey::generate(),
+            Default::default(),
+        ),
+        commands,
         sessions,
         issuer: TokenIssuer {
             ca_pin: "sha256:00".into(),

@@ -33,12 +33,18 @@ fn the_bearer_check_is_constant_time_and_exact() {
 fn app() -> Result<Router, StoreError> {
     let store = cpl_store::Store::open_in_memory()?;
     let sessions: Arc<dyn cpl_core::port::AgentSessions> = Arc::new(cpl_core::port::NoSessions);
-    let core = Core {
+    let commands = cpl_core::commands::Commands {
         store: store.clone(),
-        commands: cpl_core::commands::Commands {
-            store,
-            sessions: Arc::clone(&sessions),
-        },
+        sessions: Arc::clone(&sessions),
+    };
+    let core = Core {
+        store,
+        bare_metal: cpl_core::bare_metal::BareMetal::new(
+            commands.clone(),
+            cpl_core::bare_metal::CredentialKey::generate(),
+            Default::default(),
+        ),
+        commands,
         sessions,
         issuer: cpl_core::verbs::TokenIssuer {
             ca_pin: "sha256:00".into(),

@@ -1,6 +1,7 @@
 //! `bcctl` verbs: `serve`, `dev`, and one operator-client verb per API method (tables by default,
 //! the API's JSON with `-o json`).
 
+pub mod bare_metal;
 pub mod bench;
 pub mod dev;
 pub mod logs;
@@ -126,6 +127,17 @@ pub struct ServeArgs {
     /// system. Same units as --bundle-max-bytes.
     #[arg(long, value_parser = parse_bytes, default_value = "1G")]
     pub bundle_min_free_bytes: u64,
+    /// How long a site lease lasts without a renewal by its holder's heartbeats; a lapsed lease
+    /// goes to a standby site agent of the site.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    pub site_lease_ttl: Duration,
+    /// How long an enrollment may wait for its BMC verification (time without a lease holder
+    /// included) before the node fails.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    pub bmc_verify_deadline: Duration,
+    /// How often site agents read every BMC's power state (sent in the site assignment).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub power_sync_interval: Duration,
 }
 
 /// A size: bytes, or a number with `K`, `M`, `G` or `T` (powers of 1024; `KiB`, `MiB`, ... and a
@@ -195,6 +207,9 @@ impl ServeArgs {
             max_bytes: self.bundle_max_bytes,
             min_free_bytes: self.bundle_min_free_bytes,
         };
+        cfg.bare_metal.lease_ttl = self.site_lease_ttl;
+        cfg.bare_metal.verify_deadline = self.bmc_verify_deadline;
+        cfg.bare_metal.power_sync_interval = self.power_sync_interval;
         cfg
     }
 }

@@ -185,6 +185,9 @@ pub enum NodesCommand {
         #[arg(short = 'f', long = "file")]
         file: std::path::PathBuf,
     },
+    /// Bare metal: enroll, power, boot-device, update-bmc-credentials.
+    #[command(flatten)]
+    BareMetal(super::bare_metal::BareMetalCommand),
 }
 
 /// Runs `bcctl nodes ...`.
@@ -224,6 +227,7 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             wait,
             timeout,
         } => run(args, &c, &node_id, &command, &kvs, wait, timeout).await,
+        NodesCommand::BareMetal(cmd) => super::bare_metal::run(args, cmd).await,
         mutation => {
             let (method, node_id, version, extra) = node_mutation(mutation)?;
             mutate(args, &c, method, &node_id, version, extra).await
@@ -351,9 +355,12 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
             pool,
             version,
         } => Ok((Method::NodesMove, node_id, version, json!({"poolId": pool}))),
-        N::List { .. } | N::Get { .. } | N::Events { .. } | N::Run { .. } | N::Logs { .. } => {
-            bail!("not a node mutation")
-        }
+        N::List { .. }
+        | N::Get { .. }
+        | N::Events { .. }
+        | N::Run { .. }
+        | N::Logs { .. }
+        | N::BareMetal(_) => bail!("not a node mutation"),
     }
 }
 

@@ -375,8 +375,10 @@ pub async fn sites(args: &ClientArgs, cmd: SitesCommand) -> anyhow::Result<()> {
             });
         }
         SitesCommand::Get { site_id } => {
-            c.call(Method::SitesGet, &json!({"siteId": site_id}))
-                .await?
+            let v: Value = c
+                .call(Method::SitesGet, &json!({"siteId": site_id}))
+                .await?;
+            return print(args, &v, super::bare_metal::site);
         }
         SitesCommand::Update {
             site_id,

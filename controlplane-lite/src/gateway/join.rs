@@ -76,7 +76,9 @@ fn refusal_outcome(r: &JoinError) -> JoinOutcome {
         JoinError::Placement(_) => JoinOutcome::RefusedPlacement,
         JoinError::Duplicate(_) => JoinOutcome::RefusedDuplicate,
         JoinError::AgentlessPool { .. } => JoinOutcome::RefusedPlacement,
-        JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } => JoinOutcome::RefusedScope,
+        JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } | JoinError::WrongMode(_) => {
+            JoinOutcome::RefusedScope
+        }
         JoinError::Failed(_) => JoinOutcome::Error,
     }
 }
@@ -87,7 +89,7 @@ fn refusal_status(r: &JoinError) -> Status {
         JoinError::Placement(_) => Status::failed_precondition(r.to_string()),
         JoinError::Duplicate(_) => Status::already_exists(r.to_string()),
         JoinError::AgentlessPool { .. } => Status::failed_precondition(r.to_string()),
-        JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } => {
+        JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } | JoinError::WrongMode(_) => {
             Status::failed_precondition(r.to_string())
         }
         JoinError::Failed(_) => Status::internal(r.to_string()),
@@ -148,6 +150,11 @@ impl JoinService {
             identifier_digests: hw.identifier_digests,
             hostname: (!req.hostname.is_empty()).then(|| req.hostname.clone()),
             peer: peer.map(|p| p.ip().to_string()),
+            mode: match bc_protocol::pb::AgentMode::try_from(req.mode) {
+                Ok(bc_protocol::pb::AgentMode::Site) => bc_protocol::Mode::Site,
+                Ok(bc_protocol::pb::AgentMode::Ramdisk) => bc_protocol::Mode::Ramdisk,
+                _ => bc_protocol::Mode::Node,
+            },
         };
         let registry = Arc::clone(&self.registry);
         let outcome = self

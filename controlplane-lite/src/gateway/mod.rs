@@ -82,6 +82,8 @@ pub struct GatewayService {
     pub reports: Arc<report_rate::ReportLimiter>,
     /// Commands with an upload in progress: one at a time per command.
     pub uploads: Arc<upload::InFlight>,
+    /// Site agents: their assignments, lease renewals and power reports.
+    pub bare_metal: cpl_core::bare_metal::BareMetal,
 }
 
 impl GatewayService {
@@ -126,16 +128,21 @@ impl GatewayService {
         }
     }
 
-    /// Writes buffered heartbeats now.
+    /// Writes buffered heartbeats now, with the site leases their holders' heartbeats renewed
+    /// (one transaction).
     pub async fn flush_once(&self) {
         let beats = self.heartbeats.take();
-        if beats.is_empty() {
+        let renewals = self.bare_metal.leases.take_renewals();
+        if beats.is_empty() && renewals.is_empty() {
             return;
         }
         let started = std::time::Instant::now();
         if let Err(e) = self
             .store
-            .write(move |tx| cpl_core::sessions::flush_heartbeats(tx, &beats))
+            .write(move |tx| {
+                tx.renew_site_leases(&renewals)?;
+                cpl_core::sessions::flush_heartbeats(tx, &beats)
+            })
             .await
         {
             tracing::error!(error = %e, "writing heartbeats failed");

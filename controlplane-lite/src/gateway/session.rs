@@ -103,6 +103,12 @@ async fn open_in(
     // Capacity is 64 and the receiver is fresh: these cannot block.
     let _ = tx.send(msg(Msg::Welcome(welcome))).await;
     let _ = tx.send(Ok(spec)).await;
+    // A site agent learns its lease and BMCs before anything else (its commands need them).
+    if hello.mode == bc_protocol::pb::AgentMode::Site as i32
+        && let Some(a) = gw.bare_metal.assignment(&ident.node_id).await
+    {
+        let _ = tx.send(Ok(a)).await;
+    }
     tracing::info!(boot_id = %hello.boot_id, "session opened");
     // Results that finished while the session was down, then everything not over yet (again).
     let (cmds, node_id) = (gw.commands.clone(), ident.node_id.clone());
@@ -136,6 +142,7 @@ enum Write {
     SpecStatus(bc_protocol::pb::SpecStatus),
     Command(bc_protocol::pb::CommandUpdate),
     Xid(serde_json::Value),
+    Power(bc_protocol::pb::PowerReport),
     Goodbye(String),
     /// The stream ended without a Goodbye and without the gateway ending it.
     Broken,
@@ -207,12 +214,17 @@ async fn serve(
         }
         let write = match m.msg {
             Some(agent_message::Msg::Heartbeat(hb)) => {
-                gw.heartbeats.note(&node_id, epoch, now_ms());
+                let now = now_ms();
+                gw.heartbeats.note(&node_id, epoch, now);
                 gw.metrics.heartbeat();
+                // The holder's heartbeat renews its site lease (written with the heartbeats).
+                let lease_ttl =
+                    i64::try_from(gw.bare_metal.cfg.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+                let site_lease_expires_at_ms = gw.bare_metal.leases.renew(&node_id, now, lease_ttl);
                 if tx
                     .send(msg(Msg::HeartbeatAck(HeartbeatAck {
                         seq: hb.seq,
-                        site_lease_expires_at_ms: 0,
+                        site_lease_expires_at_ms,
                     })))
                     .await
                     .is_err()
@@ -250,12 +262,7 @@ async fn serve(
                 tracing::warn!("second Hello on one session ignored");
                 continue;
             }
-            Some(agent_message::Msg::PowerReport(r)) => {
-                // Site agents' power observations have no writer yet (the site agent's power
-                // axis is being built); dropped, not an error.
-                tracing::debug!(observations = r.observations.len(), "power report ignored");
-                continue;
-            }
+            Some(agent_message::Msg::PowerReport(r)) => Write::Power(r),
             None => continue,
         };
         if wtx.send(write).await.is_err() {
@@ -288,7 +295,20 @@ fn store_bound(m: &Option<agent_message::Msg>) -> Option<&'static str> {
         Some(agent_message::Msg::SpecStatus(_)) => Some("specStatus"),
         Some(agent_message::Msg::CommandUpdate(_)) => Some("commandUpdate"),
         Some(agent_message::Msg::Event(_)) => Some("event"),
+        Some(agent_message::Msg::PowerReport(_)) => Some("powerReport"),
         _ => None,
+    }
+}
+
+/// After a site agent's `bmc.verify` is over: its new assignment (a verified BMC is synced,
+/// with the certificate pinned at the verification; a rotation's new pair or none).
+async fn after_bmc_verify(gw: &GatewayService, node_id: &str, command_id: &str) {
+    let verify = bc_protocol::CommandName::BmcVerify.as_str();
+    if let Ok(Some(c)) = gw.commands.get(command_id).await
+        && c.state.is_final()
+        && c.name == verify
+    {
+        gw.bare_metal.push_assignment(node_id).await;
     }
 }
 
@@ -320,8 +340,25 @@ async fn write_loop(
                     tracing::error!(error = %e, "recording SpecStatus failed");
                 }
             }
-            Write::Command(u) => gw.commands.update(&node_id, u).await,
+            Write::Command(u) => {
+                let (id, done) = (u.id.clone(), u.progress >= 100);
+                gw.commands.update(&node_id, u).await;
+                if done {
+                    after_bmc_verify(&gw, &node_id, &id).await;
+                }
+            }
             Write::Xid(data) => cpl_core::health::on_xid(&gw.store, &node_id, &data).await,
+            Write::Power(r) => {
+                let observations = r.observations.len();
+                match gw.bare_metal.power_report(&node_id, r).await {
+                    cpl_core::bare_metal::power::ReportOutcome::Applied(changed) => {
+                        tracing::debug!(observations, changed, "power report applied")
+                    }
+                    cpl_core::bare_metal::power::ReportOutcome::Ignored(why) => {
+                        tracing::warn!(observations, reason = %why, "power report ignored")
+                    }
+                }
+            }
             Write::Broken => {
                 let id = node_id.clone();
                 if let Err(e) = gw

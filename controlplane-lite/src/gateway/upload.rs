@@ -391,6 +391,7 @@ mod tests {
             started_at: None,
             finished_at: None,
             deadline_at: 0,
+            subject_node_id: None,
         }
     }
 

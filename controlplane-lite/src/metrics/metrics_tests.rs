@@ -140,6 +140,7 @@ async fn fleet_gauges_come_from_the_store_at_scrape_time() {
                     started_at: None,
                     finished_at: None,
                     deadline_at: 10,
+                    subject_node_id: None,
                 })?;
             }
             Ok::<_, StoreError>(())

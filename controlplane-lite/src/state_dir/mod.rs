@@ -39,6 +39,8 @@ pub const STORE_FILE: &str = "state.db";
 pub const CA_KEY_FILE: &str = "ca.key";
 /// The CA's certificate.
 pub const CA_CERT_FILE: &str = "ca.crt";
+/// The key BMC credentials are sealed under (0600, hex): made at initialisation.
+pub const BMC_KEY_FILE: &str = "bmc-credentials.key";
 
 /// The files an initialised dir must hold.
 const REQUIRED: [&str; 3] = [STORE_FILE, CA_KEY_FILE, CA_CERT_FILE];
@@ -81,6 +83,11 @@ pub enum StateDirError {
         "state dir {dir} is already initialised ({evidence}); --init only initialises a new dir: start without --init"
     )]
     AlreadyInitialised { dir: PathBuf, evidence: String },
+    /// A secret file (the BMC credentials key) may be read by the group or others.
+    #[error(
+        "{file} is readable by its group or others (mode {mode:o}): it is the key every BMC password in the store is sealed under. bcctl serve will not start until it is private: chmod 600 {file} (and check who may have read it; rotate the BMC credentials if in doubt)"
+    )]
+    Exposed { file: PathBuf, mode: u32 },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateDirError + '_ {
@@ -118,6 +125,10 @@ pub struct Marker {
     pub initialised_at: String,
     /// The CA pin the dir was initialised with.
     pub ca_pin: String,
+    /// Whether `bmc-credentials.key` was made in this dir: from then on it must be there (the
+    /// sealed BMC credentials in the store open with it alone).
+    #[serde(default)]
+    pub bmc_credentials_key: bool,
 }
 
 /// A locked state dir; the lock lasts as long as this value (and at most the process).
@@ -300,6 +311,7 @@ impl StateDir {
         let m = Marker {
             initialised_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             ca_pin: ca_pin.to_owned(),
+            bmc_credentials_key: true,
         };
         let path = self.path.join(MARKER_FILE);
         let text = serde_json::to_string_pretty(&m).unwrap_or_default();
@@ -309,6 +321,75 @@ impl StateDir {
                 source: std::io::Error::other(e.to_string()),
             }
         })
+    }
+}
+
+impl StateDir {
+    /// The BMC credentials key (`bmc-credentials.key`, 0600): made when the dir is initialised
+    /// (`fresh`) or when a dir initialised before the key existed starts for the first time
+    /// (recorded in the marker); afterwards it must be there and whole, or the start is refused
+    /// (the store's sealed credentials open with it alone; a new key would lose them all), as it
+    /// is when the group or others may read it ([`StateDirError::Exposed`]).
+    pub fn bmc_key(
+        &self,
+        fresh: bool,
+    ) -> Result<cpl_core::bare_metal::CredentialKey, StateDirError> {
+        use cpl_core::bare_metal::CredentialKey;
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.path.join(BMC_KEY_FILE);
+        let marker = self.marker()?;
+        let recorded = marker.as_ref().is_some_and(|m| m.bmc_credentials_key);
+        let damaged = |problem: String| StateDirError::Damaged {
+            dir: self.path.clone(),
+            file: path.clone(),
+            problem,
+            evidence: format!("{MARKER_FILE} records that it was made"),
+        };
+        match fs::read_to_string(&path) {
+            Ok(text) => {
+                let key = hex::decode(text.trim())
+                    .ok()
+                    .and_then(|b| CredentialKey::from_bytes(&b).ok())
+                    .ok_or_else(|| {
+                        damaged(format!("is not {} hex-encoded bytes", CredentialKey::LEN))
+                    })?;
+                let mode = fs::metadata(&path).map_err(io(&path))?.permissions().mode();
+                if mode & 0o077 != 0 {
+                    return Err(StateDirError::Exposed {
+                        file: path.clone(),
+                        mode: mode & 0o777,
+                    });
+                }
+                Ok(key)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && (fresh || !recorded) => {
+                let key = CredentialKey::generate();
+                crate::ca::write_atomic(
+                    &path,
+                    format!("{}\n", hex::encode(key.to_bytes())).as_bytes(),
+                    0o600,
+                )
+                .map_err(|e| StateDirError::Io {
+                    path: path.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+                if let Some(mut m) = marker {
+                    m.bmc_credentials_key = true;
+                    let mpath = self.path.join(MARKER_FILE);
+                    let text = serde_json::to_string_pretty(&m).unwrap_or_default();
+                    crate::ca::write_atomic(&mpath, format!("{text}\n").as_bytes(), 0o644)
+                        .map_err(|e| StateDirError::Io {
+                            path: mpath.clone(),
+                            source: std::io::Error::other(e.to_string()),
+                        })?;
+                }
+                Ok(key)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(damaged("is missing".to_owned()))
+            }
+            Err(e) => Err(damaged(format!("cannot be read: {e}"))),
+        }
     }
 }
 

@@ -195,3 +195,38 @@ fn a_store_sqlite_cannot_open_is_named() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn the_bmc_credentials_key_is_made_private_once_and_refused_when_exposed_or_lost() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let (_tmp, dir, _pin) = initialised()?;
+    let key = dir.join(BMC_KEY_FILE);
+    // Made on first start, 0600, and the same key on every start after.
+    assert_eq!(fs::metadata(&key)?.permissions().mode() & 0o777, 0o600);
+    let first = fs::read_to_string(&key)?;
+    drop(open_state(&dir, "bc.test", Init::IfEmpty)?);
+    assert_eq!(fs::read_to_string(&key)?, first, "never re-made");
+    // Readable by the group: refused, naming the file and the fix; nothing is changed.
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o640))?;
+    let err = refusal(&dir);
+    assert!(
+        err.contains(BMC_KEY_FILE) && err.contains("chmod 600"),
+        "{err}"
+    );
+    assert_eq!(fs::metadata(&key)?.permissions().mode() & 0o777, 0o640);
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
+    // Gone after it was made: refused (a new key would lose every sealed credential).
+    fs::remove_file(&key)?;
+    let err = refusal(&dir);
+    assert!(
+        err.contains(BMC_KEY_FILE) && err.contains("is missing"),
+        "{err}"
+    );
+    assert!(!key.exists(), "not re-created");
+    // Not a key: refused.
+    fs::write(&key, b"zz\n")?;
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
+    let err = refusal(&dir);
+    assert!(err.contains("hex-encoded"), "{err}");
+    Ok(())
+}

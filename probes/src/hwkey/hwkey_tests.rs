@@ -56,7 +56,7 @@ fn check(r: &HardwareKeyReport, lines: &[&str], trusted: bool) {
     assert_eq!(r.trusted, trusted);
     assert_eq!(r.hardware_key, key_of(lines));
     let id = r.identity();
-    let mut digests: Vec<String> = lines.iter().map(|l| sha256_hex(l.as_bytes())).collect();
+    let mut digests: Vec<String> = lines.iter().map(|l| normalize::digest(l)).collect();
     digests.sort();
     assert_eq!(id.identifier_digests, digests);
     assert_eq!(id.hardware_key, r.hardware_key);

@@ -26,11 +26,13 @@
 //! identifier.
 
 mod cli;
-pub mod normalize;
 mod render;
 
+/// The identifiers' normalization and junk rules live in the protocol crate: the control plane
+/// spells a BMC-reported identifier with the same rules (issue 14, enrollment).
+pub use bc_protocol::hwid as normalize;
+
 use bc_protocol::pb::HardwareIdentity;
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::hostroot::HostRoot;
@@ -41,30 +43,7 @@ use normalize::{Rejection, UuidVerdict};
 pub use cli::{HardwareKeyArgs, run};
 pub use render::{render_json, render_table};
 
-/// What kind of identifier a candidate is; the prefix of its `kind:value` line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Kind {
-    SystemUuid,
-    SystemSerial,
-    BaseboardSerial,
-    ChassisSerial,
-    Mac,
-}
-
-impl Kind {
-    /// The line prefix: `system-uuid`, `system-serial`, `baseboard-serial`, `chassis-serial`,
-    /// `mac`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SystemUuid => "system-uuid",
-            Self::SystemSerial => "system-serial",
-            Self::BaseboardSerial => "baseboard-serial",
-            Self::ChassisSerial => "chassis-serial",
-            Self::Mac => "mac",
-        }
-    }
-}
+pub use bc_protocol::hwid::Kind;
 
 /// One candidate identifier and what became of it.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,11 +87,7 @@ pub struct HardwareKeyReport {
 impl HardwareKeyReport {
     /// The wire form: key, trusted, and the sorted per-identifier digests.
     pub fn identity(&self) -> HardwareIdentity {
-        let mut digests: Vec<String> = self
-            .lines
-            .iter()
-            .map(|l| sha256_hex(l.as_bytes()))
-            .collect();
+        let mut digests: Vec<String> = self.lines.iter().map(|l| normalize::digest(l)).collect();
         digests.sort();
         HardwareIdentity {
             hardware_key: self.hardware_key.clone(),
@@ -120,10 +95,6 @@ impl HardwareKeyReport {
             identifier_digests: digests,
         }
     }
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
 }
 
 /// One value read from firmware.
@@ -305,7 +276,7 @@ impl Evaluator {
                     (None, Some(Rejection::DuplicateOf(first.clone())))
                 } else {
                     self.seen.push((c, format!("{} ({source})", kind.as_str())));
-                    (Some(format!("{}:{v}", k.as_str())), None)
+                    (Some(normalize::line(k, &v)), None)
                 }
             }
             Err(e) => (None, Some(e)),

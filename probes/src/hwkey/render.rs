@@ -38,7 +38,7 @@ pub fn render_json(r: &HardwareKeyReport, show_values: bool) -> serde_json::Valu
                 o["reason"] = json!(rej.to_string());
             }
             if let Some(l) = &c.line {
-                o["digest"] = json!(super::sha256_hex(l.as_bytes()));
+                o["digest"] = json!(super::normalize::digest(l));
             }
             if let Some(a) = counts_as(c, show_values) {
                 o["countsAs"] = json!(a);

@@ -1,9 +1,17 @@
-//! Normalization and the junk rules of DESIGN.md "Hardware key".
+//! Hardware identifiers (DESIGN.md "Hardware key"): normalization, the junk rules, the
+//! `kind:value` lines the hardware key is made of, and their per-identifier digests.
 //!
+//! # Background
 //! Firmware is full of placeholders (`To Be Filled By O.E.M.`, `Default string`), copied serials
 //! (`1234567890` on every board of a product line), placeholder UUIDs and shared MACs. Each rule
 //! here names what it caught, so `bcd hardware-key` can say why a candidate was dropped.
-
+//!
+//! # Design
+//! Two sides must spell an identifier the same way: the machine (`bcd-probes`' hardware key,
+//! computed from SMBIOS and sysfs) and the control plane, which stores what a BMC reported at
+//! enrollment (`bmc.verify`) so the ramdisk's hardware key can later be matched against it.
+//! Both build their lines with [`line`] and hash them with [`digest`], so the digest of a BMC's
+//! `UUID` is the digest of the same machine's SMBIOS system UUID.
 use std::fmt;
 
 /// Why a candidate did not become an identifier.
@@ -71,6 +79,79 @@ impl fmt::Display for Rejection {
             Self::DuplicateOf(other) => write!(f, "same value as {other}"),
         }
     }
+}
+
+/// What kind of identifier a candidate is; the prefix of its `kind:value` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    SystemUuid,
+    SystemSerial,
+    BaseboardSerial,
+    ChassisSerial,
+    Mac,
+}
+
+impl Kind {
+    /// The line prefix: `system-uuid`, `system-serial`, `baseboard-serial`, `chassis-serial`,
+    /// `mac`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SystemUuid => "system-uuid",
+            Self::SystemSerial => "system-serial",
+            Self::BaseboardSerial => "baseboard-serial",
+            Self::ChassisSerial => "chassis-serial",
+            Self::Mac => "mac",
+        }
+    }
+}
+
+/// The `kind:value` line an identifier counts as (the value already normalized and checked).
+pub fn line(kind: Kind, value: &str) -> String {
+    format!("{}:{value}", kind.as_str())
+}
+
+/// The per-identifier digest: lowercase hex SHA-256 of its line (what `HardwareIdentity`
+/// carries in `identifier_digests`).
+pub fn digest(line: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(line.as_bytes()))
+}
+
+/// The line of a system UUID as any source reports it (SMBIOS, a BMC's `ComputerSystem.UUID`):
+/// `system-uuid:<canonical>`, or `mac:<mac>` for a UUID made of ten zero bytes and a MAC.
+pub fn uuid_line(raw: &str) -> Result<String, Rejection> {
+    match check_uuid(raw)? {
+        UuidVerdict::Uuid(u) => Ok(line(Kind::SystemUuid, &u)),
+        UuidVerdict::EmbeddedMac(m) => check_mac(&m).map(|m| line(Kind::Mac, &m)),
+    }
+}
+
+/// The line of a serial of `kind` as any source reports it.
+pub fn serial_line(kind: Kind, raw: &str) -> Result<String, Rejection> {
+    let n = normalize(raw);
+    check_serial(&n).map(|()| line(kind, &n))
+}
+
+/// The line of a NIC's (permanent) MAC.
+pub fn mac_line(raw: &str) -> Result<String, Rejection> {
+    check_mac(raw).map(|m| line(Kind::Mac, &m))
+}
+
+/// Firmware strings come padded: fixed-width fields filled with spaces, tabs or NULs, some
+/// BIOSes with `0xFF`. So: NUL bytes are dropped wherever they are (a C string field never holds
+/// one on purpose); other control characters (tab, CR, LF, ...) become a space; whitespace and
+/// the replacement character (from bytes that are not UTF-8, such as `0xFF` padding) are trimmed
+/// from both ends. Inner spaces stay (the hardware key and the inventory report values as
+/// written). `None` when nothing is left.
+pub fn clean_identifier(raw: &str) -> Option<String> {
+    let s: String = raw
+        .chars()
+        .filter(|c| *c != '\0')
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let t = s.trim_matches(|c: char| c.is_whitespace() || c == char::REPLACEMENT_CHARACTER);
+    (!t.is_empty()).then(|| t.to_owned())
 }
 
 /// Shortest serial that can name one machine.
@@ -225,11 +306,11 @@ const SHARED_MACS: &[&str] = &["02:00:00:00:00:02", "02:00:00:00:00:01"];
 /// Drivers of BMC USB network functions: their MAC belongs to a whole product line.
 pub const BMC_USB_DRIVERS: &[&str] = &["cdc_ether", "rndis_host", "cdc_eem", "cdc_ncm"];
 
-/// Cleans (NULs and control characters out, [`crate::hostroot::clean_identifier`]), trims
+/// Cleans (NULs and control characters out, [`clean_identifier`]), trims
 /// whitespace and punctuation at both ends and lowercases (`.790H8D2.CN74.` becomes
 /// `790h8d2.cn74`).
 pub fn normalize(raw: &str) -> String {
-    crate::hostroot::clean_identifier(raw)
+    clean_identifier(raw)
         .unwrap_or_default()
         .trim_matches(|c: char| !c.is_alphanumeric())
         .to_lowercase()
@@ -452,5 +533,29 @@ mod tests {
             Err(Rejection::MalformedMac)
         );
         assert_eq!(check_mac("zz:25:90:eb:96:28"), Err(Rejection::MalformedMac));
+    }
+
+    #[test]
+    fn lines_and_digests_are_the_hardware_keys() {
+        assert_eq!(
+            uuid_line("B26849EF-4FB0-4E03-A9D1-1A165A40C8D7").as_deref(),
+            Ok("system-uuid:b26849ef-4fb0-4e03-a9d1-1a165a40c8d7")
+        );
+        assert_eq!(
+            uuid_line("00000000-0000-0000-0000-D05099FAA835").as_deref(),
+            Ok("mac:d0:50:99:fa:a8:35")
+        );
+        assert_eq!(
+            serial_line(Kind::SystemSerial, " .790H8D2. ").as_deref(),
+            Ok("system-serial:790h8d2")
+        );
+        assert_eq!(
+            mac_line("00-25-90-EB-96-28").as_deref(),
+            Ok("mac:00:25:90:eb:96:28")
+        );
+        assert_eq!(
+            digest("x"),
+            "2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"
+        );
     }
 }

@@ -1,0 +1,130 @@
+//! `SiteAssignment`: what a site agent may do. The only message that carries BMC credentials,
+//! decrypted here for the lease holder alone; a standby gets `lease_held = false` and no BMC.
+//! Never logged: the log lines here name the site, the epoch and counts.
+
+use bc_protocol::NodeRole;
+use bc_protocol::pb::{
+    BmcEndpoint, BmcTlsMode, GatewayMessage, ManagedBmc, SiteAssignment, gateway_message::Msg,
+};
+use cpl_store::{BmcRecord, Reader};
+use tracing::Instrument;
+
+use super::credentials::CredentialKey;
+use super::{BareMetal, ms};
+use crate::error::OpError;
+
+/// The wire's TLS mode of a stored one (`pin`, `verify`, `insecure`).
+pub fn tls_mode(tls: &str) -> BmcTlsMode {
+    match tls {
+        "verify" => BmcTlsMode::Verify,
+        "insecure" => BmcTlsMode::Insecure,
+        _ => BmcTlsMode::Pin,
+    }
+}
+
+fn endpoint(
+    key: &CredentialKey,
+    b: &BmcRecord,
+    sealed: &str,
+) -> Result<BmcEndpoint, super::CredentialError> {
+    let c = key.open(&b.node_id, sealed)?;
+    Ok(BmcEndpoint {
+        address: b.address.clone(),
+        username: c.username,
+        password: c.password,
+        tls: tls_mode(&b.tls).into(),
+        cert_sha256: b.cert_sha256.clone().unwrap_or_default(),
+    })
+}
+
+/// The assignment of site agent `node_id`, read in `r`; `None` when it is not a site agent.
+/// A BMC whose credentials do not open is left out, with an error log naming the node.
+pub fn build(
+    r: &Reader<'_>,
+    bm: &BareMetal,
+    node_id: &str,
+) -> Result<Option<SiteAssignment>, OpError> {
+    let Some(node) = r.node(node_id)? else {
+        return Ok(None);
+    };
+    let (NodeRole::Site, Some(site_id)) = (node.role, node.site_id) else {
+        return Ok(None);
+    };
+    let lease = r.site_lease(&site_id)?;
+    let epoch = lease.as_ref().map_or(0, |l| l.epoch);
+    let held = lease
+        .as_ref()
+        .is_some_and(|l| l.holder_node_id.as_deref() == Some(node_id));
+    let mut bmcs = Vec::new();
+    if held {
+        for b in r.site_bmcs(&site_id)? {
+            let current = match endpoint(&bm.key, &b, &b.credentials) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::error!(node_id = %b.node_id, error = %e, "BMC left out of the site assignment");
+                    continue;
+                }
+            };
+            let candidate = match b.candidate.as_deref() {
+                Some(c) => endpoint(&bm.key, &b, c).ok(),
+                None => None,
+            };
+            bmcs.push(ManagedBmc {
+                node_id: b.node_id.clone(),
+                endpoint: Some(current),
+                candidate,
+                sync_power: b.verified_at.is_some(),
+            });
+        }
+    }
+    let u32ms = |d| u32::try_from(ms(d)).unwrap_or(u32::MAX);
+    Ok(Some(SiteAssignment {
+        site_id,
+        lease_held: held,
+        lease_epoch: epoch,
+        lease_ttl_ms: u32ms(bm.cfg.lease_ttl),
+        bmcs,
+        power_sync_interval_ms: u32ms(bm.cfg.power_sync_interval),
+        max_requests_per_bmc: bm.cfg.max_requests_per_bmc,
+        max_requests_per_site: bm.cfg.max_requests_per_site,
+    }))
+}
+
+impl BareMetal {
+    /// The assignment message of site agent `node_id`, `None` for any other node.
+    pub async fn assignment(&self, node_id: &str) -> Option<GatewayMessage> {
+        let bm = self.clone();
+        let id = node_id.to_owned();
+        match self.store.read(move |r| build(r, &bm, &id)).await {
+            Ok(Some(a)) => {
+                tracing::debug!(site_id = %a.site_id, held = a.lease_held, epoch = a.lease_epoch, bmcs = a.bmcs.len(), "site assignment");
+                Some(GatewayMessage {
+                    msg: Some(Msg::SiteAssignment(a)),
+                })
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "building the site assignment failed");
+                None
+            }
+        }
+    }
+
+    /// Sends site agent `node_id` its assignment, if it has a live session.
+    pub async fn push_assignment(&self, node_id: &str) {
+        if self.sessions.live_epoch(node_id).is_none() {
+            return;
+        }
+        let span = tracing::info_span!("node", node_id = %node_id);
+        if let Some(msg) = self.assignment(node_id).instrument(span.clone()).await {
+            let _ = self.sessions.send(node_id, msg).instrument(span).await;
+        }
+    }
+
+    /// Sends the holder of `site_id`'s lease its assignment (after the site's BMCs changed).
+    pub async fn push_site(&self, site_id: &str) {
+        if let Some((holder, _)) = self.leases.holder_of(site_id) {
+            self.push_assignment(&holder).await;
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! `bcctl nodes enroll|power|boot-device|update-bmc-credentials` (bare metal, issue 14) and the
+//! `sites get` table. A BMC password is never taken on the command line (it would sit in the
+//! shell's history and in every process listing): it comes from `--password-file` or, with
+//! `--password-stdin`, from standard input (a prompt without echo on a terminal).
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use cpl_core::verbs::Method;
+use serde_json::{Value, json};
+
+use super::ops::{items, mutate, print};
+use super::{ClientArgs, render};
+
+/// Where the BMC password comes from: one of the two, never the command line.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false)]
+pub struct PasswordSource {
+    /// A file holding the password (its first line; a trailing newline is not part of it).
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+    /// Read the password from standard input (prompted for, without echo, on a terminal).
+    #[arg(long)]
+    pub password_stdin: bool,
+}
+
+/// `nodes.power`'s actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PowerVerb {
+    On,
+    Off,
+    Reboot,
+    #[value(name = "softOff", alias = "soft-off")]
+    SoftOff,
+}
+
+impl PowerVerb {
+    /// The API's spelling.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::On => "on",
+            Self::Off => "off",
+            Self::Reboot => "reboot",
+            Self::SoftOff => "softOff",
+        }
+    }
+}
+
+/// `nodes.setBootDevice`'s devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BootVerb {
+    Pxe,
+    Disk,
+}
+
+/// The bare-metal node subcommands (flattened into `bcctl nodes`).
+#[derive(Debug, Clone, Subcommand)]
+pub enum BareMetalCommand {
+    /// Enroll a machine through its BMC: the site's lease holder verifies the address and
+    /// credentials; the node is `enrolling` until it did, `failed` (in maintenance) if not.
+    Enroll {
+        /// The site whose site agent (bcd site) reaches the BMC.
+        #[arg(long)]
+        site: String,
+        /// The pool the machine will serve.
+        #[arg(long)]
+        pool: Option<String>,
+        /// A name for the machine.
+        #[arg(long)]
+        name: Option<String>,
+        /// `redfish+https://host[:port][/redfish/v1/Systems/<id>]`, `redfish+http://…` or
+        /// `ipmi://host[:port]`.
+        #[arg(long)]
+        bmc_address: String,
+        #[arg(long)]
+        username: String,
+        #[command(flatten)]
+        password: PasswordSource,
+        /// How the site agent checks the BMC's certificate: pin (first use), verify, insecure.
+        #[arg(long, default_value = "pin")]
+        tls: String,
+        /// A NIC MAC of the machine; repeatable.
+        #[arg(long = "mac")]
+        macs: Vec<String>,
+    },
+    /// Power a bare-metal node: on, off, reboot or softOff (a bmc.power command).
+    Power {
+        node_id: String,
+        #[arg(value_enum)]
+        action: PowerVerb,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Set the device the node boots from next: pxe or disk (every boot with --persistent).
+    BootDevice {
+        node_id: String,
+        #[arg(value_enum)]
+        device: BootVerb,
+        #[arg(long)]
+        persistent: bool,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Rotate the node's BMC credentials: kept only once the BMC accepted them.
+    UpdateBmcCredentials {
+        node_id: String,
+        #[arg(long)]
+        username: String,
+        #[command(flatten)]
+        password: PasswordSource,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+}
+
+/// Runs a bare-metal node subcommand.
+pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()> {
+    let c = args.client()?;
+    match cmd {
+        BareMetalCommand::Enroll {
+            site,
+            pool,
+            name,
+            bmc_address,
+            username,
+            password,
+            tls,
+            macs,
+        } => {
+            let secret = read_password(&password)?;
+            let body = json!({
+                "siteId": site,
+                "poolId": pool,
+                "name": name,
+                "bmc": {"address": bmc_address, "username": username, "password": secret, "tls": tls},
+                "macs": (!macs.is_empty()).then_some(macs),
+            });
+            let v: Value = c.call(Method::NodesEnroll, &body).await?;
+            print(args, &v, render::object)
+        }
+        BareMetalCommand::Power {
+            node_id,
+            action,
+            version,
+        } => {
+            let extra = json!({"action": action.as_str()});
+            mutate(args, &c, Method::NodesPower, &node_id, version, extra).await
+        }
+        BareMetalCommand::BootDevice {
+            node_id,
+            device,
+            persistent,
+            version,
+        } => {
+            let device = match device {
+                BootVerb::Pxe => "pxe",
+                BootVerb::Disk => "disk",
+            };
+            let extra = json!({"device": device, "persistent": persistent});
+            mutate(
+                args,
+                &c,
+                Method::NodesSetBootDevice,
+                &node_id,
+                version,
+                extra,
+            )
+            .await
+        }
+        BareMetalCommand::UpdateBmcCredentials {
+            node_id,
+            username,
+            password,
+            version,
+        } => {
+            let secret = read_password(&password)?;
+            let extra = json!({"username": username, "password": secret});
+            let m = Method::NodesUpdateBmcCredentials;
+            mutate(args, &c, m, &node_id, version, extra).await
+        }
+    }
+}
+
+/// The password from its source (see [`PasswordSource`]); an empty one is refused here.
+fn read_password(src: &PasswordSource) -> anyhow::Result<String> {
+    let line = match &src.password_file {
+        Some(path) => from_file(path)?,
+        None if src.password_stdin => from_stdin()?,
+        None => bail!("give --password-file or --password-stdin (never the password itself)"),
+    };
+    if line.is_empty() {
+        bail!("the BMC password is empty");
+    }
+    Ok(line)
+}
+
+fn from_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the password file {}", path.display()))?;
+    Ok(first_line(&text))
+}
+
+/// The first line without its line ending.
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
+fn from_stdin() -> anyhow::Result<String> {
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    if stdin.is_terminal() {
+        eprint!("BMC password: ");
+        std::io::stderr().flush().ok();
+        let _echo = EchoOff::new(&stdin);
+        stdin.lock().read_line(&mut line)?;
+        eprintln!();
+    } else {
+        stdin.lock().read_line(&mut line)?;
+    }
+    Ok(first_line(&line))
+}
+
+/// Terminal echo off for as long as this lives (restored on drop).
+struct EchoOff(Option<nix::sys::termios::Termios>);
+
+impl EchoOff {
+    fn new(stdin: &std::io::Stdin) -> Self {
+        use nix::sys::termios::{LocalFlags, SetArg, tcgetattr, tcsetattr};
+        let Ok(saved) = tcgetattr(stdin) else {
+            return Self(None);
+        };
+        let mut quiet = saved.clone();
+        quiet.local_flags.remove(LocalFlags::ECHO);
+        if tcsetattr(stdin, SetArg::TCSANOW, &quiet).is_err() {
+            return Self(None);
+        }
+        Self(Some(saved))
+    }
+}
+
+impl Drop for EchoOff {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(
+                std::io::stdin(),
+                nix::sys::termios::SetArg::TCSANOW,
+                saved,
+            );
+        }
+    }
+}
+
+/// `sites get` as tables: the site and its lease, then its appliances.
+pub fn site(v: &Value) -> String {
+    let mut head = v.clone();
+    if let Some(o) = head.as_object_mut() {
+        o.remove("appliances");
+    }
+    let appliances = render::list(
+        &items(v, "appliances"),
+        &[
+            ("APPLIANCE", "/nodeId"),
+            ("HOSTNAME", "/hostname"),
+            ("CONNECTIVITY", "/connectivity"),
+            ("LEASE", "/holdsLease"),
+            ("LAST SEEN", "/lastSeen"),
+            ("VERSION", "/agentVersion"),
+        ],
+    );
+    format!("{}\n{appliances}", render::object(&head))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_file_gives_its_first_line_without_the_newline() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let f = dir.path().join("pw");
+        std::fs::write(&f, "s3cr3t pass\r\nignored\n")?;
+        let src = PasswordSource {
+            password_file: Some(f.clone()),
+            password_stdin: false,
+        };
+        assert_eq!(read_password(&src)?, "s3cr3t pass");
+        std::fs::write(&f, "\n")?;
+        let err = read_password(&src).err().map(|e| e.to_string());
+        assert_eq!(err.as_deref(), Some("the BMC password is empty"));
+        Ok(())
+    }
+
+    #[test]
+    fn the_site_table_lists_its_appliances_and_lease() {
+        let v = json!({"id": "site_1", "name": "dc1", "lease": {"holderNodeId": "node_a", "epoch": 3},
+            "appliances": [{"nodeId": "node_a", "connectivity": "connected", "holdsLease": true},
+                           {"nodeId": "node_b", "connectivity": "unreachable", "holdsLease": false}]});
+        let t = site(&v);
+        assert!(
+            t.contains("lease.holderNodeId") && t.contains("node_a"),
+            "{t}"
+        );
+        assert!(t.contains("APPLIANCE") && t.contains("unreachable"), "{t}");
+    }
+}
