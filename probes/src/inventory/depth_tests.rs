@@ -159,6 +159,24 @@ fn a_sata_disk_with_everything_root_device_hints_match_on() -> std::io::Result<(
     Ok(())
 }
 
+/// A virtio-blk disk as Debian's 6.1 kernel shows it under QEMU (`-device
+/// virtio-blk-pci,serial=…`): the serial is the disk's own `serial` attribute, there is no
+/// `device/serial` and no VPD page.
+#[test]
+fn a_virtio_disk_has_its_serial() -> std::io::Result<()> {
+    let t = Tree::new()?;
+    let dev = "/sys/devices/pci0000:00/0000:00:14.0/0000:06:00.0/virtio3/block/vda";
+    t.block("vda", dev, 131_072, None)?;
+    t.file(&format!("{dev}/serial"), b"BCVIRTIO0\n")?;
+    t.file(&format!("{dev}/device/vendor"), b"0x1af4\n")?;
+    let d = disks::collect(&t.root, &mut Vec::new());
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].serial.as_deref(), Some("BCVIRTIO0"));
+    assert_eq!(d[0].transport.as_deref(), Some("virtio"));
+    assert_eq!(d[0].hctl, None);
+    Ok(())
+}
+
 #[test]
 fn node_exporter_nics_report_duplex() {
     let Some(root) = fixture_root("hosts/node-exporter") else {

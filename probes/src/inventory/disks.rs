@@ -99,8 +99,11 @@ fn block_disk(root: &HostRoot, name: String, udev: &blockdev::DevDiskNames) -> D
         .read_parsed::<u64>(format!("{base}/size"))
         .unwrap_or(0)
         .saturating_mul(512);
+    // NVMe: the controller's `serial`; virtio-blk: the disk's own `serial` (the
+    // VIRTIO_BLK_T_GET_ID string); SCSI: VPD page 0x80.
     let serial = root
         .read_trimmed(format!("{base}/device/serial"))
+        .or_else(|| root.read_trimmed(format!("{base}/serial")))
         .or_else(|| vpd_serial(root, &base));
     let wwn = root
         .read_trimmed(format!("{base}/wwid"))

@@ -92,6 +92,8 @@ mod depth_tests;
 #[cfg(test)]
 mod field_tests;
 #[cfg(test)]
+mod qemu_topology_tests;
+#[cfg(test)]
 #[path = "inventory_tests.rs"]
 mod tests;
 #[cfg(test)]
