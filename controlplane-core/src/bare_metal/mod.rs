@@ -70,7 +70,8 @@ pub struct BareMetalConfig {
     pub command_timeout: Duration,
     /// The site agent's power sync period (`--power-sync-interval`, 60 s).
     pub power_sync_interval: Duration,
-    /// Requests in flight per BMC (4) and per site (64) the site agent allows itself.
+    /// Requests in flight per BMC (`--max-requests-per-bmc`, 4) and per site (64) the site agent
+    /// allows itself.
     pub max_requests_per_bmc: u32,
     pub max_requests_per_site: u32,
 }

@@ -138,6 +138,10 @@ pub struct ServeArgs {
     /// How often site agents read every BMC's power state (sent in the site assignment).
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub power_sync_interval: Duration,
+    /// Requests in flight at most per BMC that site agents allow themselves, commands and the
+    /// power sync together (sent in the site assignment; BMC session tables are small).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), default_value_t = 4)]
+    pub max_requests_per_bmc: u32,
 }
 
 /// A size: bytes, or a number with `K`, `M`, `G` or `T` (powers of 1024; `KiB`, `MiB`, ... and a
@@ -210,6 +214,7 @@ impl ServeArgs {
         cfg.bare_metal.lease_ttl = self.site_lease_ttl;
         cfg.bare_metal.verify_deadline = self.bmc_verify_deadline;
         cfg.bare_metal.power_sync_interval = self.power_sync_interval;
+        cfg.bare_metal.max_requests_per_bmc = self.max_requests_per_bmc;
         cfg
     }
 }

@@ -19,9 +19,10 @@
 //! nothing; under `CI=true` it fails instead.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "support/bare_metal.rs"]
+mod support;
+
+use std::process::Command;
 use std::time::Duration;
 
 use bc_e2e::{ControlPlane, bins, eventually};
@@ -30,149 +31,10 @@ use bcd_site::test_utils::fakebmc::FakeBmcProcess;
 use bcd_site::test_utils::proxy::{Fault, FaultProxy};
 use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
 use bcd_site::test_utils::{PASSWORD, USER, free_tcp_port};
-use serde_json::{Value, json};
+use serde_json::json;
+use support::{Seen, SiteAgent, WAIT, condition};
 
-const WAIT: Duration = Duration::from_secs(90);
 const WRONG: &str = "Wr0ng-e2e-BMC-Secret-91";
-
-/// A running `bcd site` (killed on drop).
-struct SiteAgent {
-    child: Child,
-    state: PathBuf,
-    log: PathBuf,
-}
-
-impl SiteAgent {
-    fn start(cp: &ControlPlane, dir: &Path, name: &str, token: &str) -> Self {
-        Self::start_with(cp, dir, name, token, &[])
-    }
-
-    fn start_with(cp: &ControlPlane, dir: &Path, name: &str, token: &str, extra: &[&str]) -> Self {
-        let (_, bcd) = bins();
-        let base = dir.join(name);
-        let kernel = base.join("root/proc/sys/kernel");
-        std::fs::create_dir_all(kernel.join("random")).unwrap();
-        std::fs::write(kernel.join("random/boot_id"), format!("boot-of-{name}\n")).unwrap();
-        std::fs::write(kernel.join("hostname"), format!("{name}\n")).unwrap();
-        let state = base.join("state");
-        let log = base.join("site.log");
-        let child = Command::new(bcd)
-            .args(["site", "--control-plane", &cp.gateway_url])
-            .args(["--ca-pin", &cp.ca_pin, "--join-token", token])
-            .args(["--config", "/dev/null", "--reconnect-base", "100ms"])
-            .args(["--reconnect-max", "1s", "--state-dir"])
-            .arg(&state)
-            .arg("--root")
-            .arg(base.join("root"))
-            .args(extra)
-            .env_remove("NOTIFY_SOCKET")
-            .env("BCD_LOG", "debug")
-            .env("BCD_SITE_LEASE_MARGIN_MS", "1000")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting bcd site");
-        Self { child, state, log }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Its node id, once joined.
-    fn node_id(&self) -> String {
-        eventually(WAIT, "the site agent's identity", || {
-            let text = std::fs::read_to_string(self.state.join("node.json")).ok()?;
-            let v: Value = serde_json::from_str(&text).ok()?;
-            v["nodeId"].as_str().map(str::to_owned)
-        })
-    }
-
-    /// SIGKILL.
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for SiteAgent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Every API answer the test saw, for the leak check at the end.
-#[derive(Default)]
-struct Seen(Vec<String>);
-
-impl Seen {
-    fn ok(&mut self, cp: &ControlPlane, method: &str, body: Value) -> Value {
-        let v = cp.ok(method, body);
-        self.0.push(v.to_string());
-        v
-    }
-
-    fn bcctl(&mut self, cp: &ControlPlane, args: &[&str], stdin: Option<&str>) -> Value {
-        let (bcctl, _) = bins();
-        let mut child = Command::new(bcctl)
-            .args(args)
-            .args(["-o", "json", "--state-dir"])
-            .arg(&cp.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running bcctl");
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(format!("{input}\n").as_bytes())
-                .unwrap();
-        }
-        drop(child.stdin.take());
-        let out = child.wait_with_output().unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        );
-        self.0.push(stdout.clone());
-        self.0.push(stderr.clone());
-        assert!(out.status.success(), "bcctl {args:?}: {stderr}");
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-    }
-
-    fn node(&mut self, cp: &ControlPlane, id: &str) -> Value {
-        self.ok(cp, "nodes.get", json!({"nodeId": id}))
-    }
-
-    fn events(&mut self, cp: &ControlPlane, id: &str) -> Vec<Value> {
-        let v = self.ok(cp, "nodes.events", json!({"nodeId": id}));
-        v["events"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// Waits until command `id` is over and returns it.
-    fn finished(&mut self, cp: &ControlPlane, id: &str) -> Value {
-        eventually(WAIT, &format!("command {id} over"), || {
-            let c = self.ok(cp, "commands.get", json!({"commandId": id}));
-            matches!(
-                c["state"].as_str(),
-                Some("succeeded" | "failed" | "cancelled" | "expired")
-            )
-            .then_some(c)
-        })
-    }
-}
-
-fn condition<'a>(node: &'a Value, type_: &str) -> Option<&'a Value> {
-    node["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-}
 
 fn enroll(seen: &mut Seen, cp: &ControlPlane, site: &str, name: &str, address: &str) -> String {
     let pw = cp.dir.join(format!("{name}.password"));

@@ -60,8 +60,11 @@ fn idle_connections_are_closed_or_refused_and_a_real_agent_still_connects() {
     let cp = ControlPlane::start_with(
         &tmp.path().join("cp"),
         &[
+            // Long enough that every idle connection is opened before the first is closed: a
+            // closed one frees its slot, and on a loaded machine the 1,000 connects can take
+            // seconds, so a short timeout let more than the cap complete over time (seen in CI).
             "--gateway-preface-timeout",
-            "2s",
+            "15s",
             "--gateway-handshake-timeout",
             "2s",
             "--gateway-max-connections-per-address",
