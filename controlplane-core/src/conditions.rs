@@ -185,12 +185,15 @@ pub fn profile_conditions(
 }
 
 /// The Inventory controller's part of a report: re-derives the pool profile's conditions
-/// ([`profile_conditions`]) on `edit`, with their `noScheduleReasons`.
+/// ([`profile_conditions`]) on `edit`, with their `noScheduleReasons`, and applies the profile's
+/// `pcieLinkDegraded` setting to the node's `PcieLinkDegraded` condition
+/// ([`crate::pcie::set_no_schedule`]).
 pub fn refresh_profile_conditions(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> {
     let profile = match &edit.node.pool_id {
         Some(p) => tx.pool(p)?.map(|p| p.hardware_profile).unwrap_or_default(),
         None => HardwareProfile::default(),
     };
+    crate::pcie::set_no_schedule(edit, &profile);
     if profile.expected_gpu_count.is_none() && profile.expected_gpu_model.is_none() {
         // Nothing to compare: the document is not even parsed (every session open lands here).
         return Ok(());
@@ -228,6 +231,7 @@ mod tests {
                         expected_gpu_count: Some(8),
                         expected_gpu_model: None,
                         drivers: Default::default(),
+                        pcie_link_degraded: None,
                     },
                     acceptance: Default::default(),
                 },
@@ -283,6 +287,7 @@ mod tests {
             expected_gpu_count: Some(2),
             expected_gpu_model: Some("NVIDIA H100 80GB HBM3".into()),
             drivers: Default::default(),
+            pcie_link_degraded: None,
         };
         let none = profile_conditions(&profile, None);
         assert!(none.iter().all(|c| c.status == ConditionStatus::Unknown));

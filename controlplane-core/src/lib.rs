@@ -53,6 +53,7 @@ pub mod join;
 pub mod liveness;
 pub mod ops;
 pub mod ownership;
+pub mod pcie;
 pub mod placer;
 pub mod port;
 pub mod provision;
@@ -68,6 +69,8 @@ pub mod verbs;
 mod detail_tests;
 #[cfg(test)]
 mod join_tests;
+#[cfg(test)]
+mod pcie_tests;
 #[cfg(test)]
 mod placer_tests;
 #[cfg(test)]

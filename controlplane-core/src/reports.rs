@@ -62,6 +62,9 @@ pub fn record_inventory(
     if !unchanged {
         store_document(tx, &mut edit, key, trusted, report)?;
     }
+    // PcieLinkDegraded from the document's topology (issue 20.3), before the profile decides
+    // whether it is NoSchedule.
+    crate::pcie::refresh(&mut edit, !unchanged);
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same save.
     refresh_profile_conditions(tx, &mut edit)?;

@@ -70,7 +70,7 @@ pub use events::{NewEvent, NodeEvent};
 pub use fleet::FleetCounts;
 pub use leases::DedicatedRootLease;
 pub use nodes::{MAX_INDEXED_DIGESTS, NewNode, NodeQuery, NodeRecord};
-pub use pools::{Acceptance, HardwareProfile, Pool};
+pub use pools::{Acceptance, HardwareProfile, LinkDegradedPolicy, Pool};
 pub use rejoin::RejoinRequest;
 pub use sites::Site;
 pub use taints::Taint;

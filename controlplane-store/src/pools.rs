@@ -25,6 +25,23 @@ pub struct HardwareProfile {
     /// Driver per concern (`power`, `boot`, `deploy`, ...), e.g. `{"power": "redfish"}`.
     #[serde(default)]
     pub drivers: BTreeMap<String, String>,
+    /// What a `PcieLinkDegraded` condition does to the pool's nodes (issue 20.3): `ignore` (the
+    /// default when absent) only reports it; `noSchedule` also keeps new work off the node while
+    /// a link is degraded in a way that counts (docs/node-model.md "PcieLinkDegraded").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_link_degraded: Option<LinkDegradedPolicy>,
+}
+
+/// `hardwareProfile.pcieLinkDegraded`: whether a degraded PCIe link makes the node NoSchedule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub enum LinkDegradedPolicy {
+    /// The condition is reported; scheduling is not affected.
+    #[default]
+    Ignore,
+    /// The condition, while it counts, puts `PcieLinkDegraded` into `noScheduleReasons`.
+    NoSchedule,
 }
 
 /// How a pool accepts its joining nodes (NodeLifecycle, `adopting -> adopted`). An absent key

@@ -195,6 +195,8 @@ pub fn move_node(
     for u in &updates {
         apply(&mut edit, u);
     }
+    // And whether a degraded PCIe link keeps work off the node.
+    crate::pcie::set_no_schedule(&mut edit, &pool.hardware_profile);
     // An `adopting` node is judged by the target pool's acceptance rules now, not at its next
     // inventory report (which may come after the deadline); other states change nothing.
     crate::acceptance::evaluate(tx, &mut edit)?;
