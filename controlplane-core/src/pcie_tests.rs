@@ -240,3 +240,23 @@ fn moving_into_a_no_schedule_pool_applies_its_setting() -> TestResult {
         Ok(())
     })
 }
+
+#[test]
+fn the_openapi_document_declares_the_pool_setting() -> TestResult {
+    let doc = serde_json::to_value(crate::verbs::openapi::document())?;
+    let schemas = &doc["components"]["schemas"];
+    let field = &schemas["HardwareProfile"]["properties"]["pcieLinkDegraded"];
+    assert!(!field.is_null(), "{}", schemas["HardwareProfile"]);
+    assert_eq!(
+        schemas["LinkDegradedPolicy"]["enum"],
+        json!(["ignore", "noSchedule"])
+    );
+    // The wire form, camelCase, and an absent setting stays absent.
+    let p: HardwareProfile = serde_json::from_value(json!({"pcieLinkDegraded": "noSchedule"}))?;
+    assert_eq!(p.pcie_link_degraded, Some(LinkDegradedPolicy::NoSchedule));
+    assert_eq!(
+        serde_json::to_value(HardwareProfile::default())?,
+        json!({"drivers": {}})
+    );
+    Ok(())
+}

@@ -32,6 +32,10 @@ pub enum PoolsCommand {
         expected_gpus: Option<u32>,
         #[arg(long)]
         expected_gpu_model: Option<String>,
+        /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
+        /// only, the default) | noSchedule.
+        #[arg(long, value_parser = ["ignore", "noSchedule"])]
+        pcie_link_degraded: Option<String>,
         #[command(flatten)]
         acceptance: AcceptanceArgs,
     },
@@ -54,6 +58,10 @@ pub enum PoolsCommand {
         expected_gpus: Option<u32>,
         #[arg(long)]
         expected_gpu_model: Option<String>,
+        /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
+        /// only, the default) | noSchedule.
+        #[arg(long, value_parser = ["ignore", "noSchedule"])]
+        pcie_link_degraded: Option<String>,
         #[command(flatten)]
         acceptance: AcceptanceArgs,
     },
@@ -284,10 +292,12 @@ pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
             owner_tenant,
             expected_gpus,
             expected_gpu_model,
+            pcie_link_degraded,
             acceptance,
         } => {
             let mut body = json!({"name": name, "kind": kind, "siteId": site, "agent": agent, "ownerTenantId": owner_tenant,
-                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}});
+                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model,
+                            "pcieLinkDegraded": pcie_link_degraded}});
             if let Some(a) = acceptance.json() {
                 body["acceptance"] = a;
             }
@@ -324,10 +334,12 @@ pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
             name,
             expected_gpus,
             expected_gpu_model,
+            pcie_link_degraded,
             acceptance,
         } => {
             let mut body = json!({"poolId": pool_id, "version": version, "name": name,
-                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model}});
+                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model,
+                            "pcieLinkDegraded": pcie_link_degraded}});
             if let Some(a) = acceptance.json() {
                 body["acceptance"] = a;
             }
