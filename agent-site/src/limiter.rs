@@ -77,6 +77,11 @@ impl BmcLimit {
         })
     }
 
+    /// Whether no operation holds a permit of this BMC.
+    pub fn idle(&self) -> bool {
+        self.sem.available_permits() == self.limit
+    }
+
     /// Whether this limit has the same bound and the same site semaphore as `site` would give.
     pub fn same_shape(&self, limit: usize, site: &SiteLimit) -> bool {
         self.limit == limit.max(1) && Arc::ptr_eq(&self.site.sem, &site.sem)

@@ -89,6 +89,11 @@ struct Inner {
     generation: u64,
     heartbeats: VecDeque<(u64, Instant)>,
     unreachable: HashSet<String>,
+    /// Each BMC's bound by node id. It outlives assignments: operations started under an earlier
+    /// assignment (one before a lapse and a standby interlude, say) still hold its permits, so a
+    /// fresh semaphore per assignment would let the BMC see twice its limit. An entry goes when
+    /// its BMC is in no holder assignment and nothing holds a permit of it.
+    limits: HashMap<String, BmcLimit>,
 }
 
 /// The site agent's shared state.
@@ -139,6 +144,7 @@ impl Site {
                 generation: 0,
                 heartbeats: VecDeque::new(),
                 unreachable: HashSet::new(),
+                limits: HashMap::new(),
             }),
             version: watch::channel(0).0,
             reports: Reports::default(),
@@ -220,9 +226,17 @@ impl Site {
         if a.lease_held {
             for m in a.bmcs {
                 let prev = old.as_ref().and_then(|o| o.bmcs.get(&m.node_id));
-                let bmc = self.managed(m, prev.map(Arc::as_ref), per_bmc, &site_limit);
+                let limit = match inner.limits.get(&m.node_id) {
+                    Some(l) if l.same_shape(per_bmc, &site_limit) => l.clone(),
+                    _ => BmcLimit::new(per_bmc, &site_limit),
+                };
+                inner.limits.insert(m.node_id.clone(), limit.clone());
+                let bmc = self.managed(m, prev.map(Arc::as_ref), limit);
                 bmcs.insert(bmc.node_id.clone(), Arc::new(bmc));
             }
+            inner
+                .limits
+                .retain(|node_id, l| bmcs.contains_key(node_id) || !l.idle());
         } else if !a.bmcs.is_empty() {
             tracing::warn!(
                 bmcs = a.bmcs.len(),
@@ -258,17 +272,7 @@ impl Site {
     }
 
     /// One BMC of a new assignment, reusing `prev`'s drivers where nothing changed.
-    fn managed(
-        &self,
-        m: pb::ManagedBmc,
-        prev: Option<&ManagedBmc>,
-        per_bmc: usize,
-        site_limit: &SiteLimit,
-    ) -> ManagedBmc {
-        let limit = match prev {
-            Some(p) if p.limit.same_shape(per_bmc, site_limit) => p.limit.clone(),
-            _ => BmcLimit::new(per_bmc, site_limit),
-        };
+    fn managed(&self, m: pb::ManagedBmc, prev: Option<&ManagedBmc>, limit: BmcLimit) -> ManagedBmc {
         let (endpoint, driver) = self.driver(m.endpoint, prev.map(|p| (&p.endpoint, &p.driver)));
         let candidate = m.candidate.map(|c| {
             let prev_c = prev.and_then(|p| p.candidate.as_ref()).map(|(e, d)| (e, d));

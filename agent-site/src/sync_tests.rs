@@ -318,3 +318,31 @@ async fn commands_and_sync_share_the_per_bmc_limit() {
         "10 commands (action + read-back) and polls ran"
     );
 }
+
+#[tokio::test]
+async fn a_bmcs_limit_outlives_a_lapse_and_a_standby_interlude() {
+    let (site, _conn) = site();
+    site.apply(assignment(1, 1, 2));
+    let first = Arc::clone(&site.assignment().unwrap().bmcs["node_0"]);
+    // Two operations started under the first assignment hold the BMC's two permits.
+    let held = (
+        first.limit.acquire().await.unwrap(),
+        first.limit.acquire().await.unwrap(),
+    );
+    // The lease lapses (a standby assignment), then comes back with a new epoch.
+    site.apply(pb::SiteAssignment {
+        site_id: "site_a".into(),
+        lease_held: false,
+        ..Default::default()
+    });
+    site.apply(assignment(2, 1, 2));
+    let again = Arc::clone(&site.assignment().unwrap().bmcs["node_0"]);
+    // The BMC is still serving the two earlier requests: a third waits.
+    let third = tokio::time::timeout(Duration::from_millis(50), again.limit.acquire()).await;
+    assert!(
+        third.is_err(),
+        "a new assignment must not hand out permits the BMC's earlier requests still hold"
+    );
+    drop(held);
+    assert!(again.limit.acquire().await.is_some());
+}
