@@ -48,7 +48,8 @@ pub async fn verify(site: &Site, a: VerifyArgs) -> Result<Value, CommandFailure>
 /// `bmc.power`: the action, then the power state read back (a BMC may apply the action later:
 /// a failed read-back is `unknown`, not a failed command).
 pub async fn power(site: &Site, a: PowerArgs) -> Result<Value, CommandFailure> {
-    site.with_bmc(a.lease_epoch, &a.node_id, false, |b| b.power(a.action))
+    let action = a.action;
+    site.with_bmc(a.lease_epoch, &a.node_id, false, move |b| b.power(action))
         .await?;
     tracing::info!(node_id = %a.node_id, action = a.action.as_str(), "power action sent");
     let power = match site
@@ -66,9 +67,10 @@ pub async fn power(site: &Site, a: PowerArgs) -> Result<Value, CommandFailure> {
 
 /// `bmc.setBootDevice`: sets the override and returns what the BMC reports back.
 pub async fn boot_device(site: &Site, a: BootDeviceArgs) -> Result<Value, CommandFailure> {
+    let (device, persistent) = (a.device, a.persistent);
     let r = site
-        .with_bmc(a.lease_epoch, &a.node_id, false, |b| {
-            b.set_boot_device(a.device, a.persistent)
+        .with_bmc(a.lease_epoch, &a.node_id, false, move |b| {
+            b.set_boot_device(device, persistent)
         })
         .await?;
     tracing::info!(

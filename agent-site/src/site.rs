@@ -398,7 +398,8 @@ impl Site {
         op: F,
     ) -> Result<T, CommandFailure>
     where
-        F: for<'a> FnOnce(&'a dyn Bmc) -> crate::bmc::BmcFuture<'a, T>,
+        F: for<'a> FnOnce(&'a dyn Bmc) -> crate::bmc::BmcFuture<'a, T> + Send + 'static,
+        T: Send + 'static,
     {
         self.check_lease(epoch).map_err(|e| lease_lost(&e))?;
         let assignment = self.assignment().ok_or_else(|| {
@@ -428,14 +429,27 @@ impl Site {
             )
         };
         let deadline = Instant::now() + limit;
-        let _permit = tokio::time::timeout_at(deadline, bmc.limit.acquire())
+        let permit = tokio::time::timeout_at(deadline, bmc.limit.acquire())
             .await
             .map_err(|_| timed_out())?;
         // The lease may have lapsed (or changed hands) while this waited for its turn.
         self.check_lease(epoch).map_err(|e| lease_lost(&e))?;
-        match tokio::time::timeout_at(deadline, op(driver.as_ref())).await {
-            Ok(r) => r.map_err(|e| e.to_failure()),
-            Err(_) => Err(timed_out()),
+        // The operation runs in its own task that holds the BMC's permit until its requests are
+        // over, even when this caller stops waiting (a cancelled command, a sync round cut
+        // short): the BMC is still serving those requests, and a permit freed early let a new
+        // operation in beside them (the fault proxy counted one more than the limit). The task
+        // is bounded by the same deadline.
+        let task = tokio::spawn(async move {
+            let _permit = permit;
+            tokio::time::timeout_at(deadline, op(driver.as_ref())).await
+        });
+        match task.await {
+            Ok(Ok(r)) => r.map_err(|e| e.to_failure()),
+            Ok(Err(_)) => Err(timed_out()),
+            Err(e) => Err(CommandFailure::new(
+                CommandErrorCode::BmcError,
+                format!("the operation on BMC {} ended abnormally: {e}", bmc.address),
+            )),
         }
     }
 }

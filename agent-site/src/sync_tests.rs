@@ -346,3 +346,30 @@ async fn a_bmcs_limit_outlives_a_lapse_and_a_standby_interlude() {
     drop(held);
     assert!(again.limit.acquire().await.is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_stops_waiting_keeps_the_bmcs_permit_until_its_requests_end() {
+    let (site, conn) = site();
+    site.apply(assignment(1, 1, 1));
+    conn.bmc(&address(0)).set_delay(Duration::from_secs(1));
+    let start = tokio::time::Instant::now();
+    // A caller (a cancelled command, a sync round cut short) gives up after 100 ms; its request
+    // is still at the BMC for another 900 ms.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        site.with_bmc(1, "node_0", false, |b| b.power_state()),
+    )
+    .await;
+    assert!(gave_up.is_err());
+    // The next operation starts only once that request is over: with a limit of 1 the BMC never
+    // serves two at once, whoever stopped waiting.
+    site.with_bmc(1, "node_0", false, |b| b.power_state())
+        .await
+        .unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "the second operation ran beside the first one's request ({:?})",
+        start.elapsed()
+    );
+    assert_eq!(conn.bmc(&address(0)).max_in_flight(), 1);
+}
