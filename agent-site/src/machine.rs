@@ -65,10 +65,7 @@ impl Machine for SiteMachine {
     }
 
     async fn hardware(&self) -> Result<HardwareIdentity, String> {
-        let root = self.root.clone();
-        tokio::task::spawn_blocking(move || bcd_probes::hwkey::compute(&root))
-            .await
-            .map_err(|e| e.to_string())
+        bcd_probes::hwkey::compute_off_runtime(self.root.clone()).await
     }
 
     fn observed_generation(&self) -> u64 {

@@ -269,6 +269,21 @@ fn bump_identity(edit: &mut Edit, message: &str) {
     );
 }
 
+/// `INVALID_STATE` while `node_id` holds allocations; `what_to_do` ends the message.
+pub(crate) fn refuse_while_allocated(
+    tx: &Tx<'_>,
+    node_id: &str,
+    what_to_do: &str,
+) -> Result<(), OpError> {
+    let active = tx.active_allocation_count(node_id)?;
+    if active > 0 {
+        return Err(OpError::InvalidState(format!(
+            "node {node_id} still holds {active} allocation(s); {what_to_do}"
+        )));
+    }
+    Ok(())
+}
+
 /// `nodes.delete`: bumps `identityGeneration`, ends any dedicated-root lease, records `deleted`
 /// and removes the row (taints go with it; events stay). Refused (`INVALID_STATE`) while the
 /// node holds allocations. Returns the record as it was last saved.
@@ -279,12 +294,7 @@ pub fn delete(
     actor: &str,
 ) -> Result<NodeRecord, OpError> {
     let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
-    let active = tx.active_allocation_count(node_id)?;
-    if active > 0 {
-        return Err(OpError::InvalidState(format!(
-            "node {node_id} still holds {active} allocation(s); drain it first"
-        )));
-    }
+    refuse_while_allocated(tx, node_id, "drain it first")?;
     if let Some(lease) = tx.active_lease(node_id)? {
         tx.end_lease(&lease.id, edit.now(), actor)?;
     }

@@ -9,7 +9,7 @@ use cpl_store::{NodeRecord, Tx};
 
 use crate::edit::Edit;
 use crate::error::OpError;
-use crate::ops::nodes::apply_transition;
+use crate::ops::nodes::{apply_transition, refuse_while_allocated};
 
 /// `nodes.retire`. Refused (`INVALID_STATE`) while the node holds allocations.
 pub fn retire(
@@ -19,12 +19,7 @@ pub fn retire(
     actor: &str,
 ) -> Result<NodeRecord, OpError> {
     let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
-    let active = tx.active_allocation_count(node_id)?;
-    if active > 0 {
-        return Err(OpError::InvalidState(format!(
-            "node {node_id} still holds {active} allocation(s); drain it before retiring it"
-        )));
-    }
+    refuse_while_allocated(tx, node_id, "drain it before retiring it")?;
     let from = edit.node.provision_state;
     apply_transition(&mut edit, ProvisionState::Retiring, "nodes.retire")?;
     if from == ProvisionState::Adopted {

@@ -202,6 +202,14 @@ pub fn report_from_table(table: &SmbiosTable, file: &str) -> HardwareKeyReport {
     )
 }
 
+/// [`compute`] on tokio's blocking pool (it reads sysfs and SMBIOS files); `Err` says the probe
+/// task panicked or was cancelled.
+pub async fn compute_off_runtime(root: HostRoot) -> Result<HardwareIdentity, String> {
+    tokio::task::spawn_blocking(move || compute(&root))
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// The machine's hardware identity (what join and inventory send). Cheap: no process spawning.
 pub fn compute(root: &HostRoot) -> HardwareIdentity {
     report(root).identity()
