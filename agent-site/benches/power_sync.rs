@@ -109,6 +109,7 @@ fn assignment(addresses: &[String]) -> pb::SiteAssignment {
                 }),
                 candidate: None,
                 sync_power: true,
+                boot: None,
             })
             .collect(),
         // One read per BMC per sweep: the next is an hour away.

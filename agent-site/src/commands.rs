@@ -49,6 +49,13 @@ pub async fn verify(site: &Site, a: VerifyArgs) -> Result<Value, CommandFailure>
 /// a failed read-back is `unknown`, not a failed command).
 pub async fn power(site: &Site, a: PowerArgs) -> Result<Value, CommandFailure> {
     let action = a.action;
+    if let Some(device) = a.boot_device {
+        site.with_bmc(a.lease_epoch, &a.node_id, false, move |b| {
+            b.set_boot_device(device, false)
+        })
+        .await?;
+        tracing::info!(node_id = %a.node_id, device = device.as_str(), "boot device set for the next boot");
+    }
     site.with_bmc(a.lease_epoch, &a.node_id, false, move |b| b.power(action))
         .await?;
     tracing::info!(node_id = %a.node_id, action = a.action.as_str(), "power action sent");

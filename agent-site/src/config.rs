@@ -67,6 +67,18 @@ pub struct SiteConfig {
     /// How long before the lease's local expiry the site agent already treats it as lapsed, ms
     /// (at most half the lease's TTL). Default 2 000.
     pub lease_margin_ms: u64,
+    /// Where the boot service (iPXE scripts, the ramdisk's kernel and initramfs; issue 15)
+    /// listens, e.g. `0.0.0.0:8080`. Unset: no boot service. The site's DHCP points PXE clients
+    /// at `http://<this>/boot.ipxe?mac=${net0/mac}`.
+    pub boot_listen: Option<std::net::SocketAddr>,
+    /// The ramdisk's kernel (`packaging/ramdisk/` builds it beside the initramfs). Needed with
+    /// `boot_listen`.
+    pub boot_kernel: Option<PathBuf>,
+    /// The ramdisk's initramfs. Needed with `boot_listen`.
+    pub boot_initrd: Option<PathBuf>,
+    /// Kernel arguments of the site, before each boot's own. Default
+    /// `console=tty0 console=ttyS0,115200n8`.
+    pub boot_kernel_args: String,
 }
 
 impl Default for SiteConfig {
@@ -86,6 +98,10 @@ impl Default for SiteConfig {
             ipmi_retries: 2,
             ipmi_command_timeout_ms: 20_000,
             lease_margin_ms: 2_000,
+            boot_listen: None,
+            boot_kernel: None,
+            boot_initrd: None,
+            boot_kernel_args: crate::boot::DEFAULT_KERNEL_ARGS.to_owned(),
         }
     }
 }
@@ -106,6 +122,10 @@ pub const ENV_KEYS: &[&str] = &[
     "ipmi_retries",
     "ipmi_command_timeout_ms",
     "lease_margin_ms",
+    "boot_listen",
+    "boot_kernel",
+    "boot_initrd",
+    "boot_kernel_args",
 ];
 
 fn ms(v: u64) -> Duration {
@@ -147,6 +167,14 @@ impl SiteConfig {
                 "ipmi_retries" => self.ipmi_retries = small()?,
                 "ipmi_command_timeout_ms" => self.ipmi_command_timeout_ms = int()?,
                 "lease_margin_ms" => self.lease_margin_ms = int()?,
+                "boot_listen" => {
+                    self.boot_listen = Some(value.parse().map_err(|e| {
+                        bad(format!("{e}: expected an address such as 0.0.0.0:8080"))
+                    })?)
+                }
+                "boot_kernel" => self.boot_kernel = Some(PathBuf::from(&value)),
+                "boot_initrd" => self.boot_initrd = Some(PathBuf::from(&value)),
+                "boot_kernel_args" => self.boot_kernel_args.clone_from(&value),
                 _ => {}
             }
         }
@@ -181,6 +209,18 @@ impl SiteConfig {
         }
         if self.ipmitool.as_os_str().is_empty() {
             p.push("ipmitool: must name a program".to_owned());
+        }
+        if self.boot_listen.is_some() {
+            for (key, v) in [
+                ("boot_kernel", &self.boot_kernel),
+                ("boot_initrd", &self.boot_initrd),
+            ] {
+                if v.is_none() {
+                    p.push(format!(
+                        "{key}: needed with boot_listen (the ramdisk's files, from packaging/ramdisk/build.sh)"
+                    ));
+                }
+            }
         }
         if p.is_empty() {
             Ok(())
@@ -255,6 +295,17 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(SiteConfig::default().validate().is_ok());
+        let c = SiteConfig {
+            boot_listen: Some(([127, 0, 0, 1], 8080).into()),
+            ..SiteConfig::default()
+        };
+        match c.validate() {
+            Err(SiteConfigError::Invalid(p)) => {
+                assert_eq!(p.len(), 2, "{p:?}");
+                assert!(p[0].starts_with("boot_kernel:"), "{p:?}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -40,6 +40,7 @@
 
 pub mod address;
 pub mod bmc;
+pub mod boot;
 pub mod commands;
 pub mod config;
 pub mod hooks;

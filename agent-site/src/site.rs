@@ -80,6 +80,18 @@ pub struct Assignment {
     pub sync_interval: Duration,
     /// The site-wide bound.
     pub site_limit: SiteLimit,
+    /// How the boot service answers each machine, by MAC (lowercase `aa:bb:…`): the node and
+    /// its plan (issue 15). Empty for a standby.
+    pub boots: HashMap<String, BootEntry>,
+}
+
+/// A machine the boot service knows: its node and how it boots now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BootEntry {
+    /// The bare-metal node.
+    pub node_id: String,
+    /// The control plane's plan for its next network boot.
+    pub plan: pb::BootPlan,
 }
 
 #[derive(Debug)]
@@ -149,6 +161,13 @@ impl Site {
             version: watch::channel(0).0,
             reports: Reports::default(),
         }
+    }
+
+    /// The boot entry of the machine with `mac` (any case), if the assignment in force names
+    /// it.
+    pub fn boot_entry(&self, mac: &str) -> Option<BootEntry> {
+        let a = self.inner.lock().assignment.clone()?;
+        a.boots.get(&mac.to_ascii_lowercase()).cloned()
     }
 
     /// The settings.
@@ -223,8 +242,20 @@ impl Site {
             self.reports.clear();
         }
         let mut bmcs = HashMap::new();
+        let mut boots = HashMap::new();
         if a.lease_held {
             for m in a.bmcs {
+                if let Some(plan) = &m.boot {
+                    for mac in &plan.macs {
+                        boots.insert(
+                            mac.to_ascii_lowercase(),
+                            BootEntry {
+                                node_id: m.node_id.clone(),
+                                plan: plan.clone(),
+                            },
+                        );
+                    }
+                }
                 let prev = old.as_ref().and_then(|o| o.bmcs.get(&m.node_id));
                 let limit = match inner.limits.get(&m.node_id) {
                     Some(l) if l.same_shape(per_bmc, &site_limit) => l.clone(),
@@ -263,6 +294,7 @@ impl Site {
             bmcs,
             sync_interval: interval,
             site_limit,
+            boots,
         }));
         drop(inner);
         // The old assignment (and the credentials in its drivers) goes once the last command

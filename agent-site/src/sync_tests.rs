@@ -33,6 +33,7 @@ fn managed(i: usize, password: &str) -> pb::ManagedBmc {
         }),
         candidate: None,
         sync_power: true,
+        boot: None,
     }
 }
 
@@ -68,6 +69,7 @@ async fn power(site: &Site, node: &str, epoch: u64) -> Result<(), CommandErrorCo
             node_id: node.into(),
             lease_epoch: epoch,
             action: PowerAction::On,
+            boot_device: None,
         },
     )
     .await

@@ -212,6 +212,7 @@ async fn tls_pin_is_recorded_at_first_contact_and_only_that_certificate_is_accep
         }),
         candidate: None,
         sync_power: false,
+        boot: None,
     };
     let site = site(config());
     site.apply(assignment(vec![

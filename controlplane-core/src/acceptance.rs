@@ -71,12 +71,20 @@ pub fn rules(pool: Option<&Pool>) -> Rules {
 
 /// Checks a pool's acceptance settings (`pools.create`, `pools.update`).
 pub fn check_settings(a: &cpl_store::Acceptance) -> Result<(), OpError> {
-    match a.deadline_seconds {
-        Some(s) if s == 0 || s > MAX_DEADLINE_SECONDS => Err(OpError::InvalidArgument(format!(
-            "acceptance.deadlineSeconds must be between 1 and {MAX_DEADLINE_SECONDS}, got {s}"
-        ))),
-        _ => Ok(()),
+    for (name, v) in [
+        ("deadlineSeconds", a.deadline_seconds),
+        ("inspectionDeadlineSeconds", a.inspection_deadline_seconds),
+        ("commissioningDeadlineSeconds", a.commissioning_deadline_seconds),
+    ] {
+        if let Some(s) = v
+            && (s == 0 || s > MAX_DEADLINE_SECONDS)
+        {
+            return Err(OpError::InvalidArgument(format!(
+                "acceptance.{name} must be between 1 and {MAX_DEADLINE_SECONDS}, got {s}"
+            )));
+        }
     }
+    Ok(())
 }
 
 fn condition(status: ConditionStatus, reason: &str, message: String) -> ConditionUpdate {

@@ -73,6 +73,18 @@ pub struct Joined {
     pub identity_generation: u64,
     /// Whether a known machine re-joined in place.
     pub rejoined: bool,
+    /// For a ramdisk's join with a boot token: the node's site, whose site agent's boot service
+    /// must stop serving the spent token.
+    pub boot_site: Option<String>,
+}
+
+/// A join refused after it changed something that must be kept (the ramdisk of a machine that
+/// is not the one its BMC described: its boot token is spent and its node failed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub node_id: String,
+    /// What the agent is told (and why).
+    pub message: String,
 }
 
 /// A re-join that waits for an operator (`nodes.approveRejoin`).
@@ -93,6 +105,9 @@ pub enum JoinOutcome {
     Joined(Joined),
     /// Nothing joined; the request is recorded (the transaction must commit to keep it).
     AwaitingApproval(AwaitingApproval),
+    /// Nothing joined, and the refusal's effects must commit
+    /// ([`crate::bare_metal::boot::join`]).
+    Refused(Refused),
 }
 
 /// Why a join did not go through. A refusal rolls the transaction back: no node, no token use.
@@ -138,6 +153,9 @@ pub enum JoinError {
     /// node agent a token that is not site-only; or a re-join in place would change the role.
     #[error("{0}")]
     WrongMode(String),
+    /// The ramdisk's boot token is refused (issue 15).
+    #[error(transparent)]
+    Boot(crate::bare_metal::boot::BootRefusal),
     /// The store failed.
     #[error(transparent)]
     Failed(#[from] OpError),
@@ -318,6 +336,9 @@ pub fn join(
     f: &JoinFacts,
     connected: &dyn Fn(&str) -> bool,
 ) -> Result<JoinOutcome, JoinError> {
+    if crate::bare_metal::boot::is_ramdisk_join(f) {
+        return crate::bare_metal::boot::join(tx, f, connected);
+    }
     let now = cpl_store::now_ms();
     let tok = tx.authenticate_token(&f.token)?.map_err(JoinError::Token)?;
     // Revoked, expired or used up. Only an operator's approval of this very machine and token
@@ -434,6 +455,7 @@ fn new_node(
         node_id: id,
         identity_generation: 1,
         rejoined: false,
+        boot_site: None,
     }))
 }
 
@@ -475,7 +497,7 @@ fn record_request(tx: &Tx<'_>, request: RejoinRequest) -> Result<AwaitingApprova
 
 /// Re-join in place: same node, new identity generation, so old certificates die. The next
 /// Inventory is stored in full (its key and trust were just rewritten).
-fn rejoin_in_place(
+pub(crate) fn rejoin_in_place(
     tx: &Tx<'_>,
     id: &str,
     f: &JoinFacts,
@@ -510,5 +532,6 @@ fn rejoin_in_place(
         node_id: id.to_owned(),
         identity_generation: after,
         rejoined: true,
+        boot_site: None,
     })
 }

@@ -68,6 +68,8 @@ pub fn record_inventory(
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same save.
     refresh_profile_conditions(tx, &mut edit)?;
+    // A bare-metal machine's ramdisk: inspection ends, commissioning decides (issue 15).
+    crate::bare_metal::inspect::on_inventory(tx, &mut edit)?;
     // NodeLifecycle acceptance (per pool: profile, trusted key), through the one
     // provisionStateTable.
     crate::acceptance::evaluate(tx, &mut edit)?;

@@ -297,6 +297,7 @@ fn parts(
     store: Store,
     ca: Arc<CertificateAuthority>,
     bmc_key: cpl_core::bare_metal::CredentialKey,
+    boot: cpl_core::bare_metal::boot::BootSettings,
 ) -> Parts {
     let registry = Arc::new(Registry::default());
     let metrics = crate::metrics::Metrics::new();
@@ -308,7 +309,8 @@ fn parts(
     // A restart must not flap a lease: no move while agents may still be reconnecting (the same
     // grace Liveness gives them before it judges silence).
     bm_cfg.grace = cfg.liveness.unreachable_after;
-    let bare_metal = cpl_core::bare_metal::BareMetal::new(commands.clone(), bmc_key, bm_cfg);
+    let bare_metal =
+        cpl_core::bare_metal::BareMetal::new(commands.clone(), bmc_key, bm_cfg).with_boot(boot);
     let gateway = GatewayService {
         store: store.clone(),
         ca: Arc::clone(&ca),
@@ -371,6 +373,7 @@ fn spawn_gateway(
             cfg.join_attempts_per_minute,
         )),
         metrics: p.metrics.clone(),
+        bare_metal: p.bare_metal.clone(),
     };
     let mut grpc = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
@@ -522,7 +525,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         ca_pin: ca.pin()?,
         metrics_url: None,
     };
-    let p = parts(&cfg, store, ca, bmc_key);
+    let boot = cpl_core::bare_metal::boot::BootSettings {
+        gateway_url: gateway_url.clone(),
+        ca_pin: endpoints.ca_pin.clone(),
+    };
+    let p = parts(&cfg, store, ca, bmc_key, boot);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
 

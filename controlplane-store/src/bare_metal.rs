@@ -57,11 +57,14 @@ pub struct BmcRecord {
     /// Whether the BMC answered the last time it was asked (power sync or a command).
     pub reachable: Option<bool>,
     pub created_at: i64,
+    /// Whether the node goes on to `inspecting` by itself once the BMC is verified
+    /// (`nodes.enroll`'s `inspect`, issue 15).
+    pub inspect: bool,
 }
 
 const BMC_COLUMNS: &str = "b.node_id, b.address, b.tls, b.credentials, b.candidate, b.cert_sha256, \
     b.facts, b.identifiers, b.macs, b.verified_at, b.verify_command_id, b.verify_started_at, \
-    b.last_error, b.power_expected, b.power_expected_at, b.reachable, b.created_at";
+    b.last_error, b.power_expected, b.power_expected_at, b.reachable, b.created_at, b.inspect";
 
 fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
     let facts: Option<String> = r.get(6)?;
@@ -85,6 +88,7 @@ fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
         power_expected_at: r.get(14)?,
         reachable: r.get(15)?,
         created_at: r.get(16)?,
+        inspect: r.get(17)?,
     })
 }
 
@@ -138,8 +142,8 @@ impl Tx<'_> {
         self.sqlite().execute(
             "INSERT INTO node_bmcs (node_id, address, tls, credentials, candidate, cert_sha256, \
              facts, identifiers, macs, verified_at, verify_command_id, verify_started_at, \
-             last_error, power_expected, power_expected_at, reachable, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
+             last_error, power_expected, power_expected_at, reachable, created_at, inspect) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
              ON CONFLICT (node_id) DO UPDATE SET address = excluded.address, tls = excluded.tls, \
              credentials = excluded.credentials, candidate = excluded.candidate, \
              cert_sha256 = excluded.cert_sha256, facts = excluded.facts, \
@@ -147,7 +151,8 @@ impl Tx<'_> {
              verified_at = excluded.verified_at, verify_command_id = excluded.verify_command_id, \
              verify_started_at = excluded.verify_started_at, last_error = excluded.last_error, \
              power_expected = excluded.power_expected, \
-             power_expected_at = excluded.power_expected_at, reachable = excluded.reachable",
+             power_expected_at = excluded.power_expected_at, reachable = excluded.reachable, \
+             inspect = excluded.inspect",
             params![
                 b.node_id,
                 b.address,
@@ -165,7 +170,8 @@ impl Tx<'_> {
                 b.power_expected,
                 b.power_expected_at,
                 b.reachable,
-                b.created_at
+                b.created_at,
+                b.inspect
             ],
         )?;
         Ok(())
@@ -345,6 +351,7 @@ mod tests {
                 power_expected_at: None,
                 reachable: None,
                 created_at: 1,
+                inspect: true,
             };
             tx.put_bmc(&b)?;
             assert_eq!(tx.bmc("node_m")?.as_ref(), Some(&b));

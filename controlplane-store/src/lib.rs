@@ -37,6 +37,7 @@
 mod allocations;
 mod bare_metal;
 mod bench;
+mod boots;
 mod commands;
 mod events;
 mod fleet;
@@ -65,6 +66,7 @@ use rusqlite_migration::{M, Migrations};
 pub use allocations::{Allocation, AllocationFilter};
 pub use bare_metal::{BmcIdentifier, BmcRecord, SiteLease};
 pub use bench::BenchCounts;
+pub use boots::BootRecord;
 pub use commands::{CommandRecord, CommandState};
 pub use events::{NewEvent, NodeEvent};
 pub use fleet::FleetCounts;
@@ -249,6 +251,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M005_ACCESS),
         M::up(migrations::M006_SESSIONS_AND_ACCEPTANCE),
         M::up(migrations::M007_BARE_METAL),
+        M::up(migrations::M008_BOOTS),
     ])
 }
 

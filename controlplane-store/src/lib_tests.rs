@@ -101,8 +101,8 @@ fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), 
     assert_eq!(rows, expect);
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     // Every later migration runs too (5: trusted keys, rejoin requests; 6: session_broken, pool
-    // acceptance; 7: bare metal).
-    assert_eq!(version, 7, "every migration ran");
+    // acceptance; 7: bare metal; 8: ramdisk boots).
+    assert_eq!(version, 8, "every migration ran");
     Ok(())
 }
 
@@ -227,7 +227,8 @@ fn migration_5_demotes_duplicate_trusted_keys_and_then_refuses_them() -> Result<
     let version: i64 = sqlite(&store)
         .lock()
         .query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    // Migrations 6 (session_broken, pool acceptance) and 7 (bare metal) run after it.
-    assert_eq!(version, 7);
+    // Migrations 6 (session_broken, pool acceptance), 7 (bare metal) and 8 (ramdisk boots) run
+    // after it.
+    assert_eq!(version, 8);
     Ok(())
 }

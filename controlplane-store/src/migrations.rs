@@ -310,3 +310,24 @@ CREATE TABLE site_leases (
 ALTER TABLE commands ADD COLUMN subject_node_id TEXT;
 CREATE INDEX commands_subject ON commands(subject_node_id, created_at);
 "#;
+
+/// Issue 15: the machine's current network boot into the ramdisk, one row per node. The boot
+/// token's secret is kept twice: hashed (the join checks it) and sealed by the control plane's
+/// credential key (the site agent's boot service serves it on the kernel command line).
+pub const M008_BOOTS: &str = r#"
+CREATE TABLE node_boots (
+    node_id          TEXT PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+    token_id         TEXT NOT NULL UNIQUE,
+    secret_sha256    TEXT NOT NULL,
+    sealed           TEXT NOT NULL,
+    purpose          TEXT NOT NULL,      -- the provision state the boot is for
+    created_at       BIGINT NOT NULL,
+    expires_at       BIGINT NOT NULL,
+    used_at          BIGINT,
+    phase_started_at BIGINT NOT NULL,    -- when the node entered its current ramdisk state
+    command_id       TEXT                -- the bmc.power command that boots it, once issued
+);
+
+-- Whether a verified enrollment goes on to `inspecting` by itself (nodes.enroll's `inspect`).
+ALTER TABLE node_bmcs ADD COLUMN inspect INTEGER NOT NULL DEFAULT 0;
+"#;

@@ -59,6 +59,18 @@ pub struct Acceptance {
     /// 2,592,000 (30 days). Default 3,600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_seconds: Option<u64>,
+    /// Bare metal (issue 15): seconds a machine may stay `inspecting` — power-on, network boot,
+    /// the ramdisk's join and first inventory — before it is `failed`, 1 to 2,592,000. Default
+    /// 1,800 (a server's POST alone can take ten minutes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inspection_deadline_seconds: Option<u64>,
+    /// Bare metal: seconds a machine may stay `commissioning`, 1 to 2,592,000. Default 3,600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commissioning_deadline_seconds: Option<u64>,
+    /// Bare metal: whether the site agent powers a machine off once it is `ready` (default
+    /// `true`); `false` leaves it running the ramdisk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_off_when_ready: Option<bool>,
 }
 
 /// One pool.

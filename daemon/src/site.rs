@@ -62,6 +62,16 @@ pub struct SiteArgs {
     /// Largest reconnect wait.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub reconnect_max: Duration,
+    /// Serve network boots (iPXE scripts, the ramdisk's kernel and initramfs) on this address
+    /// (default `[site] boot_listen`; unset: no boot service).
+    #[arg(long)]
+    pub boot_listen: Option<std::net::SocketAddr>,
+    /// The ramdisk's kernel (default `[site] boot_kernel`).
+    #[arg(long)]
+    pub boot_kernel: Option<PathBuf>,
+    /// The ramdisk's initramfs (default `[site] boot_initrd`).
+    #[arg(long)]
+    pub boot_initrd: Option<PathBuf>,
     #[command(flatten)]
     pub ops: crate::ops::OpsArgs,
 }
@@ -75,6 +85,9 @@ pub enum SiteError {
     /// The `[site]` section or a `BCD_SITE_*` variable is invalid.
     #[error(transparent)]
     Site(#[from] SiteConfigError),
+    /// The boot service cannot start (its files, its address).
+    #[error(transparent)]
+    Boot(#[from] bcd_site::boot::BootError),
 }
 
 /// systemd's view of the site agent.
@@ -126,6 +139,15 @@ pub fn resolve_config(args: &SiteArgs) -> Result<(crate::config::Config, SiteCon
     if let Some(t) = &args.ipmitool {
         site.ipmitool = t.clone();
     }
+    if let Some(a) = args.boot_listen {
+        site.boot_listen = Some(a);
+    }
+    if let Some(k) = &args.boot_kernel {
+        site.boot_kernel = Some(k.clone());
+    }
+    if let Some(i) = &args.boot_initrd {
+        site.boot_initrd = Some(i.clone());
+    }
     site.validate()?;
     Ok((cfg, site))
 }
@@ -174,6 +196,22 @@ async fn run_until(
         site: Arc::clone(&site),
     });
     let executor = Arc::new(Executor::new(machine, journal));
+    if let (Some(addr), Some(kernel), Some(initrd)) = (
+        site_cfg.boot_listen,
+        site_cfg.boot_kernel.clone(),
+        site_cfg.boot_initrd.clone(),
+    ) {
+        let service = bcd_site::boot::BootService {
+            site: Arc::clone(&site),
+            files: Arc::new(bcd_site::boot::BootFiles {
+                kernel,
+                initrd,
+                kernel_args: site_cfg.boot_kernel_args.clone(),
+            }),
+            metrics: bcd_site::boot::BootMetrics::default(),
+        };
+        bcd_site::boot::serve(addr, service).await?;
+    }
     let sync = tokio::spawn(bcd_site::sync::run(Arc::clone(&site), stop.clone()));
     let mut hooks = SiteHooks::new(site, status, Systemd(Arc::clone(&notifier)));
     let _ = notifier.ready();

@@ -45,6 +45,7 @@ pub fn bmc(node: &str, address: &str, password: Option<&str>) -> pb::ManagedBmc 
         endpoint: Some(endpoint(address, password.unwrap_or(PASSWORD))),
         candidate: None,
         sync_power: true,
+        boot: None,
     }
 }
 
@@ -115,6 +116,7 @@ pub async fn power_at(
             node_id: node.to_owned(),
             lease_epoch: epoch,
             action,
+            boot_device: None,
         },
     )
     .await?;

@@ -4,12 +4,14 @@
 
 use bc_protocol::NodeRole;
 use bc_protocol::pb::{
-    BmcEndpoint, BmcTlsMode, GatewayMessage, ManagedBmc, SiteAssignment, gateway_message::Msg,
+    BmcEndpoint, BmcTlsMode, BootPlan, GatewayMessage, ManagedBmc, RamdiskBoot, SiteAssignment,
+    gateway_message::Msg,
 };
 use cpl_store::{BmcRecord, Reader};
 use tracing::Instrument;
 
 use super::credentials::CredentialKey;
+use super::enroll::BmcFactsView;
 use super::{BareMetal, ms};
 use crate::error::OpError;
 
@@ -35,6 +37,66 @@ fn endpoint(
         tls: tls_mode(&b.tls).into(),
         cert_sha256: b.cert_sha256.clone().unwrap_or_default(),
     })
+}
+
+/// The MACs the boot service knows a machine by: those its BMC reported and those the operator
+/// gave, lowercase, sorted.
+fn macs_of(b: &BmcRecord) -> Vec<String> {
+    let mut macs: Vec<String> = b.macs.iter().map(|m| m.to_ascii_lowercase()).collect();
+    if let Some(f) = b
+        .facts
+        .clone()
+        .and_then(|f| serde_json::from_value::<BmcFactsView>(f).ok())
+    {
+        macs.extend(f.macs.iter().map(|m| m.to_ascii_lowercase()));
+    }
+    macs.sort();
+    macs.dedup();
+    macs
+}
+
+/// How the boot service answers the machine of `b` (issue 15): the ramdisk with its kernel
+/// arguments while a boot is pending (unused, unexpired, its node in the state it is for),
+/// else `exit` (boot from disk). `None` for a machine with no known MAC or an unverified BMC.
+fn boot_plan(r: &Reader<'_>, bm: &BareMetal, b: &BmcRecord) -> Result<Option<BootPlan>, OpError> {
+    let macs = macs_of(b);
+    if macs.is_empty() || b.verified_at.is_none() {
+        return Ok(None);
+    }
+    let Some(node) = r.node(&b.node_id)? else {
+        return Ok(None);
+    };
+    let state = node.provision_state;
+    let now = cpl_store::now_ms();
+    let pending = r.boot(&b.node_id)?.filter(|boot| {
+        boot.used_at.is_none() && boot.expires_at > now && boot.purpose == state.as_str()
+    });
+    let (ramdisk, reason) = match pending {
+        Some(boot) => match super::boot::kernel_args(&bm.key, &bm.boot, &boot) {
+            Ok(args) => (
+                Some(RamdiskBoot {
+                    kernel_args: args,
+                    purpose: boot.purpose.clone(),
+                    expires_at_ms: boot.expires_at,
+                }),
+                format!("{state}: boot token {} pending", boot.token_id),
+            ),
+            Err(e) => {
+                tracing::error!(node_id = %b.node_id, error = %e, "boot token left out of the site assignment");
+                (None, format!("{state}: the boot token does not open"))
+            }
+        },
+        None if super::boot::in_ramdisk(state) => (
+            None,
+            format!("{state}: no boot pending (the ramdisk already joined, or its token expired)"),
+        ),
+        None => (None, format!("{state}: boot from disk")),
+    };
+    Ok(Some(BootPlan {
+        macs,
+        ramdisk,
+        reason,
+    }))
 }
 
 /// The assignment of site agent `node_id`, read in `r`; `None` when it is not a site agent.
@@ -74,6 +136,7 @@ pub fn build(
                 endpoint: Some(current),
                 candidate,
                 sync_power: b.verified_at.is_some(),
+                boot: boot_plan(r, bm, &b)?,
             });
         }
     }

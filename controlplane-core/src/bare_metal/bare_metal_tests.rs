@@ -157,6 +157,7 @@ impl World {
                 tls: TlsMode::Pin,
             },
             macs: None,
+            inspect: false,
         };
         let key = Arc::clone(&self.bm.key);
         let n = self

@@ -96,28 +96,48 @@ impl CredentialKey {
 
     /// Seals `c` for node `node_id`.
     pub fn seal(&self, node_id: &str, c: &Credentials) -> Result<String, CredentialError> {
-        let err = || CredentialError::Seal {
+        let plain = serde_json::to_vec(c).map_err(|_| CredentialError::Seal {
             node_id: node_id.to_owned(),
-        };
-        let plain = serde_json::to_vec(c).map_err(|_| err())?;
-        let nonce = XChaCha20Poly1305::generate_nonce(&mut chacha20poly1305::aead::OsRng);
-        let sealed = XChaCha20Poly1305::new(&self.0)
-            .encrypt(
-                &nonce,
-                Payload {
-                    msg: &plain,
-                    aad: node_id.as_bytes(),
-                },
-            )
-            .map_err(|_| err())?;
-        let mut out = nonce.to_vec();
-        out.extend_from_slice(&sealed);
-        Ok(format!("{ENVELOPE}{}", hex::encode(out)))
+        })?;
+        self.seal_raw(node_id, node_id.as_bytes(), &plain)
     }
 
     /// Opens what [`Self::seal`] sealed for `node_id`. Errors: not an envelope, or the AEAD
     /// refused (another key, another node, altered bytes).
     pub fn open(&self, node_id: &str, sealed: &str) -> Result<Credentials, CredentialError> {
+        let plain = self.open_raw(node_id, node_id.as_bytes(), sealed)?;
+        serde_json::from_slice(&plain).map_err(|_| CredentialError::Open {
+            node_id: node_id.to_owned(),
+        })
+    }
+
+    /// Seals a boot token (issue 15) for node `node_id`. Bound to the node and to its use: an
+    /// envelope of BMC credentials never opens as a boot token, nor the other way round.
+    pub fn seal_boot_token(&self, node_id: &str, token: &str) -> Result<String, CredentialError> {
+        self.seal_raw(node_id, boot_aad(node_id).as_bytes(), token.as_bytes())
+    }
+
+    /// Opens what [`Self::seal_boot_token`] sealed for `node_id`.
+    pub fn open_boot_token(&self, node_id: &str, sealed: &str) -> Result<String, CredentialError> {
+        let plain = self.open_raw(node_id, boot_aad(node_id).as_bytes(), sealed)?;
+        String::from_utf8(plain).map_err(|_| CredentialError::Open {
+            node_id: node_id.to_owned(),
+        })
+    }
+
+    fn seal_raw(&self, node_id: &str, aad: &[u8], plain: &[u8]) -> Result<String, CredentialError> {
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut chacha20poly1305::aead::OsRng);
+        let sealed = XChaCha20Poly1305::new(&self.0)
+            .encrypt(&nonce, Payload { msg: plain, aad })
+            .map_err(|_| CredentialError::Seal {
+                node_id: node_id.to_owned(),
+            })?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&sealed);
+        Ok(format!("{ENVELOPE}{}", hex::encode(out)))
+    }
+
+    fn open_raw(&self, node_id: &str, aad: &[u8], sealed: &str) -> Result<Vec<u8>, CredentialError> {
         let bytes = sealed
             .strip_prefix(ENVELOPE)
             .and_then(|h| hex::decode(h).ok())
@@ -126,20 +146,17 @@ impl CredentialKey {
                 node_id: node_id.to_owned(),
             })?;
         let (nonce, body) = bytes.split_at(NONCE_LEN);
-        let refused = || CredentialError::Open {
-            node_id: node_id.to_owned(),
-        };
-        let plain = XChaCha20Poly1305::new(&self.0)
-            .decrypt(
-                XNonce::from_slice(nonce),
-                Payload {
-                    msg: body,
-                    aad: node_id.as_bytes(),
-                },
-            )
-            .map_err(|_| refused())?;
-        serde_json::from_slice(&plain).map_err(|_| refused())
+        XChaCha20Poly1305::new(&self.0)
+            .decrypt(XNonce::from_slice(nonce), Payload { msg: body, aad })
+            .map_err(|_| CredentialError::Open {
+                node_id: node_id.to_owned(),
+            })
     }
+}
+
+/// The associated data of a sealed boot token: the node, and the use.
+fn boot_aad(node_id: &str) -> String {
+    format!("boot-token:{node_id}")
 }
 
 #[cfg(test)]
@@ -194,6 +211,27 @@ mod tests {
         assert!(matches!(
             CredentialKey::from_bytes(&[0u8; 16]),
             Err(CredentialError::KeyLength { got: 16, .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn a_boot_token_opens_only_as_a_boot_token_of_its_node() -> Result<(), CredentialError> {
+        let key = CredentialKey::generate();
+        let sealed = key.seal_boot_token("n1", "boot_abc.secret")?;
+        assert_eq!(key.open_boot_token("n1", &sealed)?, "boot_abc.secret");
+        assert!(matches!(
+            key.open_boot_token("n2", &sealed),
+            Err(CredentialError::Open { .. })
+        ));
+        assert!(matches!(
+            key.open("n1", &sealed),
+            Err(CredentialError::Open { .. })
+        ));
+        let creds = key.seal("n1", &creds())?;
+        assert!(matches!(
+            key.open_boot_token("n1", &creds),
+            Err(CredentialError::Open { .. })
         ));
         Ok(())
     }

@@ -121,6 +121,15 @@ pub struct EnrollRequest {
     /// The machine's NIC MACs, when known (PXE boot by MAC, next workflows).
     #[serde(default)]
     pub macs: Option<Vec<String>>,
+    /// Whether the machine goes on to `inspecting` once its BMC is verified: powered on with
+    /// PXE into the ramdisk, inspected and commissioned to `ready` (issue 15). Default `true`;
+    /// `false` keeps it `enrolling` (verified) until `nodes.inspect`.
+    #[serde(default = "default_inspect")]
+    pub inspect: bool,
+}
+
+fn default_inspect() -> bool {
+    true
 }
 
 /// What a BMC reported at verification, as `nodes.get` shows it.
@@ -370,6 +379,7 @@ pub fn enroll(
         power_expected_at: None,
         reachable: None,
         created_at: now,
+        inspect: req.inspect,
     })?;
     tx.record_event(&cpl_store::NewEvent {
         node_id: &node_id,

@@ -370,6 +370,7 @@ impl BareMetal {
                 tracing::error!(error = %e, "site lease sweep failed");
             }
             self.verification_pass(now).await;
+            self.boot_pass(now).await;
         }
     }
 }

@@ -35,8 +35,10 @@
 
 pub mod address;
 pub mod assignment;
+pub mod boot;
 pub mod credentials;
 pub mod enroll;
+pub mod inspect;
 pub mod lease;
 pub mod power;
 pub mod site_detail;
@@ -106,6 +108,8 @@ pub struct BareMetal {
     pub cfg: BareMetalConfig,
     /// Who holds which lease, for heartbeat acknowledgements and renewals.
     pub leases: Arc<LeaseView>,
+    /// Where the ramdisk joins and which CA it pins (its kernel command line, issue 15).
+    pub boot: Arc<boot::BootSettings>,
 }
 
 impl BareMetal {
@@ -119,6 +123,13 @@ impl BareMetal {
             key: Arc::new(key),
             cfg,
             leases: Arc::new(LeaseView::default()),
+            boot: Arc::new(boot::BootSettings::default()),
         }
+    }
+
+    /// The same service with the ramdisk's boot settings (the gateway URL and CA pin).
+    pub fn with_boot(mut self, settings: boot::BootSettings) -> Self {
+        self.boot = Arc::new(settings);
+        self
     }
 }

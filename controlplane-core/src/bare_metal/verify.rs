@@ -316,6 +316,12 @@ fn verify_result(
                 "the BMC answered the verification".to_owned(),
             );
             set_power(edit, power_of(f.power), "read at the BMC's verification");
+            if bmc.inspect {
+                super::inspect::start(
+                    edit,
+                    "the BMC is verified; the machine boots the ramdisk for inspection",
+                )?;
+            }
         }
         Err(why) => {
             let code = why.split(':').next().unwrap_or("BMC_ERROR").to_owned();

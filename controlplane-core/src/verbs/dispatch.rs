@@ -137,6 +137,13 @@ impl Core {
                 .set_boot_device(b, a)
                 .await
                 .map(|c| A::NodesSetBootDevice(CommandView::from(&c))),
+            R::NodesInspect(b) => {
+                let id = b.node_id.to_string();
+                self.bare_metal.inspect(b, a).await?;
+                self.read(move |r| crate::query::get_node(r, &id))
+                    .await
+                    .map(A::NodesInspect)
+            }
             R::NodesUpdateBmcCredentials(b) => self
                 .nodes_update_bmc_credentials(b, a)
                 .await

@@ -22,6 +22,7 @@ pub use dispatch::{
 pub use types::*;
 
 use crate::bare_metal::enroll::EnrollRequest;
+use crate::bare_metal::inspect::InspectRequest;
 use crate::bare_metal::power::{BootDeviceRequest, PowerRequest, UpdateBmcCredentialsRequest};
 use crate::bare_metal::site_detail::SiteDetail;
 use crate::detail::NodeDetail;
@@ -147,9 +148,10 @@ verbs! {
     NodesEndDedicatedRoot => "nodes.endDedicatedRoot", NodeMutation, NodeDetail, "End the dedicated-root lease and restore the trust before it.";
     NodesApproveRejoin => "nodes.approveRejoin", ApproveRejoinRequest, NodeDetail, "Approve a machine's pending re-join in place of a platform node (matched by its identifiers, not a trusted hardware key).";
     NodesMove => "nodes.move", MoveRequest, NodeDetail, "Move the node to another pool; role, trust, owner, adapter and drivers follow the target pool.";
-    NodesEnroll => "nodes.enroll", EnrollRequest, NodeDetail, "Enroll a bare-metal machine through its BMC: the node starts in `enrolling` and the site's lease holder verifies the BMC (the password is write-only).";
+    NodesEnroll => "nodes.enroll", EnrollRequest, NodeDetail, "Enroll a bare-metal machine through its BMC: the node starts in `enrolling`, the site's lease holder verifies the BMC (the password is write-only), and, unless `inspect: false`, the machine boots the ramdisk for inspection and commissioning (`inspecting -> commissioning -> ready`).";
     NodesPower => "nodes.power", PowerRequest, CommandView, "Power a bare-metal node on, off, softOff or reboot through its BMC (a `bmc.power` command on the site's lease holder).";
     NodesSetBootDevice => "nodes.setBootDevice", BootDeviceRequest, CommandView, "Set the device a bare-metal node boots from next (pxe or disk; persistent or once) through its BMC.";
+    NodesInspect => "nodes.inspect", InspectRequest, NodeDetail, "Inspect a bare-metal machine again (`ready`, or a verified `enrolling` node enrolled with `inspect: false`): it boots the ramdisk with a one-time boot token, is checked against its BMC's identifiers and commissioned back to `ready`.";
     NodesUpdateBmcCredentials => "nodes.updateBmcCredentials", UpdateBmcCredentialsRequest, NodeDetail, "Rotate a node's BMC credentials: the new pair replaces the old one only once the BMC accepted it (the password is write-only).";
     PoolsCreate => "pools.create", NewPool, Pool, "Create a pool.";
     PoolsGet => "pools.get", PoolRef, Pool, "One pool.";

@@ -60,6 +60,8 @@ pub enum BootVerb {
 pub enum BareMetalCommand {
     /// Enroll a machine through its BMC: the site's lease holder verifies the address and
     /// credentials; the node is `enrolling` until it did, `failed` (in maintenance) if not.
+    /// Then, unless --no-inspect, the machine boots the ramdisk and is inspected and
+    /// commissioned: `inspecting -> commissioning -> ready`.
     Enroll {
         /// The site whose site agent (bcd site) reaches the BMC.
         #[arg(long)]
@@ -84,6 +86,16 @@ pub enum BareMetalCommand {
         /// A NIC MAC of the machine; repeatable.
         #[arg(long = "mac")]
         macs: Vec<String>,
+        /// Stop at `enrolling` once the BMC is verified (inspect later with `nodes inspect`).
+        #[arg(long)]
+        no_inspect: bool,
+    },
+    /// Inspect a bare-metal machine (again): it boots the ramdisk with a one-time boot token,
+    /// is checked against its BMC's identifiers and commissioned back to `ready`.
+    Inspect {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
     },
     /// Power a bare-metal node: on, off, reboot or softOff (a bmc.power command).
     Power {
@@ -128,6 +140,7 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
             password,
             tls,
             macs,
+            no_inspect,
         } => {
             let secret = read_password(&password)?;
             let body = json!({
@@ -136,9 +149,13 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
                 "name": name,
                 "bmc": {"address": bmc_address, "username": username, "password": secret, "tls": tls},
                 "macs": (!macs.is_empty()).then_some(macs),
+                "inspect": !no_inspect,
             });
             let v: Value = c.call(Method::NodesEnroll, &body).await?;
             print(args, &v, render::object)
+        }
+        BareMetalCommand::Inspect { node_id, version } => {
+            mutate(args, &c, Method::NodesInspect, &node_id, version, json!({})).await
         }
         BareMetalCommand::Power {
             node_id,

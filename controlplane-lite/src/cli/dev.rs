@@ -92,7 +92,7 @@ pub(crate) fn ensure_dev_pool(store: &Store) -> anyhow::Result<()> {
         // hardware key; the dev pool accepts it (`bcctl dev` says so when it starts).
         acceptance: Acceptance {
             require_trusted_key: Some(false),
-            deadline_seconds: None,
+            ..Acceptance::default()
         },
         version: 1,
         created_at: now,

@@ -31,6 +31,8 @@ pub struct JoinService {
     pub limiter: Arc<RateLimiter>,
     /// `bcctl_join_total{outcome}`.
     pub metrics: crate::metrics::Metrics,
+    /// Told when a ramdisk spent its boot token (the site agent's boot service must forget it).
+    pub bare_metal: cpl_core::bare_metal::BareMetal,
 }
 
 /// Fixed-window limit of join attempts per source address (a guessing or runaway agent must not
@@ -79,6 +81,7 @@ fn refusal_outcome(r: &JoinError) -> JoinOutcome {
         JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } | JoinError::WrongMode(_) => {
             JoinOutcome::RefusedScope
         }
+        JoinError::Boot(_) => JoinOutcome::RefusedBootToken,
         JoinError::Failed(_) => JoinOutcome::Error,
     }
 }
@@ -92,6 +95,7 @@ fn refusal_status(r: &JoinError) -> Status {
         JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } | JoinError::WrongMode(_) => {
             Status::failed_precondition(r.to_string())
         }
+        JoinError::Boot(_) => Status::unauthenticated(r.to_string()),
         JoinError::Failed(_) => Status::internal(r.to_string()),
     }
 }
@@ -162,7 +166,18 @@ impl JoinService {
             .write(move |tx| cpl_core::join::join(tx, &facts, &|id| registry.sender(id).is_some()))
             .await;
         match outcome {
-            Ok(decision::JoinOutcome::Joined(j)) => Ok(j),
+            Ok(decision::JoinOutcome::Joined(j)) => {
+                if let Some(site) = j.boot_site.clone() {
+                    let bm = self.bare_metal.clone();
+                    tokio::spawn(async move { bm.push_site(&site).await });
+                }
+                Ok(j)
+            }
+            Ok(decision::JoinOutcome::Refused(r)) => {
+                self.metrics.join(JoinOutcome::RefusedHardwareMismatch);
+                tracing::warn!(node_id = %r.node_id, reason = %r.message, "ramdisk join refused");
+                Err(Status::permission_denied(r.message))
+            }
             Ok(decision::JoinOutcome::AwaitingApproval(a)) => {
                 self.metrics.join(JoinOutcome::PendingApproval);
                 if a.new_request {

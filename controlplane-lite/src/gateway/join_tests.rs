@@ -27,7 +27,16 @@ fn service(dir: &std::path::Path) -> Result<(JoinService, String), Box<dyn std::
             now_ms(),
         )
     })?;
+    let commands = cpl_core::commands::Commands {
+        store: store.clone(),
+        sessions: Arc::new(cpl_core::port::NoSessions),
+    };
     let svc = JoinService {
+        bare_metal: cpl_core::bare_metal::BareMetal::new(
+            commands,
+            cpl_core::bare_metal::CredentialKey::generate(),
+            Default::default(),
+        ),
         store,
         ca: Arc::new(CertificateAuthority::create(dir, "bc.test")?),
         heartbeat_interval: Duration::from_secs(10),

@@ -71,6 +71,12 @@ pub enum JoinOutcome {
     RefusedScope,
     /// A re-join in place of a platform node waits for an operator's approval.
     PendingApproval,
+    /// A ramdisk's boot token was refused: malformed, unknown, replayed, expired, or its node
+    /// is no longer in the state it was issued for.
+    RefusedBootToken,
+    /// The machine that booted the ramdisk is not the one its BMC described (the node failed
+    /// with `HardwareMismatch`).
+    RefusedHardwareMismatch,
     /// The store or the CA failed.
     Error,
 }
@@ -87,6 +93,8 @@ impl JoinOutcome {
         JoinOutcome::RefusedDuplicate,
         JoinOutcome::RefusedScope,
         JoinOutcome::PendingApproval,
+        JoinOutcome::RefusedBootToken,
+        JoinOutcome::RefusedHardwareMismatch,
         JoinOutcome::Error,
     ];
 
@@ -102,6 +110,8 @@ impl JoinOutcome {
             JoinOutcome::RefusedDuplicate => "refused_duplicate",
             JoinOutcome::RefusedScope => "refused_scope",
             JoinOutcome::PendingApproval => "pending_approval",
+            JoinOutcome::RefusedBootToken => "refused_boot_token",
+            JoinOutcome::RefusedHardwareMismatch => "refused_hardware_mismatch",
             JoinOutcome::Error => "error",
         }
     }

@@ -152,6 +152,10 @@ pub struct PowerArgs {
     pub lease_epoch: u64,
     /// What to do.
     pub action: PowerAction,
+    /// A boot override for the next boot only, set before the action (issue 15: power on, or
+    /// reboot, into the network boot), so the two cannot run in the wrong order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_device: Option<BootDevice>,
 }
 
 /// The result of `bmc.power` (camelCase JSON).

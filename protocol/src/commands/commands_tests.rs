@@ -368,6 +368,7 @@ fn bmc_commands_keep_their_json() -> TestResult {
             node_id: "node_a".into(),
             lease_epoch: 3,
             action: PowerAction::SoftOff,
+            boot_device: None,
         },
         json!({"nodeId": "node_a", "leaseEpoch": 3, "action": "softOff"}),
     )?;

@@ -1,0 +1,478 @@
+//! The ramdisk workflow of a bare-metal machine (issue 15): `enrolling -> inspecting ->
+//! commissioning -> ready`, or `failed` with what went wrong.
+//!
+//! # Design
+//! Transactions only move states and write rows; the controller ([`BareMetal::boot_pass`], run
+//! every second beside the lease sweep) does everything that leaves the control plane, so a
+//! move made anywhere (a verification's result, `nodes.inspect`, an inventory report) takes
+//! effect within a pass:
+//! - a node in a ramdisk state without a boot gets one ([`super::boot::begin`]); the site's lease
+//!   holder gets its assignment (the boot service learns the machine's MACs and kernel
+//!   arguments) and then `bmc.power {on | reboot, bootDevice: pxe}`;
+//! - a boot whose node left the ramdisk states ends: the holder powers the machine off (when
+//!   `ready` and the pool's `acceptance.powerOffWhenReady`, the default, or when `failed`), and
+//!   its boot service forgets the token;
+//! - a node past its state's deadline (`acceptance.inspectionDeadlineSeconds`,
+//!   `commissioningDeadlineSeconds`) fails, saying what never happened.
+//!
+//! The ramdisk's first inventory ([`on_inventory`], in the report's transaction) ends the
+//! inspection: the identifiers are checked again against the BMC's, the node goes to
+//! `commissioning`, and commissioning checks the pool's hardware profile against the inventory
+//! (each step an event with its result, the verdict the `Commissioned` condition) → `ready`, or
+//! `failed` naming the step and the value.
+//!
+//! # Limitations
+//! Commissioning runs the checks the control plane can make from the inspection's inventory
+//! (the pool's GPU count and model); the steps that run in the ramdisk (`diag.nvml`, NVMe SMART,
+//! NIC links) come next.
+
+use std::time::Duration;
+
+use bc_protocol::commands::bmc::{BootDevice, PowerAction};
+use bc_protocol::{CommandName, ConditionStatus, Power, ProvisionState};
+use cpl_store::{BootRecord, NodeRecord, Pool, Tx};
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use super::boot::{self, HARDWARE_MISMATCH, OWNER, in_ramdisk};
+use super::verify::queue;
+use super::{BareMetal, ms};
+use crate::conditions::{ConditionUpdate, apply};
+use crate::edit::Edit;
+use crate::error::OpError;
+use crate::ops::nodes::apply_transition;
+
+/// The condition commissioning writes.
+pub const COMMISSIONED: &str = "Commissioned";
+/// The condition inspection writes.
+pub const INSPECTED: &str = "Inspected";
+/// Default of `acceptance.inspectionDeadlineSeconds`.
+pub const DEFAULT_INSPECTION_DEADLINE: Duration = Duration::from_secs(1800);
+/// Default of `acceptance.commissioningDeadlineSeconds`.
+pub const DEFAULT_COMMISSIONING_DEADLINE: Duration = Duration::from_secs(3600);
+
+/// `nodes.inspect` request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InspectRequest {
+    #[serde(alias = "id")]
+    pub node_id: crate::text::Id,
+    /// When given, the node must still be at this version.
+    #[serde(default)]
+    pub version: Option<u64>,
+}
+
+/// The deadline of ramdisk state `s` in `pool` (`None`: a node without a pool).
+pub fn deadline(pool: Option<&Pool>, s: ProvisionState) -> Duration {
+    let a = pool.map(|p| p.acceptance).unwrap_or_default();
+    match s {
+        ProvisionState::Commissioning => a
+            .commissioning_deadline_seconds
+            .map_or(DEFAULT_COMMISSIONING_DEADLINE, Duration::from_secs),
+        _ => a
+            .inspection_deadline_seconds
+            .map_or(DEFAULT_INSPECTION_DEADLINE, Duration::from_secs),
+    }
+}
+
+fn condition(edit: &mut Edit, type_: &str, status: ConditionStatus, reason: &str, msg: String) {
+    apply(
+        edit,
+        &ConditionUpdate {
+            type_: type_.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: msg,
+            owner: OWNER.to_owned(),
+            gpus: Vec::new(),
+        },
+    );
+}
+
+/// `enrolling` (verified) or `ready` → `inspecting`, in `edit`. The controller boots it.
+pub(crate) fn start(edit: &mut Edit, why: &str) -> Result<(), OpError> {
+    apply_transition(edit, ProvisionState::Inspecting, why)?;
+    condition(
+        edit,
+        INSPECTED,
+        ConditionStatus::False,
+        "Booting",
+        "waiting for the machine to boot the ramdisk and report".to_owned(),
+    );
+    Ok(())
+}
+
+fn pool_of(tx: &Tx<'_>, node: &NodeRecord) -> Result<Option<Pool>, OpError> {
+    Ok(match &node.pool_id {
+        Some(p) => tx.pool(p)?,
+        None => None,
+    })
+}
+
+/// One commissioning step's verdict: `Ok(detail)` passed, `Err(detail)` failed.
+type Step = (&'static str, Result<String, String>);
+
+/// The commissioning steps the inventory decides, against the pool's hardware profile (the
+/// profile conditions were refreshed in this same edit).
+fn steps(node: &NodeRecord, pool: Option<&Pool>) -> Vec<Step> {
+    let profile = pool.map(|p| &p.hardware_profile);
+    let cond = |t: &str| node.conditions.iter().find(|c| c.type_ == t);
+    let mut out: Vec<Step> = Vec::new();
+    for (step, type_, expected) in [
+        (
+            "gpuCount",
+            "GpuCountMismatch",
+            profile
+                .and_then(|p| p.expected_gpu_count)
+                .map(|n| n.to_string()),
+        ),
+        (
+            "gpuModel",
+            "GpuModelMismatch",
+            profile.and_then(|p| p.expected_gpu_model.clone()),
+        ),
+    ] {
+        let Some(expected) = expected else {
+            out.push((step, Ok("skipped: the pool's hardware profile sets none".to_owned())));
+            continue;
+        };
+        out.push((
+            step,
+            match cond(type_) {
+                Some(c) if c.status != ConditionStatus::False => Err(c.message.clone()),
+                _ => Ok(format!("{expected} as the profile expects")),
+            },
+        ));
+    }
+    out.push((
+        "hardwareKey",
+        if node.hardware_key_trusted {
+            Ok("trusted (at least two independent identifiers)".to_owned())
+        } else {
+            Err(node
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "HardwareKeyTrusted")
+                .map_or_else(|| "no hardware key".to_owned(), |c| c.message.clone()))
+        },
+    ));
+    out
+}
+
+/// The ramdisk's inventory arrived (in the report's transaction, after the profile conditions
+/// were refreshed): a node `inspecting` on a used boot is checked again against its BMC,
+/// moves to `commissioning`, and commissioning's steps decide `ready` or `failed`.
+pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> {
+    if edit.node.provision_state != ProvisionState::Inspecting {
+        return Ok(());
+    }
+    let Some(mut b) = tx.boot(&edit.node.id)? else {
+        return Ok(());
+    };
+    if b.used_at.is_none() || b.purpose != ProvisionState::Inspecting.as_str() {
+        return Ok(());
+    }
+    let Some(bmc) = tx.bmc(&edit.node.id)? else {
+        return Ok(());
+    };
+    edit.act_as(OWNER);
+    let differs = boot::mismatches(&bmc, &edit.node.identifier_digests);
+    if !differs.is_empty() {
+        let why = format!(
+            "the ramdisk's inventory does not show the identifiers node {}'s BMC reported: {}",
+            edit.node.id,
+            differs.join("; ")
+        );
+        condition(
+            edit,
+            HARDWARE_MISMATCH,
+            ConditionStatus::True,
+            "IdentifiersDiffer",
+            why.clone(),
+        );
+        condition(edit, INSPECTED, ConditionStatus::False, "HardwareMismatch", why.clone());
+        return apply_transition(edit, ProvisionState::Failed, &why);
+    }
+    condition(
+        edit,
+        INSPECTED,
+        ConditionStatus::True,
+        "Inspected",
+        format!(
+            "the ramdisk reported the machine's inventory with boot token {}",
+            b.token_id
+        ),
+    );
+    apply_transition(
+        edit,
+        ProvisionState::Commissioning,
+        "inspection done: the machine is the one its BMC described",
+    )?;
+    b.purpose = ProvisionState::Commissioning.as_str().to_owned();
+    b.phase_started_at = edit.now();
+    tx.put_boot(&b)?;
+    let pool = pool_of(tx, &edit.node)?;
+    let results = steps(&edit.node, pool.as_ref());
+    let mut failed = Vec::new();
+    for (step, r) in &results {
+        let (to, msg) = match r {
+            Ok(d) => ("passed", format!("{step}: {d}")),
+            Err(d) => {
+                failed.push(format!("{step}: {d}"));
+                ("failed", format!("{step}: {d}"))
+            }
+        };
+        edit.event("commissioningStep", None, Some(to.to_owned()), msg);
+    }
+    if failed.is_empty() {
+        condition(
+            edit,
+            COMMISSIONED,
+            ConditionStatus::True,
+            "AllStepsPassed",
+            format!("{} step(s) passed", results.len()),
+        );
+        apply_transition(edit, ProvisionState::Ready, "commissioning passed")
+    } else {
+        let why = format!("commissioning failed: {}", failed.join("; "));
+        condition(
+            edit,
+            COMMISSIONED,
+            ConditionStatus::False,
+            "StepFailed",
+            why.clone(),
+        );
+        apply_transition(edit, ProvisionState::Failed, &why)
+    }
+}
+
+/// Fails `node_id` whose ramdisk state outlived its deadline; `Ok(false)` when it moved on.
+fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
+    let Some(b) = tx.boot(node_id)? else {
+        return Ok(false);
+    };
+    let mut edit = Edit::begin(tx, node_id, None, OWNER)?;
+    let state = edit.node.provision_state;
+    if !in_ramdisk(state) || state.as_str() != b.purpose {
+        return Ok(false);
+    }
+    let pool = pool_of(tx, &edit.node)?;
+    let limit = deadline(pool.as_ref(), state);
+    if now < b.phase_started_at.saturating_add(ms(limit)) {
+        return Ok(false);
+    }
+    let secs = limit.as_secs();
+    let (type_, reason, why) = match (state, b.used_at) {
+        (ProvisionState::Commissioning, _) => (
+            COMMISSIONED,
+            "CommissioningDeadline",
+            format!("commissioning did not finish within {secs}s"),
+        ),
+        (_, Some(_)) => (
+            INSPECTED,
+            "InspectionDeadline",
+            format!(
+                "the ramdisk joined but did not report an inventory within {secs}s of the inspection's start"
+            ),
+        ),
+        (_, None) if b.command_id.is_none() => (
+            INSPECTED,
+            "InspectionDeadline",
+            format!(
+                "the machine was never powered on into the ramdisk within {secs}s: no site agent of its site held the lease"
+            ),
+        ),
+        (_, None) => (
+            INSPECTED,
+            "InspectionDeadline",
+            format!(
+                "the machine never booted the ramdisk within {secs}s: it was powered on with PXE ({}), but no ramdisk joined with its boot token {}",
+                b.command_id.as_deref().unwrap_or("?"),
+                b.token_id
+            ),
+        ),
+    };
+    condition(&mut edit, type_, ConditionStatus::False, reason, why.clone());
+    apply_transition(&mut edit, ProvisionState::Failed, &why)?;
+    edit.save(tx)?;
+    Ok(true)
+}
+
+/// What the pass decided for one node, done after its transaction.
+enum Action {
+    /// Push the assignment, then dispatch the holder's commands.
+    Boot { site: String, holder: String },
+    /// The boot ended: push the assignment (and dispatch a power-off, if one was queued).
+    Ended { site: String, holder: Option<String> },
+}
+
+impl BareMetal {
+    /// `nodes.inspect`: a verified `enrolling` node, or a `ready` one, goes to `inspecting`; the
+    /// controller boots it into the ramdisk. Errors: `NOT_FOUND`, `CONFLICT` on a stale
+    /// `version`, `INVALID_STATE` for any other state or an unverified BMC.
+    pub async fn inspect(&self, req: InspectRequest, actor: &str) -> Result<NodeRecord, OpError> {
+        let actor = actor.to_owned();
+        self.store
+            .write(move |tx| {
+                let mut edit = Edit::begin(tx, &req.node_id, req.version, &actor)?;
+                let verified = tx.bmc(&req.node_id)?.is_some_and(|b| b.verified_at.is_some());
+                if !verified {
+                    return Err(OpError::InvalidState(format!(
+                        "node {} has no verified BMC: only a machine enrolled through its BMC (nodes.enroll) and verified can be inspected",
+                        req.node_id
+                    )));
+                }
+                start(&mut edit, "nodes.inspect")?;
+                edit.save(tx)
+            })
+            .await
+    }
+
+    /// The ramdisk controller's pass at `now` (see the module docs).
+    pub async fn boot_pass(&self, now: i64) {
+        let work = self
+            .store
+            .read(|r| {
+                let mut waiting = Vec::new();
+                for s in boot::RAMDISK_STATES {
+                    for b in r.bmcs_in_state(s.as_str())? {
+                        if r.boot(&b.node_id)?.is_none() {
+                            waiting.push(b.node_id);
+                        }
+                    }
+                }
+                Ok::<_, OpError>(waiting)
+            })
+            .await;
+        let waiting = match work {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the ramdisk boots failed");
+                return;
+            }
+        };
+        for node_id in waiting {
+            let (key, id) = (std::sync::Arc::clone(&self.key), node_id.clone());
+            let r = self
+                .store
+                .write(move |tx| {
+                    let Some(node) = tx.node(&id)? else {
+                        return Ok::<_, OpError>(());
+                    };
+                    if !in_ramdisk(node.provision_state) || tx.boot(&id)?.is_some() {
+                        return Ok(());
+                    }
+                    let pool = pool_of(tx, &node)?;
+                    let ttl = deadline(pool.as_ref(), node.provision_state);
+                    let b = boot::begin(tx, &key, &id, node.provision_state, ttl, now)?;
+                    tracing::info!(node_id = %id, token = %b.token_id, purpose = %b.purpose, "ramdisk boot begun");
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::error!(node_id = %node_id, error = %e, "beginning a ramdisk boot failed");
+            }
+        }
+        let boots = match self.store.read(|r| r.boots()).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the ramdisk boots failed");
+                return;
+            }
+        };
+        for b in boots {
+            match self.boot_step(b, now).await {
+                Ok(Some(Action::Boot { site, holder })) => {
+                    self.push_site(&site).await;
+                    self.commands.dispatch(&holder, false).await;
+                }
+                Ok(Some(Action::Ended { site, holder })) => {
+                    self.push_site(&site).await;
+                    if let Some(h) = holder {
+                        self.commands.dispatch(&h, false).await;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "a ramdisk boot step failed"),
+            }
+        }
+    }
+
+    /// One boot's turn: end it, fail it, or power the machine on into it.
+    async fn boot_step(&self, b: BootRecord, now: i64) -> Result<Option<Action>, OpError> {
+        let bm = self.clone();
+        let timeout = ms(self.cfg.command_timeout);
+        self.store
+            .write(move |tx| {
+                let Some(node) = tx.node(&b.node_id)? else {
+                    return Ok(None);
+                };
+                let site = node.site_id.clone().unwrap_or_default();
+                let holder = super::power::live_holder(tx, &bm, &site).ok();
+                let state = node.provision_state;
+                if !in_ramdisk(state) || state.as_str() != b.purpose {
+                    // Commissioning is entered by a report, which moves the purpose with it:
+                    // anything else means the node left the ramdisk.
+                    tx.delete_boot(&b.node_id)?;
+                    let pool = pool_of(tx, &node)?;
+                    let off = match state {
+                        ProvisionState::Ready => pool
+                            .as_ref()
+                            .and_then(|p| p.acceptance.power_off_when_ready)
+                            .unwrap_or(true),
+                        ProvisionState::Failed => true,
+                        _ => false,
+                    };
+                    let mut queued = None;
+                    if off && let Some((h, epoch)) = &holder {
+                        let args = serde_json::json!({
+                            "nodeId": b.node_id, "leaseEpoch": epoch, "action": PowerAction::Off.as_str()
+                        });
+                        queue(tx, h, &b.node_id, CommandName::BmcPower, args, timeout, OWNER)?;
+                        queued = Some(h.clone());
+                        mark_expected(tx, &b.node_id, "off")?;
+                    }
+                    tracing::info!(node_id = %b.node_id, state = %state, power_off = queued.is_some(), "ramdisk boot ended");
+                    return Ok(Some(Action::Ended {
+                        site,
+                        holder: queued,
+                    }));
+                }
+                if fail_overdue(tx, &b.node_id, now)? {
+                    return Ok(None);
+                }
+                if b.command_id.is_some() {
+                    return Ok(None);
+                }
+                let Some((h, epoch)) = holder else {
+                    return Ok(None);
+                };
+                let action = if node.power == Power::On {
+                    PowerAction::Reboot
+                } else {
+                    PowerAction::On
+                };
+                let args = serde_json::json!({
+                    "nodeId": b.node_id, "leaseEpoch": epoch, "action": action.as_str(),
+                    "bootDevice": BootDevice::Pxe.as_str()
+                });
+                let rec = queue(tx, &h, &b.node_id, CommandName::BmcPower, args, timeout, OWNER)?;
+                mark_expected(tx, &b.node_id, "on")?;
+                let mut b = b;
+                b.command_id = Some(rec.id);
+                tx.put_boot(&b)?;
+                Ok(Some(Action::Boot { site, holder: h }))
+            })
+            .await
+    }
+}
+
+/// Records that the control plane asked for `power` (a change toward it is not out of band).
+fn mark_expected(tx: &Tx<'_>, node_id: &str, power: &str) -> Result<(), OpError> {
+    if let Some(mut bmc) = tx.bmc(node_id)? {
+        bmc.power_expected = Some(power.to_owned());
+        bmc.power_expected_at = Some(cpl_store::now_ms());
+        tx.put_bmc(&bmc)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! Network boots into the ramdisk (issue 15): one row per node in `node_boots`, the node's
+//! current boot — its one-time boot token (hashed for the join, sealed for the site agent's boot
+//! service), what the boot is for, when it expires, when the ramdisk used it, and when the node
+//! entered its current ramdisk state (the state's deadline counts from there).
+//!
+//! The store never sees the token's secret in clear: `secret_sha256` is a digest and `sealed` is
+//! the core's AEAD envelope, which the store cannot open.
+
+use rusqlite::{OptionalExtension, Row, params};
+
+use super::{Reader, StoreError, Tx};
+
+/// A node's current ramdisk boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootRecord {
+    pub node_id: String,
+    /// The token's public half (`boot_<20 [a-z0-9]>`); unique across nodes.
+    pub token_id: String,
+    /// Lowercase hex SHA-256 of the token's secret half.
+    pub secret_sha256: String,
+    /// The whole token `<id>.<secret>`, sealed by the control plane's credential key.
+    pub sealed: String,
+    /// The provision state the boot is for (`inspecting`, `commissioning`).
+    pub purpose: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    /// The token is refused after this, ms since the Unix epoch.
+    pub expires_at: i64,
+    /// When a ramdisk joined with the token (it is spent then); `None`: still pending.
+    pub used_at: Option<i64>,
+    /// When the node entered its current ramdisk state, ms since the Unix epoch.
+    pub phase_started_at: i64,
+    /// The `bmc.power` command that powers the machine on into this boot, once issued.
+    pub command_id: Option<String>,
+}
+
+const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
+    expires_at, used_at, phase_started_at, command_id";
+
+fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
+    Ok(BootRecord {
+        node_id: r.get(0)?,
+        token_id: r.get(1)?,
+        secret_sha256: r.get(2)?,
+        sealed: r.get(3)?,
+        purpose: r.get(4)?,
+        created_at: r.get(5)?,
+        expires_at: r.get(6)?,
+        used_at: r.get(7)?,
+        phase_started_at: r.get(8)?,
+        command_id: r.get(9)?,
+    })
+}
+
+impl Tx<'_> {
+    /// Inserts or replaces the boot of `b.node_id` (a new boot replaces the old one, whose token
+    /// is then unknown).
+    pub fn put_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
+        self.sqlite().execute(
+            "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
+             created_at, expires_at, used_at, phase_started_at, command_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+             ON CONFLICT (node_id) DO UPDATE SET token_id = excluded.token_id, \
+             secret_sha256 = excluded.secret_sha256, sealed = excluded.sealed, \
+             purpose = excluded.purpose, created_at = excluded.created_at, \
+             expires_at = excluded.expires_at, used_at = excluded.used_at, \
+             phase_started_at = excluded.phase_started_at, command_id = excluded.command_id",
+            params![
+                b.node_id,
+                b.token_id,
+                b.secret_sha256,
+                b.sealed,
+                b.purpose,
+                b.created_at,
+                b.expires_at,
+                b.used_at,
+                b.phase_started_at,
+                b.command_id
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Removes the boot of `node_id` (the workflow left the ramdisk). Returns whether one existed.
+    pub fn delete_boot(&self, node_id: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .sqlite()
+            .execute("DELETE FROM node_boots WHERE node_id = ?1", params![node_id])?
+            > 0)
+    }
+}
+
+impl Reader<'_> {
+    /// The current boot of `node_id`.
+    pub fn boot(&self, node_id: &str) -> Result<Option<BootRecord>, StoreError> {
+        Ok(self
+            .sqlite()
+            .query_row(
+                &format!("SELECT {BOOT_COLUMNS} FROM node_boots WHERE node_id = ?1"),
+                params![node_id],
+                boot_from_row,
+            )
+            .optional()?)
+    }
+
+    /// The boot whose token id is `token_id`.
+    pub fn boot_by_token(&self, token_id: &str) -> Result<Option<BootRecord>, StoreError> {
+        Ok(self
+            .sqlite()
+            .query_row(
+                &format!("SELECT {BOOT_COLUMNS} FROM node_boots WHERE token_id = ?1"),
+                params![token_id],
+                boot_from_row,
+            )
+            .optional()?)
+    }
+
+    /// Every boot, by node id (the deadline controller reads them all: a site has at most a few
+    /// hundred machines in the ramdisk at once).
+    pub fn boots(&self) -> Result<Vec<BootRecord>, StoreError> {
+        let mut stmt = self.sqlite().prepare_cached(&format!(
+            "SELECT {BOOT_COLUMNS} FROM node_boots ORDER BY node_id"
+        ))?;
+        let rows = stmt.query_map([], boot_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{NewNode, Store};
+    use bc_protocol::{Adapter, NodeRole, ProvisionState, Trust};
+
+    fn node(tx: &Tx<'_>, id: &str) -> Result<(), StoreError> {
+        let n = NewNode {
+            id: id.into(),
+            site_id: None,
+            pool_id: None,
+            owner_tenant_id: None,
+            role: NodeRole::Host,
+            trust: Trust::Platform,
+            adapter: Adapter::BcdV1,
+            drivers: Default::default(),
+            hostname: None,
+            hardware_key: None,
+            hardware_key_trusted: false,
+            identifier_digests: vec![],
+        };
+        tx.insert_node_in(&n, ProvisionState::Inspecting, 1)
+    }
+
+    fn boot(node: &str, token: &str) -> BootRecord {
+        BootRecord {
+            node_id: node.into(),
+            token_id: token.into(),
+            secret_sha256: "ab".repeat(32),
+            sealed: "sealed".into(),
+            purpose: "inspecting".into(),
+            created_at: 1,
+            expires_at: 2,
+            used_at: None,
+            phase_started_at: 1,
+            command_id: None,
+        }
+    }
+
+    #[test]
+    fn a_new_boot_replaces_the_old_one_and_its_token() -> Result<(), StoreError> {
+        let store = Store::open_in_memory()?;
+        store.write_blocking(|tx| {
+            node(tx, "n1")?;
+            tx.put_boot(&boot("n1", "boot_a"))?;
+            tx.put_boot(&boot("n1", "boot_b"))?;
+            assert_eq!(tx.boot_by_token("boot_a")?, None);
+            assert_eq!(tx.boot("n1")?.map(|b| b.token_id), Some("boot_b".into()));
+            assert_eq!(tx.boots()?.len(), 1);
+            assert!(tx.delete_boot("n1")?);
+            assert!(!tx.delete_boot("n1")?);
+            assert_eq!(tx.boot("n1")?, None);
+            Ok(())
+        })
+    }
+}
