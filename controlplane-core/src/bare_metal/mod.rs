@@ -46,6 +46,8 @@ pub mod verify;
 
 #[cfg(test)]
 mod bare_metal_tests;
+#[cfg(test)]
+mod boot_tests;
 
 use std::sync::Arc;
 use std::time::Duration;

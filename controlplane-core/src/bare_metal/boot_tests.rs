@@ -1,0 +1,335 @@
+//! The ramdisk's join with its boot token and the inspection it ends (issue 15), through the
+//! core with a real store: a match re-joins in place and an inventory takes the node to
+//! `ready`; a replayed, expired, misused or mismatched token is refused, and a mismatch fails
+//! the node with `HardwareMismatch`.
+
+use std::time::Duration;
+
+use bc_protocol::commands::bmc::{BmcFacts, BmcNic, PowerState};
+use bc_protocol::hwid::{self, Kind};
+use bc_protocol::{Adapter, ConditionStatus, Mode, NodeRole, PoolAgent, PoolKind, ProvisionState, Trust};
+use cpl_store::{BmcRecord, NewNode, NodeRecord, Store, Tx, now_ms};
+
+use super::boot::{self, BootRefusal, BootSettings, HARDWARE_MISMATCH};
+use super::inspect::COMMISSIONED;
+use super::verify::identifiers;
+use super::CredentialKey;
+use crate::error::OpError;
+use crate::join::{JoinError, JoinFacts, JoinOutcome, join};
+use crate::ops::pools::{self, NewPool};
+use crate::reports::{InventoryReport, record_inventory};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const UUID: &str = "5f2e0c4e-1c9a-4a51-9a43-0123456789ab";
+const SERIAL: &str = "SER-RD-0001";
+const MAC: &str = "00:1b:21:aa:bb:01";
+
+/// The machine's identifier digests as its hardware key computes them.
+fn digests(uuid: &str, serial: &str, mac: &str) -> Vec<String> {
+    let mut d = vec![
+        hwid::digest(&hwid::uuid_line(uuid).unwrap_or_default()),
+        hwid::digest(&hwid::serial_line(Kind::SystemSerial, serial).unwrap_or_default()),
+        hwid::digest(&hwid::mac_line(mac).unwrap_or_default()),
+    ];
+    d.sort();
+    d
+}
+
+struct Bed {
+    store: Store,
+    key: CredentialKey,
+    node: String,
+}
+
+/// A node `inspecting` with a verified BMC that reported UUID, SERIAL and MAC, in a pool with
+/// `profile_gpus` expected GPUs.
+fn bed(profile_gpus: Option<u32>) -> Result<Bed, Box<dyn std::error::Error>> {
+    let store = Store::open_in_memory()?;
+    let key = CredentialKey::generate();
+    let node = "node_rd".to_owned();
+    store.write_blocking(|tx| {
+        let pool = pools::create(
+            tx,
+            &NewPool {
+                name: "metal".into(),
+                kind: PoolKind::MetalHost,
+                agent: PoolAgent::Bcd,
+                site_id: None,
+                owner_tenant_id: None,
+                hardware_profile: cpl_store::HardwareProfile {
+                    expected_gpu_count: profile_gpus,
+                    ..Default::default()
+                },
+                acceptance: Default::default(),
+            },
+        )?;
+        tx.insert_node_in(
+            &NewNode {
+                id: node.clone(),
+                site_id: None,
+                pool_id: Some(pool.id),
+                owner_tenant_id: None,
+                role: NodeRole::Host,
+                trust: Trust::Platform,
+                adapter: Adapter::BcdV1,
+                drivers: Default::default(),
+                hostname: Some("m1".into()),
+                hardware_key: None,
+                hardware_key_trusted: false,
+                identifier_digests: vec![],
+            },
+            ProvisionState::Inspecting,
+            1,
+        )?;
+        let facts = BmcFacts {
+            system_path: "/redfish/v1/Systems/1".into(),
+            uuid: Some(UUID.into()),
+            serial: Some(SERIAL.into()),
+            manufacturer: None,
+            model: None,
+            nics: vec![BmcNic {
+                id: "1".into(),
+                mac: MAC.into(),
+            }],
+            power: PowerState::Off,
+            cert_sha256: None,
+        };
+        tx.put_bmc(&BmcRecord {
+            node_id: node.clone(),
+            address: "redfish+http://127.0.0.1:1".into(),
+            tls: "pin".into(),
+            credentials: "sealed".into(),
+            candidate: None,
+            cert_sha256: None,
+            facts: Some(serde_json::json!({"uuid": UUID, "serial": SERIAL, "macs": [MAC]})),
+            identifiers: identifiers(&facts),
+            macs: vec![],
+            verified_at: Some(1),
+            verify_command_id: None,
+            verify_started_at: None,
+            last_error: None,
+            power_expected: None,
+            power_expected_at: None,
+            reachable: Some(true),
+            created_at: 1,
+            inspect: true,
+        })?;
+        Ok::<_, OpError>(())
+    })?;
+    Ok(Bed { store, key, node })
+}
+
+impl Bed {
+    /// Begins a boot valid for `ttl` and returns its token in clear.
+    fn boot(&self, ttl: Duration) -> Result<String, Box<dyn std::error::Error>> {
+        let b = self.store.write_blocking(|tx| {
+            boot::begin(tx, &self.key, &self.node, ProvisionState::Inspecting, ttl, now_ms())
+        })?;
+        let args = boot::kernel_args(
+            &self.key,
+            &BootSettings {
+                gateway_url: "https://10.0.2.2:7443".into(),
+                ca_pin: "sha256:00".into(),
+            },
+            &b,
+        )?;
+        assert!(args.starts_with("bcd.url=https://10.0.2.2:7443 bcd.pin=sha256:00 "), "{args}");
+        let token = args
+            .split_whitespace()
+            .find_map(|a| a.strip_prefix("bcd.token="))
+            .ok_or("no bcd.token")?;
+        assert!(token.starts_with("boot_"), "{token}");
+        Ok(token.to_owned())
+    }
+
+    fn join(&self, token: &str, mode: Mode, d: Vec<String>) -> Result<JoinOutcome, JoinError> {
+        let f = JoinFacts {
+            token: token.to_owned(),
+            hardware_key: "ab".repeat(32),
+            trusted: true,
+            identifier_digests: d,
+            hostname: Some("ramdisk".into()),
+            peer: Some("127.0.0.1".into()),
+            mode,
+        };
+        self.store.write_blocking(|tx| join(tx, &f, &|_| false))
+    }
+
+    fn node(&self) -> Result<NodeRecord, Box<dyn std::error::Error>> {
+        Ok(self
+            .store
+            .read_blocking(|r| r.node(&self.node))?
+            .ok_or("node vanished")?)
+    }
+}
+
+fn cond<'a>(n: &'a NodeRecord, t: &str) -> Option<&'a bc_protocol::Condition> {
+    n.conditions.iter().find(|c| c.type_ == t)
+}
+
+#[test]
+fn the_right_machine_joins_once_and_its_inventory_makes_it_ready() -> TestResult {
+    let b = bed(None)?;
+    let token = b.boot(Duration::from_secs(600))?;
+    let before = b.node()?.identity_generation;
+    let joined = match b.join(&token, Mode::Ramdisk, digests(UUID, SERIAL, MAC))? {
+        JoinOutcome::Joined(j) => j,
+        other => return Err(format!("expected a join, got {other:?}").into()),
+    };
+    assert_eq!(joined.node_id, b.node);
+    assert!(joined.rejoined);
+    assert_eq!(joined.identity_generation, before + 1, "a ramdisk boot is a new identity");
+    let n = b.node()?;
+    assert_eq!(n.provision_state, ProvisionState::Inspecting);
+    assert_eq!(cond(&n, HARDWARE_MISMATCH).map(|c| c.status), Some(ConditionStatus::False));
+    // The same token again: a replay.
+    match b.join(&token, Mode::Ramdisk, digests(UUID, SERIAL, MAC)) {
+        Err(JoinError::Boot(BootRefusal::Used { .. })) => {}
+        other => return Err(format!("a replay must be refused as Used, got {other:?}").into()),
+    }
+    // The ramdisk's inventory: inspection ends, commissioning passes, the node is ready.
+    let d = digests(UUID, SERIAL, MAC);
+    let doc = br#"{"hostname":"ramdisk"}"#;
+    let state = b.store.write_blocking(|tx: &Tx<'_>| {
+        record_inventory(
+            tx,
+            &b.node,
+            0,
+            &InventoryReport {
+                hardware_key: &"ab".repeat(32),
+                trusted: true,
+                digests: &d,
+                document: doc,
+                sha256: &"cd".repeat(32),
+            },
+        )
+    })?;
+    assert_eq!(state, Some(ProvisionState::Ready));
+    let n = b.node()?;
+    assert_eq!(cond(&n, COMMISSIONED).map(|c| c.status), Some(ConditionStatus::True));
+    let moves: Vec<(Option<String>, Option<String>)> = b
+        .store
+        .read_blocking(|r| r.events(&b.node))?
+        .into_iter()
+        .filter(|e| e.kind == "provisionState")
+        .map(|e| (e.from, e.to))
+        .collect();
+    assert!(
+        moves.ends_with(&[
+            (Some("inspecting".into()), Some("commissioning".into())),
+            (Some("commissioning".into()), Some("ready".into())),
+        ]),
+        "{moves:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn another_machine_fails_the_node_with_what_differed_and_spends_the_token() -> TestResult {
+    let b = bed(None)?;
+    let token = b.boot(Duration::from_secs(600))?;
+    let out = b.join(&token, Mode::Ramdisk, digests(UUID, "SER-OTHER-9", MAC))?;
+    let JoinOutcome::Refused(r) = out else {
+        return Err(format!("expected a refusal, got {out:?}").into());
+    };
+    assert!(r.message.starts_with("HARDWARE_MISMATCH"), "{}", r.message);
+    assert!(r.message.contains("system serial") && r.message.contains(SERIAL), "{}", r.message);
+    assert!(!r.message.contains("system UUID"), "only the serial differed: {}", r.message);
+    let n = b.node()?;
+    assert_eq!(n.provision_state, ProvisionState::Failed);
+    assert_eq!(n.failed_from, Some(ProvisionState::Inspecting));
+    assert!(n.maintenance);
+    let c = cond(&n, HARDWARE_MISMATCH).ok_or("no HardwareMismatch")?;
+    assert_eq!(c.status, ConditionStatus::True);
+    // Spent: the right machine cannot use it afterwards either.
+    assert!(matches!(
+        b.join(&token, Mode::Ramdisk, digests(UUID, SERIAL, MAC)),
+        Err(JoinError::Boot(BootRefusal::Used { .. }))
+    ));
+    // No MAC of the BMC's on the machine is a mismatch too.
+    let b = bed(None)?;
+    let token = b.boot(Duration::from_secs(600))?;
+    let out = b.join(&token, Mode::Ramdisk, digests(UUID, SERIAL, "00:1b:21:aa:bb:99"))?;
+    assert!(matches!(out, JoinOutcome::Refused(ref r) if r.message.contains("MAC: none of 00:1b:21:aa:bb:01")), "{out:?}");
+    Ok(())
+}
+
+#[test]
+fn expired_unknown_malformed_and_misused_tokens_are_refused_without_a_change() -> TestResult {
+    let b = bed(None)?;
+    let token = b.boot(Duration::from_millis(0))?;
+    std::thread::sleep(Duration::from_millis(5));
+    let d = || digests(UUID, SERIAL, MAC);
+    assert!(matches!(
+        b.join(&token, Mode::Ramdisk, d()),
+        Err(JoinError::Boot(BootRefusal::Expired { .. }))
+    ));
+    let fresh = b.boot(Duration::from_secs(600))?;
+    // The older boot's token is unknown once a new boot replaced it.
+    assert!(matches!(
+        b.join(&token, Mode::Ramdisk, d()),
+        Err(JoinError::Boot(BootRefusal::Unknown { .. }))
+    ));
+    let (id, _) = fresh.split_once('.').ok_or("no dot")?;
+    assert!(matches!(
+        b.join(&format!("{id}.wrongsecret"), Mode::Ramdisk, d()),
+        Err(JoinError::Boot(BootRefusal::Unknown { .. }))
+    ));
+    assert!(matches!(
+        b.join("boot_", Mode::Ramdisk, d()),
+        Err(JoinError::Boot(BootRefusal::Malformed))
+    ));
+    // A node agent may not use a boot token, nor the ramdisk a join token.
+    assert!(matches!(
+        b.join(&fresh, Mode::Node, d()),
+        Err(JoinError::Boot(BootRefusal::WrongMode(_)))
+    ));
+    assert!(matches!(
+        b.join("tok_abc.secret", Mode::Ramdisk, d()),
+        Err(JoinError::Boot(BootRefusal::WrongMode(_)))
+    ));
+    // None of it changed the node, and the fresh token still works.
+    assert_eq!(b.node()?.provision_state, ProvisionState::Inspecting);
+    assert!(matches!(b.join(&fresh, Mode::Ramdisk, d())?, JoinOutcome::Joined(_)));
+    Ok(())
+}
+
+#[test]
+fn commissioning_fails_on_the_profile_naming_the_step() -> TestResult {
+    let b = bed(Some(8))?;
+    let token = b.boot(Duration::from_secs(600))?;
+    let d = digests(UUID, SERIAL, MAC);
+    assert!(matches!(b.join(&token, Mode::Ramdisk, d.clone())?, JoinOutcome::Joined(_)));
+    let state = b.store.write_blocking(|tx: &Tx<'_>| {
+        record_inventory(
+            tx,
+            &b.node,
+            0,
+            &InventoryReport {
+                hardware_key: &"ab".repeat(32),
+                trusted: true,
+                digests: &d,
+                document: br#"{"hostname":"ramdisk","gpus":[]}"#,
+                sha256: &"cd".repeat(32),
+            },
+        )
+    })?;
+    assert_eq!(state, Some(ProvisionState::Failed));
+    let n = b.node()?;
+    assert_eq!(n.failed_from, Some(ProvisionState::Commissioning));
+    let c = cond(&n, COMMISSIONED).ok_or("no Commissioned")?;
+    assert_eq!(c.status, ConditionStatus::False);
+    assert!(c.message.contains("gpuCount"), "{}", c.message);
+    Ok(())
+}
+
+#[test]
+fn the_deadline_defaults_and_pool_settings_apply() {
+    use super::inspect::{DEFAULT_COMMISSIONING_DEADLINE, DEFAULT_INSPECTION_DEADLINE, deadline};
+    assert_eq!(deadline(None, ProvisionState::Inspecting), DEFAULT_INSPECTION_DEADLINE);
+    assert_eq!(
+        deadline(None, ProvisionState::Commissioning),
+        DEFAULT_COMMISSIONING_DEADLINE
+    );
+}
