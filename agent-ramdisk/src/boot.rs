@@ -112,7 +112,7 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
     }
     match &cfg.setup {
         Some(setup) => {
-            let lease = crate::setup::run(setup).await?;
+            let lease = crate::setup::run(setup, p.node.as_deref()).await?;
             tracing::info!(iface = %lease.iface, "network up");
         }
         None => tracing::info!("--no-setup: no modules loaded, no DHCP"),

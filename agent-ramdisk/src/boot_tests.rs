@@ -1,3 +1,6 @@
+//! A whole boot (without early boot) against the core's scripted fake control plane.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use bc_protocol::pb::{self, agent_message, gateway_message};
 use bcd_core::test_utils::{Code, FakeControlPlane};
 

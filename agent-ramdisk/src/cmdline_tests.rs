@@ -1,3 +1,6 @@
+//! The kernel command line: required keys, duplicates, malformed values, the kernel's quoting.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use super::*;
 
 const PIN: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";

@@ -86,6 +86,7 @@ impl Observer for RamdiskHooks {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -13,10 +13,6 @@ use bcd_probes::hostroot::HostRoot;
 use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
 use serde_json::Value;
 
-/// Kernel hostnames that mean "none set": the kernel's default (`(none)`, `UTS_NODENAME`) and
-/// the usual placeholders.
-const NO_HOSTNAME: [&str; 3] = ["", "(none)", "localhost"];
-
 /// The machine the ramdisk booted on.
 #[derive(Debug)]
 pub struct RamdiskMachine {
@@ -88,7 +84,7 @@ impl Machine for RamdiskMachine {
             .root
             .read_trimmed("/proc/sys/kernel/hostname")
             .unwrap_or_default();
-        if !NO_HOSTNAME.contains(&kernel.as_str()) {
+        if !crate::setup::NO_HOSTNAME.contains(&kernel.as_str()) {
             return kernel;
         }
         self.node_hint.clone().unwrap_or_default()
@@ -134,6 +130,7 @@ impl Machine for RamdiskMachine {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -332,15 +332,38 @@ pub async fn dhcp(cfg: &SetupConfig) -> Result<Lease, SetupError> {
     }
 }
 
-/// All of early boot: modules, loopback up, the NICs, a lease.
-pub async fn run(cfg: &SetupConfig) -> Result<Lease, SetupError> {
+/// Kernel hostnames that mean "none set": the kernel's default (`(none)`, `UTS_NODENAME`) and
+/// the usual placeholder.
+pub const NO_HOSTNAME: [&str; 3] = ["", "(none)", "localhost"];
+
+/// Names the machine `name` (`/proc/sys/kernel/hostname`, proc(5)) unless the kernel already has
+/// a real name (the udhcpc script sets DHCP's). The inventory and the join then carry it.
+pub fn name_host(root: &HostRoot, name: &str) -> Result<(), String> {
+    let file = "/proc/sys/kernel/hostname";
+    let current = root.read_trimmed(file).unwrap_or_default();
+    if !NO_HOSTNAME.contains(&current.as_str()) || name.is_empty() {
+        return Ok(());
+    }
+    let path = root.path(file);
+    std::fs::write(&path, name).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// All of early boot: modules, loopback up, the NICs, a lease, and the hostname `name` when
+/// DHCP gave none.
+pub async fn run(cfg: &SetupConfig, name: Option<&str>) -> Result<Lease, SetupError> {
     load_modules(cfg).await;
     if let Err(e) = link_up(&cfg.root, "lo") {
         tracing::warn!(error = %e, "could not bring the loopback interface up");
     }
     let found = wait_for_interfaces(cfg).await?;
     tracing::info!(interfaces = ?found, "Ethernet interfaces found");
-    dhcp(cfg).await
+    let lease = dhcp(cfg).await?;
+    if let Some(name) = name
+        && let Err(e) = name_host(&cfg.root, name)
+    {
+        tracing::warn!(error = %e, "could not set the hostname");
+    }
+    Ok(lease)
 }
 
 #[cfg(test)]

@@ -1,3 +1,6 @@
+//! Early boot against a fixture `/sys/class/net` and fake `modprobe` and `udhcpc` scripts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -195,7 +198,7 @@ async fn without_a_nic_the_error_lists_what_was_there() {
     bed.iface("lo", 772, false);
     bed.iface("br0", 1, false);
     let cfg = bed.config(&udhcpc_leasing_on(&bed, "eth0"));
-    let err = run(&cfg).await.unwrap_err();
+    let err = run(&cfg, None).await.unwrap_err();
     assert!(matches!(err, SetupError::NoInterfaces { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("within 300ms (present: br0, lo)"), "{msg}");
@@ -252,7 +255,7 @@ async fn module_failures_are_reported_and_never_stop_the_rest() {
     );
     assert_eq!(loads.len(), DEFAULT_MODULES.len() + 1);
     // modprobe ran once per module, in order, and then DHCP went ahead.
-    let lease = run(&cfg).await.unwrap();
+    let lease = run(&cfg, None).await.unwrap();
     assert_eq!(lease.iface, "eth0");
     let calls = bed.calls();
     assert_eq!(calls[0], "modprobe virtio_pci");
@@ -271,7 +274,7 @@ async fn a_missing_modprobe_fails_each_module_but_not_the_boot() {
             .iter()
             .all(|l| l.result.as_ref().is_err_and(|e| e.contains("cannot run")))
     );
-    assert_eq!(run(&cfg).await.unwrap().iface, "eth0");
+    assert_eq!(run(&cfg, None).await.unwrap().iface, "eth0");
 }
 
 #[test]
@@ -290,4 +293,20 @@ fn the_image_loads_the_same_modules() {
         .filter(|l| !l.is_empty())
         .collect();
     assert_eq!(names, DEFAULT_MODULES, "packaging/ramdisk/modules differs");
+}
+
+#[tokio::test]
+async fn the_node_id_names_a_machine_dhcp_left_unnamed() {
+    let bed = Bed::new();
+    bed.iface("eth0", 1, true);
+    let host = bed.root().join("proc/sys/kernel/hostname");
+    std::fs::create_dir_all(host.parent().unwrap()).unwrap();
+    std::fs::write(&host, "(none)\n").unwrap();
+    let cfg = bed.config(&udhcpc_leasing_on(&bed, "eth0"));
+    run(&cfg, Some("node_7")).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&host).unwrap(), "node_7");
+    // A name DHCP gave (the udhcpc script set it) stays.
+    std::fs::write(&host, "rack4-u12\n").unwrap();
+    run(&cfg, Some("node_7")).await.unwrap();
+    assert_eq!(std::fs::read_to_string(&host).unwrap().trim(), "rack4-u12");
 }
