@@ -4,27 +4,42 @@
 //! # Background
 //! A bare-metal server enrolled through its BMC boots the ramdisk over the network; the ramdisk's
 //! agent joins like a node agent, then does the work no installed OS can: inspection beyond what
-//! the OS sees, burn-in, secure disk erase, writing the deployed image.
+//! the OS sees, burn-in, secure disk erase, writing the deployed image. The site agent's iPXE
+//! script boots it with `bcd.url`, `bcd.pin`, `bcd.token` and `bcd.node` on the kernel command
+//! line (docs/bare-metal.md); the image is built by `packaging/ramdisk/build.sh`.
 //!
 //! # Design
 //! The ramdisk is a mode of the session core (`bcd-core`) over the hardware probes
-//! (`bcd-probes`), without the node agent: its `bcd_core::mode::Machine` reports the machine's
-//! real SMBIOS, hardware key and inventory (`bcd_probes::{hwkey, inventory}`), serves
-//! `diag.nvml` and `gpu.reset` through `bcd_probes::nvml`, `logs.collect` and `node.reboot`
-//! through `bcd_core::ops` (with `reboot(2)`: there is no service manager), and keeps its
-//! per-boot identity in memory (`bcd_core::identity::MemoryIdentity`), joining with the one-time
-//! boot token from `/proc/cmdline` through `bcd_core::lifecycle::run`. This crate will own:
-//! inspection extras (firmware versions, BMC identity), commissioning steps and burn-in (GPU,
-//! memory, disk), disk erase (NVMe format/sanitize, ATA secure erase, overwrite as last resort),
-//! image write with checksum, and the early-boot duties.
+//! (`bcd-probes`), without the node agent:
+//! - [`cmdline`]: the settings from `/proc/cmdline`, split by the kernel's quoting rules.
+//! - [`setup`]: early boot — drivers (`modprobe`), the NICs in `/sys/class/net`, a DHCP lease
+//!   (busybox `udhcpc`); bounded, and every failure says what was tried.
+//! - [`machine`]: the `bcd_core::mode::Machine` — the machine's real SMBIOS, hardware key and
+//!   inventory (`bcd_probes::{hwkey, inventory}`, the node agent's document), `diag.nvml` and
+//!   `gpu.reset` through `bcd_probes::nvml`, `logs.collect` and `node.reboot` through
+//!   `bcd_core::ops` (with `reboot(2)`: there is no service manager).
+//! - [`hooks`]: a Spec is answered "not converged" (reason `RamdiskAgent`); a revoked or refused
+//!   identity ends the boot.
+//! - [`boot`]: one boot — the per-boot identity in memory (`bcd_core::identity::MemoryIdentity`)
+//!   and a journal in memory, joining with the one-time boot token through
+//!   `bcd_core::lifecycle::run`. A refused token ends the boot with an error (the init powers
+//!   off); a control plane that is down is retried with the core's backoff.
 //!
 //! It depends on `bc-protocol`, `bcd-core` and `bcd-probes`; never on the `bcd` binary crate or
-//! on another mode (`bcd-site`). The binary wires it into `bcd ramdisk`.
+//! on another mode (`bcd-site`). The binary wires it into `bcd ramdisk` (flags, signals, logging).
 //!
 //! # Limitations
-//! Nothing is implemented yet: `bcd ramdisk` refuses to start and says so.
+//! The ramdisk joins, reports inventory and serves the commands above; commissioning steps and
+//! burn-in (GPU, memory, disk), disk erase (NVMe format/sanitize, ATA secure erase, overwrite),
+//! image write with checksum and inspection extras (firmware versions, BMC identity) are still
+//! to come. NIC firmware (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and
+//! only IPv4 DHCP is tried.
 #![forbid(unsafe_code)]
 
-/// Why the ramdisk mode cannot run in this build.
-pub const NOT_YET: &str =
-    "ramdisk mode (inspection, burn-in, erase, image write) is not implemented in this build";
+pub mod boot;
+pub mod cmdline;
+pub mod hooks;
+pub mod machine;
+pub mod setup;
+
+pub use boot::{BootConfig, BootError, read_params, run};

@@ -28,27 +28,6 @@ pub struct SiteMachine {
     pub site: Arc<Site>,
 }
 
-impl SiteMachine {
-    /// The appliance's inventory and hardware identity (no GPUs: NVML is the node agent's).
-    fn collect_inventory(root: &HostRoot) -> Result<Inventory, String> {
-        let inv = bcd_probes::inventory::collect(root);
-        let hw = bcd_probes::hwkey::compute(root);
-        let doc = inv
-            .to_json_within(bc_protocol::MAX_INVENTORY_BYTES)
-            .ok_or_else(|| {
-                format!(
-                    "inventory does not fit in {} bytes even without PCI, disks and NICs",
-                    bc_protocol::MAX_INVENTORY_BYTES
-                )
-            })?;
-        Ok(Inventory {
-            hardware: Some(hw),
-            document_json: doc,
-            collected_at_ms: chrono::Utc::now().timestamp_millis(),
-        })
-    }
-}
-
 impl Machine for SiteMachine {
     fn mode(&self) -> Mode {
         Mode::Site
@@ -73,10 +52,12 @@ impl Machine for SiteMachine {
     }
 
     async fn inventory(&self) -> Result<Inventory, String> {
+        // The appliance's own inventory: no GPUs through NVML (that is the node agent's).
         let root = self.root.clone();
-        tokio::task::spawn_blocking(move || Self::collect_inventory(&root))
+        tokio::task::spawn_blocking(move || bcd_probes::inventory::message(&root, None))
             .await
             .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
     }
 
     async fn run_command(&self, run: &CommandRun) -> Result<Value, CommandFailure> {

@@ -16,19 +16,23 @@
 //!   `bcctl dev --sim`.
 //! - [`site`]: `bcd site` — `bcd-site`'s machine, hooks and power sync loop with the process
 //!   around them (flags, the `[site]` config section, signals, systemd).
+//! - [`ramdisk`]: `bcd ramdisk` — `bcd-ramdisk`'s boot with its flags, signals and the log
+//!   settings of the kernel command line.
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
 //! - [`config`], [`ops`]: `/etc/bcd/bcd.toml` and the agent's flags; [`metrics`]: `/metrics`.
-//! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch (`bcd ramdisk` is
-//!   `bcd-ramdisk`), and the only place errors become exit codes.
+//! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch, and the only place errors
+//!   become exit codes.
 //!
 //! # Limitations
-//! Nothing depends on this crate. The ramdisk mode is documented in its crate but not
-//! implemented; the agent has no local control socket (`bcd status` reads `status.json`).
+//! Nothing depends on this crate. The ramdisk mode joins, reports and serves commands; its
+//! bare-metal steps (burn-in, erase, image write) are to come (see `bcd-ramdisk`). The agent has
+//! no local control socket (`bcd status` reads `status.json`).
 #![forbid(unsafe_code)]
 pub mod agent;
 pub mod config;
 pub mod converge;
 pub mod metrics;
 pub mod ops;
+pub mod ramdisk;
 pub mod sim;
 pub mod site;

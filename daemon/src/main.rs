@@ -23,8 +23,9 @@ enum Command {
     /// Run the site agent: join as a site appliance, hold a session, and drive the site's BMCs
     /// (power and boot device over Redfish or IPMI, the power sync loop) while holding the lease.
     Site(Box<bcd::site::SiteArgs>),
-    /// Run the ramdisk agent (inspection, burn-in, erase, image write).
-    Ramdisk,
+    /// Run the ramdisk agent: load drivers, get a DHCP lease, join with the boot token from the
+    /// kernel command line (bcd.url, bcd.pin, bcd.token), report inventory and serve commands.
+    Ramdisk(Box<bcd::ramdisk::RamdiskArgs>),
     /// Print this machine's hardware key and every candidate identifier.
     HardwareKey(bcd_probes::hwkey::HardwareKeyArgs),
     /// Show what the agent of a state dir says about itself (status.json, node.json).
@@ -60,7 +61,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.block_on(bcd::site::run(*args))?;
             tracing::info!("site agent stopped");
         }
-        Command::Ramdisk => anyhow::bail!(bcd_ramdisk::NOT_YET),
+        Command::Ramdisk(args) => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(bcd::ramdisk::run(*args))?;
+            tracing::info!("ramdisk agent stopped");
+        }
         Command::HardwareKey(args) => print!("{}", bcd_probes::hwkey::run(&args)?),
         Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
         Command::Gpu(args) => bcd_probes::nvml::cli::run(args)?,
@@ -163,9 +168,27 @@ fn log_filter(filter: &str) -> String {
     out.join(",")
 }
 
+/// Starts logging: `--log`, or for `bcd ramdisk` the kernel command line's `bcd.log`, and its
+/// `--log-file` beside stderr.
+fn init_logging(cli: &Cli) {
+    let Command::Ramdisk(args) = &cli.command else {
+        bc_sys::logging::init(&log_filter(&cli.log));
+        return;
+    };
+    let filter = log_filter(&bcd::ramdisk::log_filter(args).unwrap_or_else(|| cli.log.clone()));
+    let Some(file) = &args.log_file else {
+        bc_sys::logging::init(&filter);
+        return;
+    };
+    if let Err(e) = bc_sys::logging::init_with_file(&filter, file) {
+        bc_sys::logging::init(&filter);
+        tracing::warn!(file = %file.display(), error = %e, "cannot write the log file; logging to stderr only");
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    bc_sys::logging::init(&log_filter(&cli.log));
+    init_logging(&cli);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -15,3 +15,22 @@ pub fn init(filter: &str) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
+
+/// [`init`], with every line also appended to `file` (without colours): the ramdisk has no
+/// journal, and `logs.collect` reads the agent's own log from there. When `file` cannot be
+/// opened nothing is installed and the error is returned; the caller falls back to [`init`].
+pub fn init_with_file(filter: &str, file: &std::path::Path) -> std::io::Result<()> {
+    use tracing_subscriber::fmt::writer::MakeWriterExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)?;
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr.and(std::sync::Arc::new(f)))
+        .with_ansi(false)
+        .init();
+    Ok(())
+}

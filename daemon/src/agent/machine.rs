@@ -39,35 +39,14 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl NodeMachine {
-    /// The machine's inventory and hardware identity as the `Inventory` message: GPUs through
-    /// NVML when it is there, the PCI list otherwise; shrunk (with notes saying what was left
-    /// out) when the document would pass the gateway's [`bc_protocol::MAX_INVENTORY_BYTES`].
+    /// The machine's inventory and hardware identity as the `Inventory` message
+    /// ([`bcd_probes::inventory::message`]: GPUs through NVML when it is there), timed for the
+    /// agent's metrics.
     fn collect_inventory(root: &HostRoot, nvml: &NvmlConfig) -> Result<Inventory, String> {
         let started = std::time::Instant::now();
-        let gpus = bcd_probes::nvml::inventory_gpus(nvml)
-            .ok()
-            .filter(|g| !g.is_empty())
-            .map(|gs| {
-                gs.iter()
-                    .map(bcd_probes::nvml::GpuInfo::to_inventory)
-                    .collect()
-            });
-        let inv = bcd_probes::inventory::collect_with_gpus(root, gpus);
-        let hw = bcd_probes::hwkey::compute(root);
+        let inv = bcd_probes::inventory::message(root, Some(nvml)).map_err(|e| e.to_string());
         crate::metrics::global().observe_inventory(started.elapsed());
-        let doc = inv
-            .to_json_within(bc_protocol::MAX_INVENTORY_BYTES)
-            .ok_or_else(|| {
-                format!(
-                    "inventory does not fit in {} bytes even without PCI, disks and NICs",
-                    bc_protocol::MAX_INVENTORY_BYTES
-                )
-            })?;
-        Ok(Inventory {
-            hardware: Some(hw),
-            document_json: doc,
-            collected_at_ms: chrono::Utc::now().timestamp_millis(),
-        })
+        inv
     }
 
     async fn diag(&self, run: &CommandRun) -> Result<Value, CommandFailure> {

@@ -22,6 +22,7 @@ pub mod disks;
 pub mod ethtool;
 pub mod gpu;
 pub mod host;
+pub mod message;
 pub mod nics;
 pub mod pci;
 pub mod pcie;
@@ -35,6 +36,7 @@ use bc_protocol::inventory::{self, Gpu, Inventory, Note};
 use crate::hostroot::HostRoot;
 
 pub use cli::{InventoryArgs, run};
+pub use message::{InventoryMessageError, message};
 pub use render::render_table;
 
 /// Collects the inventory of the machine under `root`, GPUs from the PCI list.

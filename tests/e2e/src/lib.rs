@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_agent;
+pub mod ramdisk;
 pub mod vm;
 
 use std::path::{Path, PathBuf};
@@ -59,9 +60,23 @@ pub fn cargo_command() -> Command {
     cmd
 }
 
+/// `bcctl` and `bcd`, once built.
+static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+
+/// Builds the binaries with `build(target/<profile>, target)` instead of the whole workspace,
+/// unless [`bins`] has built them already in this process: for tests that need only a few
+/// binaries ([`ramdisk::bins`]).
+pub fn preset_bins(build: impl FnOnce(&Path, &Path)) {
+    BINS.get_or_init(|| {
+        let dir = profile_dir();
+        let target = dir.parent().expect("target dir").to_owned();
+        build(&dir, &target);
+        (dir.join("bcctl"), dir.join("bcd"))
+    });
+}
+
 /// Paths of the built binaries, building them once.
 pub fn bins() -> &'static (PathBuf, PathBuf) {
-    static BINS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     BINS.get_or_init(|| {
         let dir = profile_dir();
         let target = dir.parent().expect("target dir").to_owned();

@@ -1,0 +1,178 @@
+//! One boot of the ramdisk, start to end: the settings from the kernel command line
+//! ([`crate::cmdline`]), early boot ([`crate::setup`]), then the session core's lifecycle with
+//! the [`RamdiskMachine`], an identity in memory and a journal in memory. Nothing is written to
+//! disk: the key and certificate die with the boot.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bcd_core::executor::Executor;
+use bcd_core::identity::MemoryIdentity;
+use bcd_core::join::JoinError;
+use bcd_core::journal::Journal;
+use bcd_core::lifecycle::{Lifecycle, LifecycleConfig, LifecycleError};
+use bcd_core::mode::TokenSource;
+use bcd_core::ops::OpsConfig;
+use bcd_core::ops::reboot::{RebootConfig, SYSCALL};
+use bcd_probes::hostroot::HostRoot;
+use bcd_probes::nvml::NvmlConfig;
+use tokio::sync::watch;
+
+use crate::cmdline::{BootParams, CmdlineError};
+use crate::hooks::RamdiskHooks;
+use crate::machine::RamdiskMachine;
+use crate::setup::{SetupConfig, SetupError};
+
+/// Outbound messages a session queues at most.
+const OUTBOUND_CAPACITY: usize = 64;
+
+/// Why the ramdisk stopped with an error (the init then powers the machine off).
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// The command line could not be read.
+    #[error("cannot read the kernel command line {}: {source}", path.display())]
+    ReadCmdline {
+        /// The file (`/proc/cmdline`).
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The command line lacks or garbles a setting.
+    #[error(transparent)]
+    Cmdline(#[from] CmdlineError),
+    /// No network.
+    #[error("network setup failed: {0}")]
+    Setup(#[from] SetupError),
+    /// The control plane refused the boot token (replayed, expired, not for this machine).
+    #[error(
+        "the control plane refused this boot's token: {0}. The token is one-time: power the machine on again through the control plane for a new one"
+    )]
+    TokenRefused(JoinError),
+    /// The session core stopped for another reason (a pin that does not match, a bad URL).
+    #[error(transparent)]
+    Lifecycle(LifecycleError),
+    /// The identity was revoked or refused during the boot.
+    #[error("this boot's identity ended: {0}")]
+    Ended(String),
+}
+
+/// What a boot runs with.
+#[derive(Debug, Clone)]
+pub struct BootConfig {
+    /// From the kernel command line.
+    pub params: BootParams,
+    /// Where `/sys`, `/proc`, `/dev` are.
+    pub root: HostRoot,
+    /// Early boot; `None` skips it (a test on a normal host).
+    pub setup: Option<SetupConfig>,
+    /// Where NVML and `nvidia-smi` are.
+    pub nvml: NvmlConfig,
+    /// The agent's own log file, for logs.collect (`/run/bcd.log` in the image).
+    pub log_file: Option<PathBuf>,
+    /// First reconnect wait ceiling.
+    pub reconnect_base: Duration,
+    /// Largest reconnect wait.
+    pub reconnect_max: Duration,
+}
+
+/// Reads and parses the command line at `path`.
+pub fn read_params(path: &Path) -> Result<BootParams, BootError> {
+    let text = std::fs::read_to_string(path).map_err(|source| BootError::ReadCmdline {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(crate::cmdline::parse(&text)?)
+}
+
+/// The boot token, and never another.
+#[derive(Debug)]
+struct BootToken(String);
+
+impl TokenSource for BootToken {
+    fn token(&self) -> Option<String> {
+        Some(self.0.clone())
+    }
+
+    fn can_wait(&self) -> bool {
+        false
+    }
+}
+
+/// Runs the boot until `stop` turns true (Ok) or it cannot go on (Err).
+pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), BootError> {
+    let p = &cfg.params;
+    tracing::info!(
+        node = p.node.as_deref().unwrap_or("-"),
+        control_plane = %p.url,
+        "bcd ramdisk starting"
+    );
+    if !p.unknown.is_empty() {
+        tracing::warn!(keys = ?p.unknown, "unknown bcd.* keys on the kernel command line are ignored");
+    }
+    match &cfg.setup {
+        Some(setup) => {
+            let lease = crate::setup::run(setup, p.node.as_deref()).await?;
+            tracing::info!(iface = %lease.iface, "network up");
+        }
+        None => tracing::info!("--no-setup: no modules loaded, no DHCP"),
+    }
+    let boot_id = cfg
+        .root
+        .read_trimmed("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default();
+    let machine = Arc::new(RamdiskMachine {
+        ops: OpsConfig {
+            reboot: RebootConfig::from_command_line(SYSCALL),
+            log_file: cfg.log_file.clone(),
+            kmsg: cfg.root.path(bcd_core::ops::KMSG),
+            ..OpsConfig::default()
+        },
+        root: cfg.root.clone(),
+        boot_id,
+        node_hint: p.node.clone(),
+        nvml: cfg.nvml.clone(),
+    });
+    let executor = Arc::new(Executor::new(machine, Journal::memory()));
+    // The hooks stop the lifecycle when the identity ends; signals stop it from outside.
+    let (stop_tx, lifecycle_stop) = watch::channel(false);
+    let forward = tokio::spawn(forward_stop(stop, stop_tx.clone()));
+    let mut hooks = RamdiskHooks::new(stop_tx);
+    let config = LifecycleConfig {
+        control_plane: Some(p.url.clone()),
+        ca_pin: Some(p.pin.clone()),
+        reconnect_base: cfg.reconnect_base,
+        reconnect_max: cfg.reconnect_max,
+        retry_refused_joins: false,
+        outbound_capacity: OUTBOUND_CAPACITY,
+    };
+    let store = MemoryIdentity::default();
+    let tokens = BootToken(p.token.clone());
+    let lifecycle = Lifecycle {
+        config: &config,
+        executor: &executor,
+        store: &store,
+        tokens: &tokens,
+    };
+    let outcome = bcd_core::lifecycle::run(&lifecycle, &mut hooks, lifecycle_stop).await;
+    forward.abort();
+    match outcome {
+        Ok(()) => match hooks.ended() {
+            Some(why) => Err(BootError::Ended(why.to_owned())),
+            None => Ok(()),
+        },
+        Err(LifecycleError::Join(e @ JoinError::Refused(_))) => Err(BootError::TokenRefused(e)),
+        Err(e) => Err(BootError::Lifecycle(e)),
+    }
+}
+
+/// Turns `to` true once `from` does.
+async fn forward_stop(mut from: watch::Receiver<bool>, to: watch::Sender<bool>) {
+    if from.wait_for(|s| *s).await.is_ok() {
+        let _ = to.send(true);
+    }
+}
+
+#[cfg(test)]
+#[path = "boot_tests.rs"]
+mod tests;

@@ -1,0 +1,230 @@
+//! The ramdisk's [`Machine`]: the bare-metal server it booted on — its real SMBIOS, hardware key
+//! and inventory (the same document the node agent sends), and the commands a ramdisk serves:
+//! `inventory.refresh`, `logs.collect` and `node.reboot` (reboot(2): there is no service
+//! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads.
+
+use bc_protocol::commands::{CommandErrorCode, CommandFailure};
+use bc_protocol::pb::{HardwareIdentity, Inventory};
+use bc_protocol::{CommandName, Mode};
+use bcd_core::executor::{CommandRun, to_result};
+use bcd_core::mode::Machine;
+use bcd_core::ops::OpsConfig;
+use bcd_probes::hostroot::HostRoot;
+use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
+use serde_json::Value;
+
+/// The machine the ramdisk booted on.
+#[derive(Debug)]
+pub struct RamdiskMachine {
+    /// Where `/sys`, `/proc`, `/dev` are.
+    pub root: HostRoot,
+    /// This boot's id, read once at start.
+    pub boot_id: String,
+    /// The node id the boot script named (`bcd.node`): the hostname when there is no other.
+    pub node_hint: Option<String>,
+    /// Where NVML and `nvidia-smi` are (diag.nvml, gpu.reset, GPU inventory).
+    pub nvml: NvmlConfig,
+    /// node.reboot and logs.collect settings.
+    pub ops: OpsConfig,
+}
+
+/// Runs blocking work (NVML, sysfs) off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, CommandFailure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CommandFailure::new(CommandErrorCode::Internal, e.to_string()))
+}
+
+impl RamdiskMachine {
+    /// `diag.nvml`: the node agent's checks; a ramdisk without a loadable NVML (no NVIDIA
+    /// driver in the image) fails the command with `NVML_UNAVAILABLE` instead of reporting a
+    /// report whose every check is "unavailable".
+    async fn diag(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: DiagArgs = run.args()?;
+        let (cfg, root) = (self.nvml.clone(), self.root.clone());
+        let report =
+            blocking(move || bcd_probes::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)).await?;
+        if !report.nvml_available {
+            let why = report
+                .unavailable_reason
+                .unwrap_or_else(|| "NVML unavailable".to_owned());
+            return Err(CommandFailure::new(
+                CommandErrorCode::NvmlUnavailable,
+                format!("{why} (in the ramdisk: is the NVIDIA driver in the image?)"),
+            ));
+        }
+        to_result(&report)
+    }
+
+    async fn reset(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: ResetArgs = run.args()?;
+        let (cfg, root) = (self.nvml.clone(), self.root.clone());
+        let report = blocking(move || bcd_probes::nvml::reset(&cfg, &a.gpus, &root))
+            .await?
+            .map_err(|e| e.to_failure())?;
+        to_result(&report)
+    }
+}
+
+impl Machine for RamdiskMachine {
+    fn mode(&self) -> Mode {
+        Mode::Ramdisk
+    }
+
+    fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// The kernel's hostname (set by the udhcpc script when DHCP gives one), else the node id
+    /// from the command line, else empty (the CSR then says `bcd`).
+    fn hostname(&self) -> String {
+        let kernel = self
+            .root
+            .read_trimmed("/proc/sys/kernel/hostname")
+            .unwrap_or_default();
+        if !crate::setup::NO_HOSTNAME.contains(&kernel.as_str()) {
+            return kernel;
+        }
+        self.node_hint.clone().unwrap_or_default()
+    }
+
+    async fn hardware(&self) -> Result<HardwareIdentity, String> {
+        bcd_probes::hwkey::compute_off_runtime(self.root.clone()).await
+    }
+
+    /// A ramdisk converges no spec (see [`crate::hooks`]).
+    fn observed_generation(&self) -> u64 {
+        0
+    }
+
+    async fn inventory(&self) -> Result<Inventory, String> {
+        let (root, nvml) = (self.root.clone(), self.nvml.clone());
+        tokio::task::spawn_blocking(move || bcd_probes::inventory::message(&root, Some(&nvml)))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    async fn run_command(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        match run.name {
+            CommandName::InventoryRefresh => bcd_core::handlers::inventory_refresh(self, run).await,
+            CommandName::DiagNvml => self.diag(run).await,
+            CommandName::GpuReset => self.reset(run).await,
+            CommandName::LogsCollect => bcd_core::ops::logs::handle(&self.ops, run).await,
+            CommandName::NodeReboot => {
+                bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
+            }
+            CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
+                Err(CommandFailure::new(
+                    CommandErrorCode::Unsupported,
+                    format!(
+                        "{} is a site agent's command; this is a ramdisk agent",
+                        run.name
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn machine(root: &std::path::Path, hint: Option<&str>) -> RamdiskMachine {
+        RamdiskMachine {
+            root: HostRoot::new(root),
+            boot_id: "b1".into(),
+            node_hint: hint.map(str::to_owned),
+            nvml: NvmlConfig {
+                lib_path: Some(root.join("no-libnvidia-ml.so.1")),
+                nvidia_smi: root.join("no-nvidia-smi"),
+            },
+            ops: OpsConfig::default(),
+        }
+    }
+
+    fn set_hostname(root: &std::path::Path, name: &str) {
+        let p = root.join("proc/sys/kernel");
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("hostname"), format!("{name}\n")).unwrap();
+    }
+
+    #[test]
+    fn the_hostname_is_the_kernels_else_the_node_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = machine(dir.path(), Some("node_7"));
+        assert_eq!(m.hostname(), "node_7");
+        set_hostname(dir.path(), "(none)");
+        assert_eq!(m.hostname(), "node_7");
+        set_hostname(dir.path(), "rack4-u12");
+        assert_eq!(m.hostname(), "rack4-u12");
+        set_hostname(dir.path(), "(none)");
+        assert_eq!(machine(dir.path(), None).hostname(), "");
+        assert_eq!(m.mode(), Mode::Ramdisk);
+        assert_eq!(m.observed_generation(), 0);
+    }
+
+    fn command(name: CommandName) -> CommandRun {
+        let (out, _rx) = tokio::sync::mpsc::channel(4);
+        CommandRun {
+            id: "cmd_1".into(),
+            name,
+            args: serde_json::json!({}),
+            link: bcd_core::executor::SessionLink { out, epoch: 1 },
+            upload: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn without_nvml_gpu_commands_fail_plainly() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = machine(dir.path(), None);
+        let f = m
+            .run_command(&command(CommandName::DiagNvml))
+            .await
+            .unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::NvmlUnavailable, "{f:?}");
+        assert!(f.message.contains("NVIDIA driver in the image"), "{f:?}");
+        let mut reset = command(CommandName::GpuReset);
+        reset.args = serde_json::json!({"gpus": "all"});
+        let f = m.run_command(&reset).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::NvmlUnavailable, "{f:?}");
+    }
+
+    #[tokio::test]
+    async fn bmc_commands_are_unsupported() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = machine(dir.path(), None)
+            .run_command(&command(CommandName::BmcPower))
+            .await
+            .unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::Unsupported);
+        assert!(f.message.contains("ramdisk agent"), "{f:?}");
+    }
+
+    #[tokio::test]
+    async fn the_inventory_is_the_machines_with_its_hardware_key() {
+        let host = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/fixtures/hosts/node-exporter"
+        );
+        if !std::path::Path::new(host).is_dir() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "fixture {host} missing"
+            );
+            eprintln!("!!! SKIPPED: fixture {host} missing");
+            return;
+        }
+        let m = machine(std::path::Path::new(host), None);
+        let inv = m.inventory().await.unwrap();
+        let doc: Value = serde_json::from_slice(&inv.document_json).unwrap();
+        assert!(doc["cpu"]["threads"].as_u64().unwrap_or(0) > 0, "{doc}");
+        let hw = inv.hardware.unwrap();
+        assert_eq!(hw, m.hardware().await.unwrap());
+    }
+}
