@@ -32,10 +32,13 @@ pub struct BootRecord {
     pub phase_started_at: i64,
     /// The `bmc.power` command that powers the machine on into this boot, once issued.
     pub command_id: Option<String>,
+    /// When the node left the ramdisk (ready, failed, …) and the boot ended. The row stays, so
+    /// a replayed token is refused as used, until the node's next boot replaces it.
+    pub ended_at: Option<i64>,
 }
 
 const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
-    expires_at, used_at, phase_started_at, command_id";
+    expires_at, used_at, phase_started_at, command_id, ended_at";
 
 fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
     Ok(BootRecord {
@@ -49,6 +52,7 @@ fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
         used_at: r.get(7)?,
         phase_started_at: r.get(8)?,
         command_id: r.get(9)?,
+        ended_at: r.get(10)?,
     })
 }
 
@@ -58,13 +62,14 @@ impl Tx<'_> {
     pub fn put_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
         self.sqlite().execute(
             "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
-             created_at, expires_at, used_at, phase_started_at, command_id) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+             created_at, expires_at, used_at, phase_started_at, command_id, ended_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
              ON CONFLICT (node_id) DO UPDATE SET token_id = excluded.token_id, \
              secret_sha256 = excluded.secret_sha256, sealed = excluded.sealed, \
              purpose = excluded.purpose, created_at = excluded.created_at, \
              expires_at = excluded.expires_at, used_at = excluded.used_at, \
-             phase_started_at = excluded.phase_started_at, command_id = excluded.command_id",
+             phase_started_at = excluded.phase_started_at, command_id = excluded.command_id, \
+             ended_at = excluded.ended_at",
             params![
                 b.node_id,
                 b.token_id,
@@ -75,18 +80,11 @@ impl Tx<'_> {
                 b.expires_at,
                 b.used_at,
                 b.phase_started_at,
-                b.command_id
+                b.command_id,
+                b.ended_at
             ],
         )?;
         Ok(())
-    }
-
-    /// Removes the boot of `node_id` (the workflow left the ramdisk). Returns whether one existed.
-    pub fn delete_boot(&self, node_id: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .sqlite()
-            .execute("DELETE FROM node_boots WHERE node_id = ?1", params![node_id])?
-            > 0)
     }
 }
 
@@ -115,11 +113,11 @@ impl Reader<'_> {
             .optional()?)
     }
 
-    /// Every boot, by node id (the deadline controller reads them all: a site has at most a few
-    /// hundred machines in the ramdisk at once).
+    /// Every boot that has not ended, by node id (the controller reads them all: a site has
+    /// at most a few hundred machines in the ramdisk at once).
     pub fn boots(&self) -> Result<Vec<BootRecord>, StoreError> {
         let mut stmt = self.sqlite().prepare_cached(&format!(
-            "SELECT {BOOT_COLUMNS} FROM node_boots ORDER BY node_id"
+            "SELECT {BOOT_COLUMNS} FROM node_boots WHERE ended_at IS NULL ORDER BY node_id"
         ))?;
         let rows = stmt.query_map([], boot_from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -162,6 +160,7 @@ mod tests {
             used_at: None,
             phase_started_at: 1,
             command_id: None,
+            ended_at: None,
         }
     }
 
@@ -175,9 +174,11 @@ mod tests {
             assert_eq!(tx.boot_by_token("boot_a")?, None);
             assert_eq!(tx.boot("n1")?.map(|b| b.token_id), Some("boot_b".into()));
             assert_eq!(tx.boots()?.len(), 1);
-            assert!(tx.delete_boot("n1")?);
-            assert!(!tx.delete_boot("n1")?);
-            assert_eq!(tx.boot("n1")?, None);
+            let mut ended = boot("n1", "boot_b");
+            ended.ended_at = Some(3);
+            tx.put_boot(&ended)?;
+            assert!(tx.boots()?.is_empty(), "an ended boot is no current boot");
+            assert_eq!(tx.boot_by_token("boot_b")?.and_then(|b| b.ended_at), Some(3));
             Ok(())
         })
     }

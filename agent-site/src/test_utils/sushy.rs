@@ -142,6 +142,26 @@ impl Sushy {
         systems: &[FakeSystem],
         tls: Option<(&Path, &Path)>,
     ) -> Option<Self> {
+        Self::start_inner(test, systems, tls, None).await
+    }
+
+    /// Starts a plain-HTTP emulator whose systems call `notify_url` on every change (the fake
+    /// driver's external notifier: an HTTP PUT of the system's stored JSON — power state, the
+    /// pending power request, boot device — synchronously inside the Redfish request).
+    pub async fn start_notifying(
+        test: &str,
+        systems: &[FakeSystem],
+        notify_url: &str,
+    ) -> Option<Self> {
+        Self::start_inner(test, systems, None, Some(notify_url)).await
+    }
+
+    async fn start_inner(
+        test: &str,
+        systems: &[FakeSystem],
+        tls: Option<(&Path, &Path)>,
+        notify_url: Option<&str>,
+    ) -> Option<Self> {
         let program = Self::program(test)?;
         let python = venv_python(&program);
         let dir = tempfile::tempdir().unwrap();
@@ -159,7 +179,16 @@ impl Sushy {
         std::fs::write(&htpasswd, format!("{USER}:{hash}\n")).unwrap();
         let port = free_tcp_port();
         let state = dir.path().join("state");
-        let list: Vec<String> = systems.iter().map(python_literal).collect();
+        let list: Vec<String> = systems
+            .iter()
+            .map(|s| {
+                let mut l = python_literal(s);
+                if notify_url.is_some() {
+                    l.insert_str(l.len() - 1, ", 'external_notifier': True");
+                }
+                l
+            })
+            .collect();
         let mut conf = format!(
             "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n\
              SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = '{}'\n\
@@ -168,6 +197,9 @@ impl Sushy {
             htpasswd.display(),
             list.join(",\n    ")
         );
+        if let Some(url) = notify_url {
+            let _ = writeln!(conf, "EXTERNAL_NOTIFICATION_URL = '{url}'");
+        }
         if let Some((cert, key)) = tls {
             let _ = write!(
                 conf,

@@ -69,7 +69,10 @@ fn boot_plan(r: &Reader<'_>, bm: &BareMetal, b: &BmcRecord) -> Result<Option<Boo
     let state = node.provision_state;
     let now = cpl_store::now_ms();
     let pending = r.boot(&b.node_id)?.filter(|boot| {
-        boot.used_at.is_none() && boot.expires_at > now && boot.purpose == state.as_str()
+        boot.used_at.is_none()
+            && boot.ended_at.is_none()
+            && boot.expires_at > now
+            && boot.purpose == state.as_str()
     });
     let (ramdisk, reason) = match pending {
         Some(boot) => match super::boot::kernel_args(&bm.key, &bm.boot, &boot) {

@@ -79,6 +79,13 @@ pub enum BootRefusal {
     /// Past its expiry.
     #[error("boot token {id} expired at {at}")]
     Expired { id: String, at: String },
+    /// Its boot is over (the node left the ramdisk) without the token being used.
+    #[error("boot token {id} belongs to a boot that ended at {at} (node {node_id} left the ramdisk)")]
+    Ended {
+        id: String,
+        node_id: String,
+        at: String,
+    },
     /// The node is no longer in the state the boot was for.
     #[error("boot token {id} was issued for {purpose}, but node {node_id} is {state} now")]
     WrongState {
@@ -123,6 +130,7 @@ pub(crate) fn begin(
         used_at: None,
         phase_started_at: now,
         command_id: None,
+        ended_at: None,
     };
     tx.put_boot(&rec)?;
     Ok(rec)
@@ -238,6 +246,13 @@ fn authenticate(r: &Reader<'_>, token: &str, now: i64) -> Result<BootRecord, Boo
             id: id.to_owned(),
             node_id: boot.node_id,
             at: at(used),
+        });
+    }
+    if let Some(ended) = boot.ended_at {
+        return Err(BootRefusal::Ended {
+            id: id.to_owned(),
+            node_id: boot.node_id,
+            at: at(ended),
         });
     }
     if now > boot.expires_at {

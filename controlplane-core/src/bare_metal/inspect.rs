@@ -169,7 +169,10 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
     let Some(mut b) = tx.boot(&edit.node.id)? else {
         return Ok(());
     };
-    if b.used_at.is_none() || b.purpose != ProvisionState::Inspecting.as_str() {
+    if b.used_at.is_none()
+        || b.ended_at.is_some()
+        || b.purpose != ProvisionState::Inspecting.as_str()
+    {
         return Ok(());
     }
     let Some(bmc) = tx.bmc(&edit.node.id)? else {
@@ -248,7 +251,7 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
 
 /// Fails `node_id` whose ramdisk state outlived its deadline; `Ok(false)` when it moved on.
 fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
-    let Some(b) = tx.boot(node_id)? else {
+    let Some(b) = tx.boot(node_id)?.filter(|b| b.ended_at.is_none()) else {
         return Ok(false);
     };
     let mut edit = Edit::begin(tx, node_id, None, OWNER)?;
@@ -336,7 +339,7 @@ impl BareMetal {
                 let mut waiting = Vec::new();
                 for s in boot::RAMDISK_STATES {
                     for b in r.bmcs_in_state(s.as_str())? {
-                        if r.boot(&b.node_id)?.is_none() {
+                        if r.boot(&b.node_id)?.is_none_or(|x| x.ended_at.is_some()) {
                             waiting.push(b.node_id);
                         }
                     }
@@ -359,7 +362,8 @@ impl BareMetal {
                     let Some(node) = tx.node(&id)? else {
                         return Ok::<_, OpError>(());
                     };
-                    if !in_ramdisk(node.provision_state) || tx.boot(&id)?.is_some() {
+                    let current = tx.boot(&id)?.is_some_and(|b| b.ended_at.is_none());
+                    if !in_ramdisk(node.provision_state) || current {
                         return Ok(());
                     }
                     let pool = pool_of(tx, &node)?;
@@ -413,7 +417,9 @@ impl BareMetal {
                 if !in_ramdisk(state) || state.as_str() != b.purpose {
                     // Commissioning is entered by a report, which moves the purpose with it:
                     // anything else means the node left the ramdisk.
-                    tx.delete_boot(&b.node_id)?;
+                    let mut ended = b.clone();
+                    ended.ended_at = Some(now);
+                    tx.put_boot(&ended)?;
                     let pool = pool_of(tx, &node)?;
                     let off = match state {
                         ProvisionState::Ready => pool

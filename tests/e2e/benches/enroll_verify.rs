@@ -113,7 +113,7 @@ impl Bench {
         let n = self.seen.ok(
             &self.cp,
             "nodes.enroll",
-            json!({"siteId": self.site, "name": format!("m{i}"), "bmc": {
+            json!({"inspect": false, "siteId": self.site, "name": format!("m{i}"), "bmc": {
                 "address": address, "username": USER, "password": PASSWORD}}),
         );
         (n["id"].as_str().unwrap().to_owned(), sent)

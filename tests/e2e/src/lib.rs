@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_agent;
+pub mod metal;
 pub mod ramdisk;
 pub mod vm;
 
@@ -145,7 +146,8 @@ impl ControlPlane {
         Self::start_with_args(dir, &args)
     }
 
-    fn start_with_args(dir: &Path, extra: &[&str]) -> Self {
+    /// Starts `bcctl serve` with exactly `extra` after the timings (no default listen addresses).
+    pub fn start_with_args(dir: &Path, extra: &[&str]) -> Self {
         let (bcctl, _) = bins();
         // A new dir is initialised explicitly (`--init`): it is not empty, it holds serve.log.
         let new = !dir.join("state-dir.json").exists() && !dir.join("state.db").exists();

@@ -53,6 +53,9 @@ fn enroll(seen: &mut Seen, cp: &ControlPlane, site: &str, name: &str, address: &
             USER,
             "--password-file",
             pw.to_str().unwrap(),
+            // Inspection boots the ramdisk (tests/e2e/tests/metal_vm.rs): here the machine stays
+            // `enrolling` for the power tests.
+            "--no-inspect",
         ],
         None,
     );
@@ -311,7 +314,7 @@ fn a_killed_lease_holder_hands_the_site_to_the_standby_and_no_command_runs_twice
     let node = seen.ok(
         &cp,
         "nodes.enroll",
-        json!({"siteId": site, "name": "m3", "bmc": {
+        json!({"inspect": false, "siteId": site, "name": "m3", "bmc": {
             "address": proxy.address(&format!("/redfish/v1/Systems/{}", system.uuid)),
             "username": USER, "password": PASSWORD}}),
     );
@@ -406,7 +409,7 @@ fn an_ipmi_bmc_is_enrolled_powered_on_and_set_to_pxe_through_the_site_agent() {
     let node = seen.ok(
         &cp,
         "nodes.enroll",
-        json!({"siteId": site, "name": "ipmi-1", "bmc": {
+        json!({"inspect": false, "siteId": site, "name": "ipmi-1", "bmc": {
             "address": fake.address(), "username": USER, "password": PASSWORD}}),
     );
     let node = node["id"].as_str().unwrap().to_owned();

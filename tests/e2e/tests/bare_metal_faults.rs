@@ -33,7 +33,7 @@ fn enroll(seen: &mut Seen, cp: &ControlPlane, site: &str, name: &str, address: &
     let n = seen.ok(
         cp,
         "nodes.enroll",
-        json!({"siteId": site, "name": name, "bmc": {
+        json!({"inspect": false, "siteId": site, "name": name, "bmc": {
             "address": address, "username": USER, "password": PASSWORD}}),
     );
     n["id"].as_str().unwrap().to_owned()

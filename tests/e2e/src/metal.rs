@@ -1,0 +1,284 @@
+//! Machines behind an emulated BMC: sushy-emulator's external notifier turned into QEMU boots.
+//!
+//! The emulator PUTs a system's stored JSON to [`Machines::notify_url`] on every change, inside
+//! the Redfish request that made it. The first PUT of a power request carries it in
+//! `pending_power.power_state` while `power_state` still shows the old state; later PUTs without
+//! a pending change are echoes (a read applying it, a boot device change) and start nothing. So:
+//! - a pending `On`/`ForceOn` with boot device `Pxe` starts the machine's QEMU, which PXE-boots
+//!   with its own iPXE ROM from `bootfile` (the site agent's boot service, reached at 10.0.2.2,
+//!   the host's loopback as the guest sees it), with the machine's SMBIOS UUID and serial and its
+//!   MAC on a virtio NIC; a pending `On` with any other boot device starts nothing (there is no
+//!   disk to boot);
+//! - a pending `Off` (the fake driver stores `ForceOff` and `GracefulShutdown` as `Off`) stops
+//!   it; a restart (`power_state` already `Off`, `On` pending, the VM still running) stops it
+//!   and starts it again (PXE only);
+//! - a machine marked `ignore` never boots (the "machine that never boots" case).
+//!
+//! Each boot's console goes to `<dir>/<name>-<n>.log`. The answer to the PUT comes first (204),
+//! the work after it: a slow answer would slow the emulator's Redfish answers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::vm::VmTools;
+
+/// One machine: what its BMC reports is the emulator's business; this is what QEMU gives the
+/// guest.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    /// Its name (console file names).
+    pub name: String,
+    /// SMBIOS system UUID (also the emulator's system id).
+    pub uuid: String,
+    /// SMBIOS system serial as the guest reads it (may differ from what the BMC reports).
+    pub serial: String,
+    /// The virtio NIC's MAC.
+    pub mac: String,
+    /// Never boot, whatever the BMC is asked.
+    pub ignore: bool,
+}
+
+/// What happened, in order, for the test's assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Happened {
+    /// A VM was started for the machine (its UUID).
+    Started(String),
+    /// A VM was stopped by a power-off.
+    Stopped(String),
+    /// A power-on was ignored (the machine is marked `ignore`, or it was not asked to PXE-boot).
+    Ignored(String, String),
+}
+
+#[derive(Debug)]
+struct Vm {
+    child: Child,
+    console: PathBuf,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    running: HashMap<String, Vm>,
+    boots: HashMap<String, u32>,
+    log: Vec<(Instant, Happened)>,
+    consoles: HashMap<String, Vec<PathBuf>>,
+}
+
+/// The harness: the notifier endpoint and the machines' VMs (all killed on drop).
+#[derive(Debug)]
+pub struct Machines {
+    /// `http://127.0.0.1:<port>/notify`.
+    pub notify_url: String,
+    state: Arc<Mutex<State>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+struct Ctx {
+    tools: VmTools,
+    machines: Vec<Machine>,
+    bootfile: String,
+    dir: PathBuf,
+    state: Arc<Mutex<State>>,
+}
+
+impl Ctx {
+    fn start_vm(&self, m: &Machine, st: &mut State) {
+        if st.running.contains_key(&m.uuid) {
+            return;
+        }
+        let n = st.boots.entry(m.uuid.clone()).or_insert(0);
+        *n += 1;
+        let console = self.dir.join(format!("{}-{}.log", m.name, n));
+        let disk = self.dir.join(format!("{}.disk", m.name));
+        if !disk.exists() {
+            let f = std::fs::File::create(&disk).unwrap();
+            f.set_len(64 << 20).unwrap();
+        }
+        let log = std::fs::File::create(&console).unwrap();
+        let mut cmd = Command::new(&self.tools.qemu);
+        cmd.args([
+            "-machine",
+            "q35",
+            "-accel",
+            "tcg,thread=single",
+            "-m",
+            "1G",
+            "-smp",
+            "2",
+            "-nographic",
+            "-no-reboot",
+            "-boot",
+            "n",
+            "-smbios",
+        ])
+        .arg(format!("type=1,serial={},uuid={}", m.serial, m.uuid))
+        .arg("-netdev")
+        .arg(format!("user,id=n0,bootfile={}", self.bootfile))
+        .arg("-device")
+        .arg(format!("virtio-net-pci,netdev=n0,mac={}", m.mac))
+        .arg("-drive")
+        .arg(format!(
+            "file={},if=none,id=d0,format=raw",
+            disk.display()
+        ))
+        .args(["-device", "virtio-blk-pci,drive=d0"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+        eprintln!("metal: starting {} ({}): {cmd:?}", m.name, m.uuid);
+        let child = cmd.spawn().expect("starting qemu");
+        st.consoles
+            .entry(m.uuid.clone())
+            .or_default()
+            .push(console.clone());
+        st.running.insert(m.uuid.clone(), Vm { child, console });
+        st.log.push((Instant::now(), Happened::Started(m.uuid.clone())));
+    }
+
+    fn stop_vm(&self, uuid: &str, st: &mut State) {
+        if let Some(mut vm) = st.running.remove(uuid) {
+            let _ = vm.child.kill();
+            let _ = vm.child.wait();
+            eprintln!("metal: stopped {uuid} (console {})", vm.console.display());
+            st.log.push((Instant::now(), Happened::Stopped(uuid.to_owned())));
+        }
+    }
+
+    fn on_notify(&self, doc: &Value) {
+        let Some(uuid) = doc["uuid"].as_str() else {
+            return;
+        };
+        let Some(pending) = doc["pending_power"]["power_state"].as_str() else {
+            return;
+        };
+        let Some(m) = self.machines.iter().find(|m| m.uuid == uuid) else {
+            return;
+        };
+        let pxe = doc["boot_device"].as_str() == Some("Pxe");
+        let mut st = self.state.lock().unwrap();
+        let on = |st: &mut State| {
+            if m.ignore {
+                st.log.push((
+                    Instant::now(),
+                    Happened::Ignored(uuid.to_owned(), "marked ignore".into()),
+                ));
+            } else if !pxe {
+                st.log.push((
+                    Instant::now(),
+                    Happened::Ignored(uuid.to_owned(), format!("boot device {}", doc["boot_device"])),
+                ));
+            } else {
+                self.start_vm(m, st);
+            }
+        };
+        let was_off = doc["power_state"].as_str() == Some("Off");
+        match pending {
+            // A restart reads Off at once with On pending: a VM still running is restarted.
+            "On" | "ForceOn" if was_off && st.running.contains_key(uuid) => {
+                self.stop_vm(uuid, &mut st);
+                on(&mut st);
+            }
+            "On" | "ForceOn" => on(&mut st),
+            "Off" | "ForceOff" | "GracefulShutdown" => self.stop_vm(uuid, &mut st),
+            "ForceRestart" | "GracefulRestart" => {
+                self.stop_vm(uuid, &mut st);
+                on(&mut st);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Machines {
+    /// Listens for the emulator's notifications; `bootfile` is QEMU's DHCP bootfile (e.g.
+    /// `http://10.0.2.2:<port>/boot.ipxe?mac=${net0/mac}`, which iPXE expands).
+    pub fn start(tools: VmTools, machines: Vec<Machine>, bootfile: &str, dir: &Path) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let state = Arc::new(Mutex::new(State::default()));
+        let ctx = Arc::new(Ctx {
+            tools,
+            machines,
+            bootfile: bootfile.to_owned(),
+            dir: dir.to_owned(),
+            state: Arc::clone(&state),
+        });
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app = axum::Router::new()
+            .route(
+                "/notify",
+                axum::routing::put(move |body: axum::body::Bytes| {
+                    let ctx = Arc::clone(&ctx);
+                    async move {
+                        if let Ok(doc) = serde_json::from_slice::<Value>(&body) {
+                            // Answer first: the emulator waits for this inside its Redfish request.
+                            tokio::task::spawn_blocking(move || ctx.on_notify(&doc));
+                        }
+                        axum::http::StatusCode::NO_CONTENT
+                    }
+                }),
+            );
+        runtime.spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            notify_url: format!("http://127.0.0.1:{port}/notify"),
+            state,
+            _runtime: runtime,
+        }
+    }
+
+    /// Everything that happened so far, with when.
+    pub fn happened(&self) -> Vec<(Instant, Happened)> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    /// Whether the machine's VM runs now (one that exited by itself counts as not running).
+    pub fn running(&self, uuid: &str) -> bool {
+        let mut st = self.state.lock().unwrap();
+        match st.running.get_mut(uuid) {
+            Some(vm) => match vm.child.try_wait() {
+                Ok(Some(_)) => {
+                    st.running.remove(uuid);
+                    false
+                }
+                _ => true,
+            },
+            None => false,
+        }
+    }
+
+    /// The consoles of the machine's boots so far, oldest first.
+    pub fn consoles(&self, uuid: &str) -> Vec<String> {
+        let st = self.state.lock().unwrap();
+        st.consoles
+            .get(uuid)
+            .map(|v| {
+                v.iter()
+                    .map(|p| std::fs::read_to_string(p).unwrap_or_default().replace('\r', ""))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Machines {
+    fn drop(&mut self) {
+        let mut st = self.state.lock().unwrap();
+        for (_, mut vm) in st.running.drain() {
+            let _ = vm.child.kill();
+            let _ = vm.child.wait();
+        }
+    }
+}
