@@ -8,7 +8,8 @@
 //! Checked through the control plane: a node whose inventory holds the VM's SMBIOS serial and
 //! UUID and its NIC's MAC, whose hardware key is trusted (three identifiers), whose hostname is
 //! `bcd.node`, and whose `SpecConverged` condition carries the ramdisk agent's reason (only a
-//! ramdisk answers a Spec so).
+//! ramdisk answers a Spec so); `logs.collect` bundles the ramdisk's own log and the kernel's, and
+//! `diag.nvml` fails with `NVML_UNAVAILABLE` (no NVIDIA driver in the image).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -128,7 +129,7 @@ fn the_ramdisk_boots_joins_and_reports_the_vms_identity() {
         .iter()
         .find(|c| c["type"] == "SpecConverged")
         .unwrap();
-    assert_eq!(spec["status"], "False", "{spec}");
+    assert_eq!(spec["status"], "false", "{spec}");
     assert_eq!(spec["reason"], "RamdiskAgent", "{spec}");
 
     // What the control plane stored: the whole inventory document and the join's facts.
@@ -154,6 +155,27 @@ fn the_ramdisk_boots_joins_and_reports_the_vms_identity() {
         console.contains("DHCP lease obtained") && console.contains("eth0"),
         "{console}"
     );
+
+    // Commands: logs.collect bundles the ramdisk's own log file and the kernel log (no journal
+    // in a ramdisk); diag.nvml fails plainly without an NVIDIA driver.
+    let (ok, out, err) = cp.bcctl(&["nodes", "run", &id, "logs.collect", "--wait", "-o", "json"]);
+    assert!(ok, "logs.collect: {err}\n{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "succeeded", "{v:#}");
+    let status = |src: &str| {
+        v["result"]["manifest"]["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["source"] == src)
+            .map(|r| r["status"].clone())
+    };
+    assert_eq!(status("agent"), Some(json!("collected")), "{v:#}");
+    assert_eq!(status("kernel"), Some(json!("collected")), "{v:#}");
+    let (_, out, _) = cp.bcctl(&["nodes", "run", &id, "diag.nvml", "--wait", "-o", "json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    assert_eq!(v["state"], "failed", "{out}");
+    assert_eq!(v["error"]["code"], "NVML_UNAVAILABLE", "{out}");
 
     guest.kill();
     drop(store);
