@@ -264,7 +264,7 @@ impl Commands {
                 }
                 // A BMC command's effect on its bare-metal node, in the same transaction.
                 if after.state.is_final() && !before.state.is_final() {
-                    crate::bare_metal::verify::on_command_final(tx, &after)?;
+                    crate::bare_metal::on_command_final(tx, &after)?;
                 }
                 Ok(Some(after))
             })
@@ -303,7 +303,7 @@ impl Commands {
                     "cancelled by operator",
                     now_ms(),
                 )? && let Some(done) = tx.command(&c2)?
-                    && let Err(e) = crate::bare_metal::verify::on_command_final(tx, &done)
+                    && let Err(e) = crate::bare_metal::on_command_final(tx, &done)
                 {
                     tracing::warn!(error = %e, "the cancelled BMC command's effect was not written");
                 }
@@ -346,7 +346,7 @@ impl Commands {
                             now_ms(),
                         )?;
                         if over && let Some(done) = tx.command(&id)? {
-                            crate::bare_metal::verify::on_command_final(tx, &done)?;
+                            crate::bare_metal::on_command_final(tx, &done)?;
                         }
                         Ok::<_, OpError>(over)
                     })

@@ -230,8 +230,7 @@ mod tests {
                     hardware_profile: HardwareProfile {
                         expected_gpu_count: Some(8),
                         expected_gpu_model: None,
-                        drivers: Default::default(),
-                        pcie_link_degraded: None,
+                        ..Default::default()
                     },
                     acceptance: Default::default(),
                 },
@@ -286,8 +285,7 @@ mod tests {
         let profile = HardwareProfile {
             expected_gpu_count: Some(2),
             expected_gpu_model: Some("NVIDIA H100 80GB HBM3".into()),
-            drivers: Default::default(),
-            pcie_link_degraded: None,
+            ..Default::default()
         };
         let none = profile_conditions(&profile, None);
         assert!(none.iter().all(|c| c.status == ConditionStatus::Unknown));

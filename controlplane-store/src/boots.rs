@@ -35,10 +35,12 @@ pub struct BootRecord {
     /// When the node left the ramdisk (ready, failed, …) and the boot ended. The row stays, so
     /// a replayed token is refused as used, until the node's next boot replaces it.
     pub ended_at: Option<i64>,
+    /// Commissioning's `diag.nvml` in the ramdisk (the `gpuDiag` step), once sent.
+    pub diag_command_id: Option<String>,
 }
 
 const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
-    expires_at, used_at, phase_started_at, command_id, ended_at";
+    expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id";
 
 fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
     Ok(BootRecord {
@@ -53,6 +55,7 @@ fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
         phase_started_at: r.get(8)?,
         command_id: r.get(9)?,
         ended_at: r.get(10)?,
+        diag_command_id: r.get(11)?,
     })
 }
 
@@ -62,14 +65,14 @@ impl Tx<'_> {
     pub fn put_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
         self.sqlite().execute(
             "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
-             created_at, expires_at, used_at, phase_started_at, command_id, ended_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
              ON CONFLICT (node_id) DO UPDATE SET token_id = excluded.token_id, \
              secret_sha256 = excluded.secret_sha256, sealed = excluded.sealed, \
              purpose = excluded.purpose, created_at = excluded.created_at, \
              expires_at = excluded.expires_at, used_at = excluded.used_at, \
              phase_started_at = excluded.phase_started_at, command_id = excluded.command_id, \
-             ended_at = excluded.ended_at",
+             ended_at = excluded.ended_at, diag_command_id = excluded.diag_command_id",
             params![
                 b.node_id,
                 b.token_id,
@@ -81,7 +84,8 @@ impl Tx<'_> {
                 b.used_at,
                 b.phase_started_at,
                 b.command_id,
-                b.ended_at
+                b.ended_at,
+                b.diag_command_id
             ],
         )?;
         Ok(())
@@ -161,6 +165,7 @@ mod tests {
             phase_started_at: 1,
             command_id: None,
             ended_at: None,
+            diag_command_id: None,
         }
     }
 

@@ -30,6 +30,21 @@ pub struct HardwareProfile {
     /// a link is degraded in a way that counts (docs/node-model.md "PcieLinkDegraded").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcie_link_degraded: Option<LinkDegradedPolicy>,
+    /// Commissioning (issue 15): installed memory at least this, bytes — the DIMMs' total
+    /// (SMBIOS type 17), else the kernel's `MemTotal` with 5 % allowed for what firmware and
+    /// kernel reserve. A dead DIMM shows up here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_memory_bytes: Option<u64>,
+    /// Commissioning: the CPU model as `/proc/cpuinfo` names it (`model name`), exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_cpu_model: Option<String>,
+    /// Commissioning: logical CPUs at least this many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cpu_threads: Option<u32>,
+    /// Commissioning: physical NICs with a link up, at least this many (a cabled port whose link
+    /// stays down in the ramdisk is a cabling or optics fault).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_linked_nics: Option<u32>,
 }
 
 /// `hardwareProfile.pcieLinkDegraded`: whether a degraded PCIe link makes the node NoSchedule.

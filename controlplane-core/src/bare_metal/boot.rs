@@ -131,6 +131,7 @@ pub(crate) fn begin(
         phase_started_at: now,
         command_id: None,
         ended_at: None,
+        diag_command_id: None,
     };
     tx.put_boot(&rec)?;
     Ok(rec)

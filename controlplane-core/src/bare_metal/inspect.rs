@@ -42,8 +42,7 @@ use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
 
-/// The condition commissioning writes.
-pub const COMMISSIONED: &str = "Commissioned";
+pub use super::commission::COMMISSIONED;
 /// The condition inspection writes.
 pub const INSPECTED: &str = "Inspected";
 /// Default of `acceptance.inspectionDeadlineSeconds`.
@@ -109,56 +108,6 @@ fn pool_of(tx: &Tx<'_>, node: &NodeRecord) -> Result<Option<Pool>, OpError> {
     })
 }
 
-/// One commissioning step's verdict: `Ok(detail)` passed, `Err(detail)` failed.
-type Step = (&'static str, Result<String, String>);
-
-/// The commissioning steps the inventory decides, against the pool's hardware profile (the
-/// profile conditions were refreshed in this same edit).
-fn steps(node: &NodeRecord, pool: Option<&Pool>) -> Vec<Step> {
-    let profile = pool.map(|p| &p.hardware_profile);
-    let cond = |t: &str| node.conditions.iter().find(|c| c.type_ == t);
-    let mut out: Vec<Step> = Vec::new();
-    for (step, type_, expected) in [
-        (
-            "gpuCount",
-            "GpuCountMismatch",
-            profile
-                .and_then(|p| p.expected_gpu_count)
-                .map(|n| n.to_string()),
-        ),
-        (
-            "gpuModel",
-            "GpuModelMismatch",
-            profile.and_then(|p| p.expected_gpu_model.clone()),
-        ),
-    ] {
-        let Some(expected) = expected else {
-            out.push((step, Ok("skipped: the pool's hardware profile sets none".to_owned())));
-            continue;
-        };
-        out.push((
-            step,
-            match cond(type_) {
-                Some(c) if c.status != ConditionStatus::False => Err(c.message.clone()),
-                _ => Ok(format!("{expected} as the profile expects")),
-            },
-        ));
-    }
-    out.push((
-        "hardwareKey",
-        if node.hardware_key_trusted {
-            Ok("trusted (at least two independent identifiers)".to_owned())
-        } else {
-            Err(node
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "HardwareKeyTrusted")
-                .map_or_else(|| "no hardware key".to_owned(), |c| c.message.clone()))
-        },
-    ));
-    out
-}
-
 /// The ramdisk's inventory arrived (in the report's transaction, after the profile conditions
 /// were refreshed): a node `inspecting` on a used boot is checked again against its BMC,
 /// moves to `commissioning`, and commissioning's steps decide `ready` or `failed`.
@@ -206,47 +155,46 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
             b.token_id
         ),
     );
-    apply_transition(
-        edit,
-        ProvisionState::Commissioning,
-        "inspection done: the machine is the one its BMC described",
-    )?;
-    b.purpose = ProvisionState::Commissioning.as_str().to_owned();
-    b.phase_started_at = edit.now();
-    tx.put_boot(&b)?;
-    let pool = pool_of(tx, &edit.node)?;
-    let results = steps(&edit.node, pool.as_ref());
-    let mut failed = Vec::new();
-    for (step, r) in &results {
-        let (to, msg) = match r {
-            Ok(d) => ("passed", format!("{step}: {d}")),
-            Err(d) => {
-                failed.push(format!("{step}: {d}"));
-                ("failed", format!("{step}: {d}"))
-            }
-        };
-        edit.event("commissioningStep", None, Some(to.to_owned()), msg);
+    super::commission::begin(tx, edit, &mut b)
+}
+
+/// A failed power-on of a pending boot fails the inspection at once with what the BMC answered,
+/// instead of waiting for the deadline (in the transaction that finished the command).
+pub fn on_power_final(tx: &Tx<'_>, cmd: &cpl_store::CommandRecord) -> Result<(), OpError> {
+    if cmd.name != "bmc.power" || cmd.state == cpl_store::CommandState::Succeeded {
+        return Ok(());
     }
-    if failed.is_empty() {
-        condition(
-            edit,
-            COMMISSIONED,
-            ConditionStatus::True,
-            "AllStepsPassed",
-            format!("{} step(s) passed", results.len()),
-        );
-        apply_transition(edit, ProvisionState::Ready, "commissioning passed")
-    } else {
-        let why = format!("commissioning failed: {}", failed.join("; "));
-        condition(
-            edit,
-            COMMISSIONED,
-            ConditionStatus::False,
-            "StepFailed",
-            why.clone(),
-        );
-        apply_transition(edit, ProvisionState::Failed, &why)
+    let Some(node_id) = cmd.subject_node_id.as_deref() else {
+        return Ok(());
+    };
+    let Some(b) = tx.boot(node_id)? else {
+        return Ok(());
+    };
+    if b.ended_at.is_some() || b.command_id.as_deref() != Some(cmd.id.as_str()) {
+        return Ok(());
     }
+    let code = cmd.error_code.as_deref().unwrap_or("");
+    if code == bc_protocol::commands::CommandErrorCode::LeaseLost.as_str() {
+        // Another site agent took the lease: the next pass powers the machine on through it.
+        let mut b = b;
+        b.command_id = None;
+        tx.put_boot(&b)?;
+        return Ok(());
+    }
+    let mut edit = Edit::begin(tx, node_id, None, OWNER)?;
+    if edit.node.provision_state.as_str() != b.purpose {
+        return Ok(());
+    }
+    let why = format!(
+        "the BMC did not power the machine on into the ramdisk: {} {}: {code}: {}",
+        cmd.name,
+        cmd.state.as_str(),
+        cmd.error_message.as_deref().unwrap_or("")
+    );
+    condition(&mut edit, INSPECTED, ConditionStatus::False, "PowerOnFailed", why.clone());
+    apply_transition(&mut edit, ProvisionState::Failed, &why)?;
+    edit.save(tx)?;
+    Ok(())
 }
 
 /// Fails `node_id` whose ramdisk state outlived its deadline; `Ok(false)` when it moved on.
@@ -307,6 +255,8 @@ enum Action {
     Boot { site: String, holder: String },
     /// The boot ended: push the assignment (and dispatch a power-off, if one was queued).
     Ended { site: String, holder: Option<String> },
+    /// Commissioning's `diag.nvml` was queued for the ramdisk: dispatch it.
+    Diag { node: String },
 }
 
 impl BareMetal {
@@ -396,6 +346,9 @@ impl BareMetal {
                         self.commands.dispatch(&h, false).await;
                     }
                 }
+                Ok(Some(Action::Diag { node })) => {
+                    self.commands.dispatch(&node, false).await;
+                }
                 Ok(None) => {}
                 Err(e) => tracing::error!(error = %e, "a ramdisk boot step failed"),
             }
@@ -446,6 +399,20 @@ impl BareMetal {
                 }
                 if fail_overdue(tx, &b.node_id, now)? {
                     return Ok(None);
+                }
+                if state == ProvisionState::Commissioning {
+                    let pool = pool_of(tx, &node)?;
+                    let due = b.diag_command_id.is_none()
+                        && super::commission::needs_gpu_diag(pool.as_ref())
+                        && bm.sessions.live_epoch(&b.node_id).is_some();
+                    if !due {
+                        return Ok(None);
+                    }
+                    let id = super::commission::queue_diag(tx, &b.node_id, pool.as_ref(), timeout)?;
+                    let mut b = b;
+                    b.diag_command_id = Some(id);
+                    tx.put_boot(&b)?;
+                    return Ok(Some(Action::Diag { node: b.node_id }));
                 }
                 if b.command_id.is_some() {
                     return Ok(None);

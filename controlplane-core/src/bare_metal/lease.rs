@@ -226,7 +226,7 @@ pub(crate) fn apply(
                 now,
             )? && let Some(done) = tx.command(&cmd.id)?
             {
-                super::verify::on_command_final(tx, &done)?;
+                super::on_command_final(tx, &done)?;
                 failed.push(done);
             }
         }

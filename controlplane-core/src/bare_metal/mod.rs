@@ -36,6 +36,7 @@
 pub mod address;
 pub mod assignment;
 pub mod boot;
+pub mod commission;
 pub mod credentials;
 pub mod enroll;
 pub mod inspect;
@@ -92,6 +93,17 @@ impl Default for BareMetalConfig {
             max_requests_per_site: 64,
         }
     }
+}
+
+/// The effect of a finished command on its bare-metal node, in the transaction that finished it
+/// (an agent's result, an expiry, a `LEASE_LOST`, a cancel): a `bmc.*` command's
+/// ([`verify::on_command_final`]), the power-on of a ramdisk boot
+/// ([`inspect::on_power_final`]), commissioning's `diag.nvml`
+/// ([`commission::on_command_final`]).
+pub fn on_command_final(tx: &cpl_store::Tx<'_>, cmd: &cpl_store::CommandRecord) -> Result<(), crate::error::OpError> {
+    verify::on_command_final(tx, cmd)?;
+    inspect::on_power_final(tx, cmd)?;
+    commission::on_command_final(tx, cmd)
 }
 
 /// Milliseconds of a duration, saturating.
