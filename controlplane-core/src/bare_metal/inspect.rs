@@ -306,25 +306,47 @@ impl BareMetal {
         };
         for node_id in waiting {
             let (key, id) = (std::sync::Arc::clone(&self.key), node_id.clone());
+            // Whatever runs on the machine now (an earlier ramdisk, an installed OS) is about to
+            // be rebooted: its identity ends with this boot, so it cannot hold the node's
+            // session (or re-connect) while the new ramdisk joins.
+            let live = self.sessions.live_epoch(&node_id).is_some();
             let r = self
                 .store
                 .write(move |tx| {
                     let Some(node) = tx.node(&id)? else {
-                        return Ok::<_, OpError>(());
+                        return Ok::<_, OpError>(false);
                     };
                     let current = tx.boot(&id)?.is_some_and(|b| b.ended_at.is_none());
                     if !in_ramdisk(node.provision_state) || current {
-                        return Ok(());
+                        return Ok(false);
                     }
                     let pool = pool_of(tx, &node)?;
                     let ttl = deadline(pool.as_ref(), node.provision_state);
                     let b = boot::begin(tx, &key, &id, node.provision_state, ttl, now)?;
                     tracing::info!(node_id = %id, token = %b.token_id, purpose = %b.purpose, "ramdisk boot begun");
-                    Ok(())
+                    if live {
+                        let mut edit = Edit::begin(tx, &id, None, OWNER)?;
+                        crate::ops::nodes::bump_identity(
+                            &mut edit,
+                            &format!("a new ramdisk boot ({}) begins: the running system's identity ends", b.token_id),
+                        );
+                        edit.save(tx)?;
+                    }
+                    Ok(live)
                 })
                 .await;
-            if let Err(e) = r {
-                tracing::error!(node_id = %node_id, error = %e, "beginning a ramdisk boot failed");
+            match r {
+                Ok(true) => {
+                    self.sessions.close(
+                        &node_id,
+                        bc_protocol::pb::GoodbyeReason::Revoked,
+                        "the machine is rebooted into a new ramdisk boot",
+                    );
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(node_id = %node_id, error = %e, "beginning a ramdisk boot failed")
+                }
             }
         }
         let boots = match self.store.read(|r| r.boots()).await {

@@ -258,7 +258,8 @@ pub fn revoke_identity(
     edit.save(tx)
 }
 
-fn bump_identity(edit: &mut Edit, message: &str) {
+/// identityGeneration + 1 with its event: every certificate of the node stops working.
+pub(crate) fn bump_identity(edit: &mut Edit, message: &str) {
     let from = edit.node.identity_generation;
     edit.node.identity_generation = from.saturating_add(1);
     edit.event(

@@ -11,6 +11,11 @@
 //!   naming the serial, no second node.
 //! - Scenario 3: the machine never boots (the harness ignores the power-on) → the pool's
 //!   inspection deadline fails it, saying so.
+//! - A pool with `powerOffWhenReady: false` keeps its machine in the ramdisk once `ready`: the
+//!   ramdisk answers a Spec as the ramdisk (`SpecConverged` false, `RamdiskAgent`), bundles its
+//!   own and the kernel's log for `logs.collect`, fails `diag.nvml` with `NVML_UNAVAILABLE`;
+//!   `nodes inspect` reboots it (the running ramdisk's identity ends) into a second inspection
+//!   with a new token, back to `ready`; `nodes power off` stops it.
 //!
 //! Skipped loudly without QEMU, a kernel or sushy-emulator; a failure under `CI=true`. Times are
 //! printed (docs/benchmarks.md), never asserted.
@@ -125,10 +130,12 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let a = machine("a", 1, "SER-A-0001", false);
     let b = machine("b", 2, "SER-B-OTHER", false);
     let c = machine("c", 3, "SER-C-0003", true);
+    let d = machine("d", 4, "SER-D-0004", false);
     let systems = [
         system(&a, "SER-A-0001"),
         system(&b, "SER-B-0002"),
         system(&c, "SER-C-0003"),
+        system(&d, "SER-D-0004"),
     ];
     if Sushy::program("metal_vm").is_none() {
         return;
@@ -139,7 +146,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let (boot_port, gw_port) = (free_tcp_port(), free_tcp_port());
     let machines = Machines::start(
         tools.clone(),
-        vec![a.clone(), b.clone(), c.clone()],
+        vec![a.clone(), b.clone(), c.clone(), d.clone()],
         &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
         tmp.path(),
     );
@@ -171,17 +178,23 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let mut seen = Seen::default();
     let site = seen.ok(&cp, "sites.create", json!({"name": "dc1", "kind": "platform"}));
     let site = site["id"].as_str().unwrap().to_owned();
-    let pool = |seen: &mut Seen, name: &str, deadline: u64| -> String {
+    let pool = |seen: &mut Seen, name: &str, acceptance: Value| -> String {
         let p = seen.ok(
             &cp,
             "pools.create",
             json!({"name": name, "kind": "metal-host", "agent": "bcd", "siteId": site,
-                   "acceptance": {"inspectionDeadlineSeconds": deadline}}),
+                   "acceptance": acceptance,
+                   "hardwareProfile": {"minCpuThreads": 2, "minLinkedNics": 1}}),
         );
         p["id"].as_str().unwrap().to_owned()
     };
-    let metal = pool(&mut seen, "metal", 900);
-    let quick = pool(&mut seen, "quick", 8);
+    let metal = pool(&mut seen, "metal", json!({"inspectionDeadlineSeconds": 900}));
+    let quick = pool(&mut seen, "quick", json!({"inspectionDeadlineSeconds": 8}));
+    let kept = pool(
+        &mut seen,
+        "kept",
+        json!({"inspectionDeadlineSeconds": 900, "powerOffWhenReady": false}),
+    );
     let token = cp.create_token(&["--site", &site]);
     let agent = SiteAgent::start_with(
         &cp,
@@ -309,6 +322,8 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     assert_eq!(after["provisionState"], "ready");
     assert_eq!(after["identityGeneration"], before["identityGeneration"]);
 
+    kept_in_the_ramdisk(&mut seen, &cp, &machines, &site, &kept, &d, &sushy, &dump(&d.uuid));
+
     // Scenario 2: a machine whose SMBIOS serial is not the BMC's.
     let nodes_before = seen.ok(&cp, "nodes.list", json!({}))["nodes"]
         .as_array()
@@ -357,4 +372,72 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     assert!(!serve.contains(secret), "bcctl serve logged a boot token");
     drop(agent);
     cp.stop();
+}
+
+/// Machine `m` in a pool that keeps it running once `ready`: the ramdisk's answers, then a
+/// second inspection (a reboot into a new boot token), then a power-off.
+#[allow(clippy::too_many_arguments)]
+fn kept_in_the_ramdisk(
+    seen: &mut Seen,
+    cp: &ControlPlane,
+    machines: &Machines,
+    site: &str,
+    pool: &str,
+    m: &Machine,
+    sushy: &Sushy,
+    dump: &dyn Fn() -> String,
+) {
+    let id = enroll(seen, cp, site, pool, &m.name, &sushy.address(&m.uuid));
+    let n = until_state(seen, cp, &id, "ready", dump);
+    let first_generation = n["identityGeneration"].as_u64().unwrap();
+    // Still in the ramdisk, connected: its answers are the ramdisk's.
+    let n = eventually(WAIT, "the ramdisk's SpecConverged", || {
+        let n = seen.node(cp, &id);
+        (n["connectivity"] == "connected" && condition(&n, "SpecConverged").is_some()).then_some(n)
+    });
+    assert!(machines.running(&m.uuid), "powerOffWhenReady false keeps it on");
+    let spec = condition(&n, "SpecConverged").unwrap();
+    assert_eq!((spec["status"].as_str(), spec["reason"].as_str()), (Some("false"), Some("RamdiskAgent")), "{n:#}");
+    let (ok, out, err) = cp.bcctl(&["nodes", "run", &id, "logs.collect", "--wait", "-o", "json"]);
+    assert!(ok, "logs.collect: {err}\n{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "succeeded", "{v:#}");
+    for src in ["agent", "kernel"] {
+        let status = v["result"]["manifest"]["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["source"] == src)
+            .map(|r| r["status"].clone());
+        assert_eq!(status, Some(json!("collected")), "{src}: {v:#}");
+    }
+    let (_, out, _) = cp.bcctl(&["nodes", "run", &id, "diag.nvml", "--wait", "-o", "json"]);
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    assert_eq!(v["state"], "failed", "{out}");
+    assert_eq!(v["error"]["code"], "NVML_UNAVAILABLE", "{out}");
+
+    // Inspect again: the machine (on) is rebooted into a new boot with a new token.
+    let v = seen.bcctl(cp, &["nodes", "inspect", &id], None);
+    assert_eq!(v["provisionState"], "inspecting", "{v:#}");
+    let n = until_state(seen, cp, &id, "ready", dump);
+    assert!(
+        n["identityGeneration"].as_u64().unwrap() >= first_generation + 2,
+        "the first ramdisk's identity ended and the second joined anew: {n:#}"
+    );
+    let consoles = machines.consoles(&m.uuid);
+    assert_eq!(consoles.len(), 2, "two boots");
+    let tokens: Vec<&str> = consoles
+        .iter()
+        .filter_map(|c| c.split_whitespace().find_map(|w| w.strip_prefix("bcd.token=")))
+        .collect();
+    assert_eq!(tokens.len(), 2, "a token on each boot's command line");
+    assert_ne!(tokens[0], tokens[1], "every boot has its own token");
+    assert_eq!(
+        moves(seen, cp, &id),
+        ["enrolling", "inspecting", "commissioning", "ready", "inspecting", "commissioning", "ready"]
+    );
+
+    // Off through the operator: the harness stops the VM when the BMC says so.
+    seen.bcctl(cp, &["nodes", "power", &id, "off"], None);
+    eventually(WAIT, "machine d powered off", || (!machines.running(&m.uuid)).then_some(()));
 }
