@@ -93,9 +93,22 @@ fn until_state(
     state: &str,
     dump: &dyn Fn() -> String,
 ) -> Value {
+    until_state_marking(seen, cp, id, state, dump, &mut |_| {})
+}
+
+/// [`until_state`], calling `tick` with the node at every poll.
+fn until_state_marking(
+    seen: &mut Seen,
+    cp: &ControlPlane,
+    id: &str,
+    state: &str,
+    dump: &dyn Fn() -> String,
+    tick: &mut dyn FnMut(&Value),
+) -> Value {
     let started = Instant::now();
     loop {
         let n = seen.node(cp, id);
+        tick(&n);
         let now = n["provisionState"].as_str().unwrap_or_default().to_owned();
         if now == state {
             return n;
@@ -233,8 +246,50 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     // Scenario 1: the right machine, enroll to ready.
     let started = Instant::now();
     let a_id = enroll(&mut seen, &cp, &site, &metal, "a", &sushy.address(&a.uuid));
-    let n = until_state(&mut seen, &cp, &a_id, "ready", &dump(&a.uuid));
+    // Milestones of the boot, first seen at a poll (s since QEMU started; every 0.25 s).
+    let mut marks: Vec<(&str, Option<f64>)> = [
+        "iPXE",
+        "Linux version",
+        "Run /init",
+        "DHCP lease obtained",
+        "session open",
+        "node commissioning",
+    ]
+    .iter()
+    .map(|m| (*m, None))
+    .collect();
+    let mut tick = |n: &Value| {
+        let Some(vm) = machines
+            .happened()
+            .iter()
+            .find(|(_, h)| *h == Happened::Started(a.uuid.clone()))
+            .map(|(t, _)| *t)
+        else {
+            return;
+        };
+        let console = machines.consoles(&a.uuid).concat();
+        let s = vm.elapsed().as_secs_f64();
+        for (needle, at) in &mut marks {
+            let seen_now = if *needle == "node commissioning" {
+                n["provisionState"] != "inspecting"
+            } else {
+                console.contains(*needle)
+            };
+            if at.is_none() && seen_now {
+                *at = Some(s);
+            }
+        }
+    };
+    let n = until_state_marking(&mut seen, &cp, &a_id, "ready", &dump(&a.uuid), &mut tick);
     let to_ready = started.elapsed();
+    eprintln!(
+        "metal_vm: boot milestones (s after QEMU started): {}",
+        marks
+            .iter()
+            .map(|(m, at)| format!("{m} {}", at.map_or("-".into(), |s| format!("{s:.1}"))))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     assert_eq!(
         moves(&mut seen, &cp, &a_id),
         ["enrolling", "inspecting", "commissioning", "ready"]
