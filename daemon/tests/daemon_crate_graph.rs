@@ -58,7 +58,13 @@ fn daemon_crates_depend_only_downwards() {
         ("bc-net", &[]),
         ("bcd-probes", &["bc-protocol"]),
         ("bcd-core", &["bc-protocol", "bc-sys"]),
-        ("bcd-site", &["bc-protocol", "bcd-core", "bcd-probes"]),
+        // bc-net: the boot service's bounded listener; bc-metal-sim: only with the test-utils
+        // feature (the emulated BMCs of its test harness).
+        (
+            "bcd-site",
+            &["bc-protocol", "bc-net", "bcd-core", "bcd-probes", "bc-metal-sim"],
+        ),
+        ("bc-metal-sim", &[]),
         ("bcd-ramdisk", &["bc-protocol", "bcd-core", "bcd-probes"]),
         (
             "bcd",

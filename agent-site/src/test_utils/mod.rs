@@ -13,7 +13,7 @@ pub mod fakebmc;
 pub mod proxy;
 pub mod sushy;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -54,17 +54,7 @@ pub fn tool(env_var: &str, name: &str, test: &str) -> Option<PathBuf> {
     found
 }
 
-/// The Python interpreter of the virtualenv a console script (`sushy-emulator`, `fakebmc`)
-/// belongs to: the `python3` beside it.
-pub fn venv_python(script: &Path) -> PathBuf {
-    let dir = script.parent().unwrap_or(Path::new("."));
-    for n in ["python3", "python"] {
-        if dir.join(n).exists() {
-            return dir.join(n);
-        }
-    }
-    PathBuf::from("python3")
-}
+pub use bc_metal_sim::sushy::venv_python;
 
 /// A free TCP port on 127.0.0.1 (bound then released: another process could take it, which
 /// the loopback-only, short-lived tests here accept).

@@ -9,7 +9,6 @@
 //! from its config entry (the stock template has neither).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,85 +17,8 @@ use serde_json::Value;
 
 use super::{Killed, PASSWORD, USER, free_tcp_port, tool, venv_python};
 
-/// The launcher: the emulator's own `main()`, with the fake driver's power changes applied at
-/// the next read and identity fields copied from the config into system documents.
-const LAUNCHER: &str = r#"# bcd test harness: run sushy-emulator's fake driver without its random power delay, and
-# answer SerialNumber/Model from the config entries of SUSHY_EMULATOR_FAKE_SYSTEMS.
-import json
-import sys
-
-import flask
-from sushy_tools.emulator import main as emulator
-from sushy_tools.emulator.resources.systems import fakedriver
-
-_set_power_state = fakedriver.FakeDriver.set_power_state
-
-
-def set_power_state_now(self, identity, state):
-    _set_power_state(self, identity, state)
-    system = self._systems[self.uuid(identity)]
-    if system.get('pending_power'):
-        system['pending_power']['apply_time'] = 0
-        self._systems[system['uuid']] = system
-
-
-fakedriver.FakeDriver.set_power_state = set_power_state_now
-
-
-@emulator.app.after_request
-def add_identity(response):
-    path = flask.request.path.rstrip('/').split('/')
-    if flask.request.method != 'GET' or response.status_code != 200 or len(path) != 5 \
-            or path[1:4] != ['redfish', 'v1', 'Systems']:
-        return response
-    entry = next((s for s in emulator.app.config.get('SUSHY_EMULATOR_FAKE_SYSTEMS', [])
-                  if s.get('uuid') == path[4]), None)
-    if not entry:
-        return response
-    doc = json.loads(response.get_data())
-    for key, field in (('serial', 'SerialNumber'), ('model', 'Model')):
-        if entry.get(key):
-            doc[field] = entry[key]
-    response.set_data(json.dumps(doc))
-    return response
-
-
-sys.exit(emulator.main())
-"#;
-
-/// One fake system of the emulator.
-#[derive(Debug, Clone)]
-pub struct FakeSystem {
-    /// Its UUID (also its id: `/redfish/v1/Systems/<uuid>`).
-    pub uuid: String,
-    /// Its name.
-    pub name: String,
-    /// Powered on at start.
-    pub on: bool,
-    /// NIC MACs.
-    pub macs: Vec<String>,
-    /// `SerialNumber` (through the launcher).
-    pub serial: Option<String>,
-}
-
-impl FakeSystem {
-    /// System `i`: UUID `11111111-2222-3333-4444-<i as 12 digits>`, one NIC
-    /// `52:54:00:00:<i>`, serial `SER-<i>`, off.
-    pub fn numbered(i: u32) -> Self {
-        Self {
-            uuid: format!("11111111-2222-3333-4444-{i:012}"),
-            name: format!("node-{i}"),
-            on: false,
-            macs: vec![format!(
-                "52:54:00:{:02X}:{:02X}:{:02X}",
-                (i >> 16) & 0xff,
-                (i >> 8) & 0xff,
-                i & 0xff
-            )],
-            serial: Some(format!("SER-{i}")),
-        }
-    }
-}
+pub use bc_metal_sim::sushy::FakeSystem;
+use bc_metal_sim::sushy::{EmulatorConfig, LAUNCHER, htpasswd_script};
 
 /// A running emulator (killed on drop).
 #[derive(Debug)]
@@ -107,26 +29,6 @@ pub struct Sushy {
     pub dir: tempfile::TempDir,
     client: reqwest::Client,
     _proc: Killed,
-}
-
-fn python_literal(s: &FakeSystem) -> String {
-    let nics: Vec<String> = s.macs.iter().map(|m| format!("{{'mac': '{m}'}}")).collect();
-    let mut out = format!(
-        "{{'uuid': '{}', 'name': '{}', 'power_state': '{}', 'nics': [{}]",
-        s.uuid,
-        s.name,
-        if s.on { "On" } else { "Off" },
-        nics.join(", ")
-    );
-    if let Some(serial) = &s.serial {
-        let _ = write!(
-            out,
-            ", 'serial': '{serial}', 'model': 'Emulated {}'",
-            s.name
-        );
-    }
-    out.push('}');
-    out
 }
 
 impl Sushy {
@@ -166,48 +68,27 @@ impl Sushy {
         let python = venv_python(&program);
         let dir = tempfile::tempdir().unwrap();
         let htpasswd = dir.path().join("htpasswd");
-        let hash = Command::new(&python)
-            .args([
-                "-c",
-                "import bcrypt, sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(rounds=4)).decode())",
-                PASSWORD,
-            ])
+        let line = Command::new(&python)
+            .args(["-c", htpasswd_script(), USER, PASSWORD])
             .output()
             .expect("running the emulator's python for bcrypt");
-        assert!(hash.status.success(), "bcrypt: {hash:?}");
-        let hash = String::from_utf8_lossy(&hash.stdout).trim().to_owned();
-        std::fs::write(&htpasswd, format!("{USER}:{hash}\n")).unwrap();
+        assert!(line.status.success(), "bcrypt: {line:?}");
+        std::fs::write(
+            &htpasswd,
+            format!("{}\n", String::from_utf8_lossy(&line.stdout).trim()),
+        )
+        .unwrap();
         let port = free_tcp_port();
         let state = dir.path().join("state");
-        let list: Vec<String> = systems
-            .iter()
-            .map(|s| {
-                let mut l = python_literal(s);
-                if notify_url.is_some() {
-                    l.insert_str(l.len() - 1, ", 'external_notifier': True");
-                }
-                l
-            })
-            .collect();
-        let mut conf = format!(
-            "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n\
-             SUSHY_EMULATOR_FAKE_DRIVER = True\nSUSHY_EMULATOR_STATE_DIR = '{}'\n\
-             SUSHY_EMULATOR_AUTH_FILE = '{}'\nSUSHY_EMULATOR_FAKE_SYSTEMS = [\n    {}\n]\n",
-            state.display(),
-            htpasswd.display(),
-            list.join(",\n    ")
-        );
-        if let Some(url) = notify_url {
-            let _ = writeln!(conf, "EXTERNAL_NOTIFICATION_URL = '{url}'");
+        let conf = EmulatorConfig {
+            port,
+            state_dir: &state,
+            htpasswd: &htpasswd,
+            systems,
+            tls,
+            notify_url,
         }
-        if let Some((cert, key)) = tls {
-            let _ = write!(
-                conf,
-                "SUSHY_EMULATOR_SSL_CERT = '{}'\nSUSHY_EMULATOR_SSL_KEY = '{}'\n",
-                cert.display(),
-                key.display()
-            );
-        }
+        .text();
         let conf_path = dir.path().join("emulator.conf");
         std::fs::write(&conf_path, conf).unwrap();
         let launcher = dir.path().join("launcher.py");

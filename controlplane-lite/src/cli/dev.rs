@@ -42,8 +42,17 @@ pub struct DevArgs {
     #[arg(long)]
     pub once: bool,
     /// Instead of one real agent: a `bcctl serve` process and N simulated agents (`bcd sim`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "metal")]
     pub sim: Option<usize>,
+    /// Instead of one real agent: bare metal — a site agent with its boot service,
+    /// sushy-emulator's BMCs and N QEMU machines that PXE-boot the ramdisk, enrolled and followed
+    /// until `ready` (needs sushy-emulator, qemu-system-x86_64 and the image of --ramdisk).
+    #[arg(long, value_name = "N")]
+    pub metal: Option<u32>,
+    /// The ramdisk image for --metal: a directory holding `vmlinuz` and `initrd.img`
+    /// (`packaging/ramdisk/build.sh --out DIR`).
+    #[arg(long, default_value = "target/ramdisk")]
+    pub ramdisk: PathBuf,
 }
 
 pub(crate) fn find_bcd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -123,7 +132,7 @@ pub(crate) fn dev_token(
     Ok(token)
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -145,6 +154,9 @@ async fn stop_agent(child: &mut Child) {
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     if let Some(n) = args.sim {
         return super::bench::dev_sim(&args, n).await;
+    }
+    if let Some(n) = args.metal {
+        return super::dev_metal::run(&args, n).await;
     }
     let bcd = find_bcd(args.bcd.clone())?;
     let temp;

@@ -4,6 +4,7 @@
 pub mod bare_metal;
 pub mod bench;
 pub mod dev;
+pub mod dev_metal;
 pub mod logs;
 pub mod nodes;
 pub mod ops;

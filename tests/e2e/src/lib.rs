@@ -8,7 +8,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_agent;
-pub mod metal;
 pub mod ramdisk;
 pub mod vm;
 

@@ -1,11 +1,10 @@
-//! The real ramdisk image (`packaging/ramdisk/build.sh`) and a QEMU guest that boots it and
-//! keeps running (the VM of [`crate::vm::boot`] prints documents and powers off; this one joins a
-//! control plane and holds its session until the test kills it).
+//! The real ramdisk image (`packaging/ramdisk/build.sh`), built for a test; [`crate::metal`]
+//! boots it over PXE.
 //!
 //! Tools: those of [`crate::vm::VmTools`], plus `depmod`, `gzip` and `strip` for the build.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -118,92 +117,4 @@ pub fn bins() -> &'static (PathBuf, PathBuf) {
         });
     });
     crate::bins()
-}
-
-/// A QEMU guest running in the background, its serial console going to a file; killed when
-/// dropped.
-#[derive(Debug)]
-pub struct Guest {
-    child: Option<Child>,
-    /// The console log.
-    pub console: PathBuf,
-    /// When QEMU was started.
-    pub started: Instant,
-}
-
-impl Guest {
-    /// Boots `image` with the kernel command line `append` (after `console=ttyS0 panic=-1`) and
-    /// the extra QEMU arguments `args` (devices, SMBIOS); the console goes to `dir/console.log`.
-    pub fn start(t: &VmTools, image: &Image, append: &str, args: &[String], dir: &Path) -> Self {
-        let console = dir.join("console.log");
-        let log = std::fs::File::create(&console).unwrap();
-        let mut cmd = Command::new(&t.qemu);
-        cmd.args([
-            "-machine",
-            "q35",
-            "-accel",
-            "tcg,thread=single",
-            "-m",
-            "1G",
-            "-smp",
-            "2",
-            "-nographic",
-            "-no-reboot",
-            "-kernel",
-        ])
-        .arg(&image.kernel)
-        .arg("-initrd")
-        .arg(&image.initrd)
-        .arg("-append")
-        .arg(format!("console=ttyS0 panic=-1 {append}"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-        eprintln!("vm: {cmd:?}");
-        let started = Instant::now();
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", t.qemu.display()));
-        Self {
-            child: Some(child),
-            console,
-            started,
-        }
-    }
-
-    /// The console so far.
-    pub fn console_text(&self) -> String {
-        std::fs::read_to_string(&self.console)
-            .unwrap_or_default()
-            .replace('\r', "")
-    }
-
-    /// Panics with the console when QEMU has exited.
-    pub fn assert_running(&mut self) {
-        if let Some(c) = self.child.as_mut()
-            && let Ok(Some(status)) = c.try_wait()
-        {
-            self.child = None;
-            panic!(
-                "qemu exited ({status}) after {:.1} s; console:\n{}",
-                self.started.elapsed().as_secs_f64(),
-                self.console_text()
-            );
-        }
-    }
-
-    /// Kills QEMU and reaps it.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Guest {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }

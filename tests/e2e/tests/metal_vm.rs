@@ -27,7 +27,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bc_e2e::metal::{Happened, Machine, Machines};
+use bc_metal_sim::machines::{Happened, Machine, Machines};
 use bc_e2e::{ControlPlane, eventually, ramdisk};
 use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
 use bcd_site::test_utils::{PASSWORD, USER, free_tcp_port};
@@ -158,11 +158,12 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let image = ramdisk::build_image(&tools, bcd, &tmp.path().join("image"));
     let (boot_port, gw_port) = (free_tcp_port(), free_tcp_port());
     let machines = Machines::start(
-        tools.clone(),
+        &tools.qemu,
         vec![a.clone(), b.clone(), c.clone(), d.clone()],
         &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
         tmp.path(),
-    );
+    )
+    .expect("the machines' notifier");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sushy = rt
         .block_on(Sushy::start_notifying("metal_vm", &systems, &machines.notify_url))

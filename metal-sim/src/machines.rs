@@ -1,4 +1,5 @@
-//! Machines behind an emulated BMC: sushy-emulator's external notifier turned into QEMU boots.
+//! Machines behind an emulated BMC: sushy-emulator's external notifier turned into QEMU boots
+//! (`-accel tcg`: no KVM needed).
 //!
 //! The emulator PUTs a system's stored JSON to [`Machines::notify_url`] on every change, inside
 //! the Redfish request that made it. The first PUT of a power request carries it in
@@ -16,17 +17,25 @@
 //!
 //! Each boot's console goes to `<dir>/<name>-<n>.log`. The answer to the PUT comes first (204),
 //! the work after it: a slow answer would slow the emulator's Redfish answers.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
+use parking_lot::Mutex;
 use serde_json::Value;
 
-use crate::vm::VmTools;
+/// Why the machines cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum MachinesError {
+    /// The notifier's loopback listener.
+    #[error("the machines' notifier cannot listen on 127.0.0.1: {0}")]
+    Listen(std::io::Error),
+    /// The runtime that serves it.
+    #[error("the machines' notifier runtime: {0}")]
+    Runtime(std::io::Error),
+}
 
 /// One machine: what its BMC reports is the emulator's business; this is what QEMU gives the
 /// guest.
@@ -75,11 +84,12 @@ pub struct Machines {
     /// `http://127.0.0.1:<port>/notify`.
     pub notify_url: String,
     state: Arc<Mutex<State>>,
-    _runtime: tokio::runtime::Runtime,
+    /// Taken on drop: shut down in the background, which works from async code too.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 struct Ctx {
-    tools: VmTools,
+    qemu: PathBuf,
     machines: Vec<Machine>,
     bootfile: String,
     dir: PathBuf,
@@ -94,13 +104,33 @@ impl Ctx {
         let n = st.boots.entry(m.uuid.clone()).or_insert(0);
         *n += 1;
         let console = self.dir.join(format!("{}-{}.log", m.name, n));
+        match self.spawn(m, &console) {
+            Ok(child) => {
+                st.consoles
+                    .entry(m.uuid.clone())
+                    .or_default()
+                    .push(console.clone());
+                st.running.insert(m.uuid.clone(), Vm { child, console });
+                st.log.push((Instant::now(), Happened::Started(m.uuid.clone())));
+            }
+            Err(e) => {
+                tracing::error!(machine = %m.name, error = %e, "starting the machine's QEMU failed");
+                st.log.push((
+                    Instant::now(),
+                    Happened::Ignored(m.uuid.clone(), format!("qemu did not start: {e}")),
+                ));
+            }
+        }
+    }
+
+    /// QEMU for `m`, its console (serial, firmware and iPXE output) into `console`.
+    fn spawn(&self, m: &Machine, console: &Path) -> std::io::Result<Child> {
         let disk = self.dir.join(format!("{}.disk", m.name));
         if !disk.exists() {
-            let f = std::fs::File::create(&disk).unwrap();
-            f.set_len(64 << 20).unwrap();
+            std::fs::File::create(&disk)?.set_len(64 << 20)?;
         }
-        let log = std::fs::File::create(&console).unwrap();
-        let mut cmd = Command::new(&self.tools.qemu);
+        let log = std::fs::File::create(console)?;
+        let mut cmd = Command::new(&self.qemu);
         cmd.args([
             "-machine",
             "q35",
@@ -128,23 +158,17 @@ impl Ctx {
         ))
         .args(["-device", "virtio-blk-pci,drive=d0"])
         .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
+        .stdout(log.try_clone()?)
         .stderr(log);
-        eprintln!("metal: starting {} ({}): {cmd:?}", m.name, m.uuid);
-        let child = cmd.spawn().expect("starting qemu");
-        st.consoles
-            .entry(m.uuid.clone())
-            .or_default()
-            .push(console.clone());
-        st.running.insert(m.uuid.clone(), Vm { child, console });
-        st.log.push((Instant::now(), Happened::Started(m.uuid.clone())));
+        tracing::info!(machine = %m.name, uuid = %m.uuid, command = ?cmd, "machine powered on: starting QEMU");
+        cmd.spawn()
     }
 
     fn stop_vm(&self, uuid: &str, st: &mut State) {
         if let Some(mut vm) = st.running.remove(uuid) {
             let _ = vm.child.kill();
             let _ = vm.child.wait();
-            eprintln!("metal: stopped {uuid} (console {})", vm.console.display());
+            tracing::info!(uuid = %uuid, console = %vm.console.display(), "machine powered off: QEMU stopped");
             st.log.push((Instant::now(), Happened::Stopped(uuid.to_owned())));
         }
     }
@@ -160,7 +184,7 @@ impl Ctx {
             return;
         };
         let pxe = doc["boot_device"].as_str() == Some("Pxe");
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         let on = |st: &mut State| {
             if m.ignore {
                 st.log.push((
@@ -195,26 +219,45 @@ impl Ctx {
 }
 
 impl Machines {
-    /// Listens for the emulator's notifications; `bootfile` is QEMU's DHCP bootfile (e.g.
-    /// `http://10.0.2.2:<port>/boot.ipxe?mac=${net0/mac}`, which iPXE expands).
-    pub fn start(tools: VmTools, machines: Vec<Machine>, bootfile: &str, dir: &Path) -> Self {
+    /// Listens for the emulator's notifications (on its own small runtime) and runs `qemu`
+    /// (`qemu-system-x86_64`) for the machines; `bootfile` is QEMU's DHCP bootfile (e.g.
+    /// `http://10.0.2.2:<port>/boot.ipxe?mac=${net0/mac}`, which iPXE expands); consoles and
+    /// disks go to `dir`.
+    ///
+    /// Errors: the runtime or the loopback listener cannot be made.
+    pub fn start(
+        qemu: &Path,
+        machines: Vec<Machine>,
+        bootfile: &str,
+        dir: &Path,
+    ) -> Result<Self, MachinesError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
-            .unwrap();
+            .map_err(MachinesError::Runtime)?;
         let state = Arc::new(Mutex::new(State::default()));
         let ctx = Arc::new(Ctx {
-            tools,
+            qemu: qemu.to_owned(),
             machines,
             bootfile: bootfile.to_owned(),
             dir: dir.to_owned(),
             state: Arc::clone(&state),
         });
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let port = listener.local_addr().unwrap().port();
+        // Bound without blocking on the runtime: a caller may itself be async.
+        let std_listener =
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(MachinesError::Listen)?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(MachinesError::Listen)?;
+        let port = std_listener
+            .local_addr()
+            .map_err(MachinesError::Listen)?
+            .port();
+        let listener = {
+            let _in_runtime = runtime.enter();
+            tokio::net::TcpListener::from_std(std_listener).map_err(MachinesError::Listen)?
+        };
         let app = axum::Router::new()
             .route(
                 "/notify",
@@ -232,21 +275,21 @@ impl Machines {
         runtime.spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self {
+        Ok(Self {
             notify_url: format!("http://127.0.0.1:{port}/notify"),
             state,
-            _runtime: runtime,
-        }
+            runtime: Some(runtime),
+        })
     }
 
     /// Everything that happened so far, with when.
     pub fn happened(&self) -> Vec<(Instant, Happened)> {
-        self.state.lock().unwrap().log.clone()
+        self.state.lock().log.clone()
     }
 
     /// Whether the machine's VM runs now (one that exited by itself counts as not running).
     pub fn running(&self, uuid: &str) -> bool {
-        let mut st = self.state.lock().unwrap();
+        let mut st = self.state.lock();
         match st.running.get_mut(uuid) {
             Some(vm) => match vm.child.try_wait() {
                 Ok(Some(_)) => {
@@ -261,12 +304,16 @@ impl Machines {
 
     /// The consoles of the machine's boots so far, oldest first.
     pub fn consoles(&self, uuid: &str) -> Vec<String> {
-        let st = self.state.lock().unwrap();
+        let st = self.state.lock();
         st.consoles
             .get(uuid)
             .map(|v| {
                 v.iter()
-                    .map(|p| std::fs::read_to_string(p).unwrap_or_default().replace('\r', ""))
+                    .map(|p| {
+                        std::fs::read_to_string(p)
+                            .unwrap_or_default()
+                            .replace('\r', "")
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -275,7 +322,10 @@ impl Machines {
 
 impl Drop for Machines {
     fn drop(&mut self) {
-        let mut st = self.state.lock().unwrap();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+        let mut st = self.state.lock();
         for (_, mut vm) in st.running.drain() {
             let _ = vm.child.kill();
             let _ = vm.child.wait();
