@@ -69,8 +69,8 @@ mod tests {
 
     #[test]
     fn a_healthy_drive() {
-        // QEMU's emulated controller at rest: 323 K (50 °C), spare 100 % over a 10 % threshold,
-        // 0 % used, 1 power-on hour (QEMU counts hours from its start, rounded up).
+        // 323 K (50 °C, what QEMU's emulated controller reports), spare 100 % over a 10 %
+        // threshold, 0 % used, 1 power-on hour.
         let p = page(&[
             (1, &323u16.to_le_bytes()),
             (3, &[100, 10, 0]),
