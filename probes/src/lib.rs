@@ -25,8 +25,8 @@
 //!
 //! # Limitations
 //! Depends on `bc-protocol` only, never on `bcd-core` (no session, no state dir, no journal) nor on
-//! any mode crate or the `bcd` binary. `unsafe` is denied everywhere but `inventory::ethtool` (one
-//! ioctl, documented there).
+//! any mode crate or the `bcd` binary. `unsafe` is denied everywhere but `inventory::ethtool`
+//! and `inventory::nvme` (one ioctl each, documented there).
 #![deny(unsafe_code)]
 
 pub mod hostroot;

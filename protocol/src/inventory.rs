@@ -8,8 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod health;
 pub mod topology;
 
+pub use health::DiskHealth;
 pub use topology::{Affinity, DegradedLink, DeviceKind, GpuAffinity, NumaNode, Topology};
 
 /// Version of this document's shape. Bump on an incompatible change; additions keep it.
@@ -221,6 +223,9 @@ pub struct Disk {
     /// entries of their `holders/` directories, sorted, each once (`dm-0`, `md127`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<String>,
+    /// Health summary, where the machine gives one (NVMe SMART / Health Information log page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<DiskHealth>,
 }
 
 /// A network interface from `/sys/class/net`.
@@ -237,13 +242,23 @@ pub struct Nic {
     pub permanent_mac: Option<String>,
     /// True when the interface has a `device` link (a real device, not a virtual interface).
     pub physical: bool,
-    /// Kernel driver (`device/driver` link name).
+    /// Kernel driver (`device/driver` link name; else `driver` of the ETHTOOL_GDRVINFO ioctl).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
-    /// Mb/s (`speed`); absent when the kernel reports -1 or no link.
+    /// The driver's version: `version` of `struct ethtool_drvinfo` (ETHTOOL_GDRVINFO,
+    /// `linux/ethtool.h`); in-tree drivers report the kernel release there. Running machine only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// The NIC's firmware version: `fw_version` of `struct ethtool_drvinfo`; absent when the
+    /// driver leaves it empty or writes `N/A` (virtio_net, veth). Running machine only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware_version: Option<String>,
+    /// Mb/s (`speed`); absent when the kernel reports -1 (unknown) or refuses the read (EINVAL:
+    /// the interface is down or has no link settings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speed_mbps: Option<u32>,
-    /// `carrier` is 1.
+    /// `carrier` is 1; absent when the interface is administratively down (the kernel answers
+    /// EINVAL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

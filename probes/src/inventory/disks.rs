@@ -1,7 +1,7 @@
 //! Block devices from `/sys/block` (kernel ABI `sysfs-block`), and NVMe namespaces from
 //! `/sys/class/nvme` that `/sys/block` does not list (fixture trees). Identity (serial, WWN,
 //! model, vendor, firmware revision), sector sizes and removability are read here; names,
-//! HCTL, partitions and holders in [`super::blockdev`].
+//! HCTL, partitions and holders in [`super::blockdev`]; NVMe health in [`super::nvme`].
 //!
 //! With NVMe native multipath the kernel lists, beside each namespace head `nvmeXnY`, one path
 //! device `nvmeXcZnY` per controller; those are hidden (`hidden` is 1, kernel ABI
@@ -73,6 +73,7 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
         }
     }
     disks.sort_by(|a, b| a.name.cmp(&b.name));
+    super::nvme::fill_health(root, &mut disks, notes);
     disks
 }
 
@@ -142,6 +143,8 @@ fn block_disk(root: &HostRoot, name: String, udev: &blockdev::DevDiskNames) -> D
         holders: blockdev::holders(root, &base, &partitions),
         partitions,
         name,
+        // Filled afterwards, one read per NVMe controller (`super::nvme::fill_health`).
+        health: None,
     }
 }
 

@@ -3,11 +3,14 @@
 //! # Design
 //! Each collector reads through a [`HostRoot`] and owns one section: [`system`] (SMBIOS or
 //! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (with
-//! [`blockdev`]: by-path and by-id names, partitions, holders), [`nics`] (addresses from
-//! [`addrs`]), [`pci`] (PCI functions with their link and place from [`pcie`], and InfiniBand
-//! ports), [`topology`] (NUMA nodes, GPU affinity, degraded links) and [`gpu`]. A missing or
-//! unreadable source leaves its section or field absent and adds a [`Note`]; nothing fails the
-//! whole inventory. No process is spawned: the agent calls [`collect`] at start and on every
+//! [`blockdev`]: by-path and by-id names, partitions, holders; health from the NVMe SMART log
+//! through [`nvme`] and [`smart_log`]), [`nics`] (addresses from [`addrs`], permanent MAC and
+//! driver/firmware versions from [`ethtool`]), [`pci`] (PCI functions with their link and
+//! place from [`pcie`], and InfiniBand ports), [`topology`] (NUMA nodes, GPU affinity, degraded
+//! links) and [`gpu`]. A missing or unreadable source leaves its section or field absent and
+//! adds a [`Note`]; nothing fails the whole inventory. No process is spawned; besides files,
+//! two ioctls: ethtool's on a socket (running machine only) and one NVMe Get Log Page per
+//! controller on its `/dev` node. The agent calls [`collect`] at start and on every
 //! `inventory.refresh`. Fields and their sources: docs/inventory.md.
 //!
 //! # Limitations
@@ -24,9 +27,12 @@ pub mod gpu;
 pub mod host;
 pub mod message;
 pub mod nics;
+#[allow(unsafe_code)]
+pub mod nvme;
 pub mod pci;
 pub mod pcie;
 mod render;
+pub mod smart_log;
 pub mod system;
 pub mod topology;
 pub mod vpd;

@@ -1,5 +1,6 @@
 //! Network interfaces from `/sys/class/net` (kernel ABI `sysfs-class-net`), with the facts the
-//! hardware key needs: physical or not, and the permanent MAC with where it came from.
+//! hardware key needs: physical or not, and the permanent MAC with where it came from; driver
+//! and firmware versions from ETHTOOL_GDRVINFO ([`super::ethtool`]).
 
 use bc_protocol::inventory::{Nic, Note};
 
@@ -150,6 +151,13 @@ fn probe_one(root: &HostRoot, name: String, addrs: &mut super::addrs::Addresses)
         }
         _ => (None, None),
     };
+    // Physical NICs only: a host's veths and bridges can be hundreds, and have no firmware.
+    let drvinfo = physical
+        .then(|| super::ethtool::driver_info(root, &name))
+        .flatten()
+        .unwrap_or_default();
+    // `speed`, `carrier` and `duplex` answer EINVAL while the interface is down (and `speed`
+    // while there is no link): the read fails and the field stays absent.
     let speed_mbps = root
         .read_parsed::<i64>(format!("{base}/speed"))
         .filter(|s| *s > 0)
@@ -159,7 +167,11 @@ fn probe_one(root: &HostRoot, name: String, addrs: &mut super::addrs::Addresses)
             mac,
             permanent_mac,
             physical,
-            driver: root.read_link_name(format!("{base}/device/driver")),
+            driver: root
+                .read_link_name(format!("{base}/device/driver"))
+                .or(drvinfo.driver),
+            driver_version: drvinfo.version,
+            firmware_version: drvinfo.firmware,
             speed_mbps,
             link: root
                 .read_trimmed(format!("{base}/carrier"))

@@ -115,6 +115,39 @@ fn the_qemu_machine_as_its_kernel_showed_it() {
         (Some(4096), Some(4096))
     );
     assert_eq!(inv.disks.len(), 6, "namespaces once, not per path");
+    // Health is not in sysfs: the SMART log needs the controller's /dev node, which a fixture
+    // tree lacks. Each namespace (a multipath head whose `device` is its subsystem) is mapped
+    // to its controller through the hidden path device beside it; each controller is named once
+    // in one note.
+    let root = HostRoot::new(FIXTURE);
+    for n in 0..4 {
+        let d = inv.disks.iter().find(|d| d.name == format!("nvme{n}n1"));
+        assert_eq!(d.map(|d| d.health.is_none()), Some(true), "nvme{n}n1");
+        let ctrl = nvme::controller_of(&root, &format!("nvme{n}n1"));
+        assert_eq!(ctrl, Some(format!("nvme{n}")));
+    }
+    assert!(inv.disks.iter().all(|d| d.health.is_none()));
+    let health: Vec<&Note> = inv
+        .notes
+        .iter()
+        .filter(|n| n.source == "disk-health")
+        .collect();
+    assert_eq!(health.len(), 1, "{:#?}", inv.notes);
+    for n in 0..4 {
+        assert!(
+            health[0]
+                .message
+                .contains(&format!("dev/nvme{n}: no device node")),
+            "{}",
+            health[0].message
+        );
+    }
+    // ETHTOOL_GDRVINFO is asked on the running machine only.
+    assert!(
+        inv.nics
+            .iter()
+            .all(|n| n.driver_version.is_none() && n.firmware_version.is_none())
+    );
 }
 
 /// Copies `from` to `to`, symbolic links as links.

@@ -241,6 +241,16 @@ while [ $i -lt 300 ]; do
   missing=0; for d in $(cat /disks.expected); do [ -e /sys/block/$d ] || missing=1; done
   [ $missing = 0 ] && break; sleep 0.1; i=$((i+1))
 done
+# interfaces whose MAC /nics.up lists are brought up (the others stay down), and given 5 s at
+# most to report a carrier
+for n in /sys/class/net/*; do
+  grep -qx "$(cat $n/address)" /nics.up && ip link set "${n##*/}" up
+done
+i=0
+while [ $i -lt 50 ]; do
+  c=0; for n in /sys/class/net/*; do grep -qx "$(cat $n/address)" /nics.up && [ "$(cat $n/carrier 2>/dev/null)" != 1 ] && c=1; done
+  [ $c = 0 ] && break; sleep 0.1; i=$((i+1))
+done
 echo "@@VM uptime $(cut -d' ' -f1 /proc/uptime) block: $(ls /sys/block | tr '\n' ' ')"
 echo "@@VM-INVENTORY-BEGIN"
 /bin/bcd inventory -o json --log error
@@ -265,13 +275,15 @@ fn copy_into(stage: &Path, src: &Path, dest: &str) {
 }
 
 /// Writes `<dir>/initrd.cpio` (newc, uncompressed) and returns its path. The guest waits for the
-/// block devices named in `disks` before it runs the probes. With `capture`, the
+/// block devices named in `disks` before it runs the probes, and brings up the interfaces whose
+/// MAC `nics_up` lists (lowercase; the others stay down). With `capture`, the
 /// guest also prints its `/sys` subset (`tests/e2e/vm/capture-sys.sh`, see [`write_sys_tree`]).
 pub fn build_initramfs(
     t: &VmTools,
     bcd: &Path,
     dir: &Path,
     disks: &[&str],
+    nics_up: &[&str],
     capture: bool,
 ) -> PathBuf {
     let stage = dir.join("stage");
@@ -301,6 +313,7 @@ pub fn build_initramfs(
     }
     std::fs::write(stage.join("modules.order"), order).unwrap();
     std::fs::write(stage.join("disks.expected"), disks.join("\n") + "\n").unwrap();
+    std::fs::write(stage.join("nics.up"), nics_up.join("\n") + "\n").unwrap();
     if capture {
         let script = stage.join("capture-sys.sh");
         copy_into(

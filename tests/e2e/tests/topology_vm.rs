@@ -22,6 +22,11 @@
 //! QEMU's emulated endpoints advertise a x1 2.5 GT/s link and train at the lower of that and
 //! their port's: no endpoint runs below what both ends support, so `degradedLinks` stays empty;
 //! the limited port's own values are checked as QEMU set them.
+//!
+//! Disk health and NIC driver facts come from real ioctls on the guest's devices: each NVMe
+//! controller's SMART / Health Information log page (`NVME_IOCTL_ADMIN_CMD` on `/dev/nvme<N>`),
+//! ETHTOOL_GDRVINFO on each NIC. The guest brings up the virtio NIC only, so link, speed and
+//! duplex are checked both ways: set on it, absent on the e1000e NICs left down.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bc_e2e::vm;
@@ -31,6 +36,8 @@ use bcd_probes::inventory::topology::affinity;
 use serde_json::Value;
 
 const SCSI_WWN: &str = "0x5000c500a1b2c3d4";
+/// The virtio NIC, the only interface the guest brings up (with `speed=10000,duplex=full`).
+const VIRTIO_NIC: &str = "52:54:00:00:00:03";
 
 /// QEMU's arguments for the machine described in the module docs; `dir` holds the disk images.
 fn machine(dir: &std::path::Path) -> Vec<String> {
@@ -117,7 +124,7 @@ fn machine(dir: &std::path::Path) -> Vec<String> {
     add(&["-device", "nvme,bus=rp10,serial=BCNVME3,drive=nv3"]);
     add(&[
         "-device",
-        "virtio-net-pci,bus=rp11,mac=52:54:00:00:00:03,romfile=",
+        "virtio-net-pci,bus=rp11,mac=52:54:00:00:00:03,romfile=,speed=10000,duplex=full",
     ]);
     add(&["-device", "bochs-display,bus=rp12"]);
     a
@@ -195,7 +202,14 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
     // BC_VM_CAPTURE=<dir>: also write the guest's /sys subset there (the fixture tree of
     // bcd-probes' qemu_topology test is made this way).
     let capture = std::env::var_os("BC_VM_CAPTURE").filter(|v| !v.is_empty());
-    let initrd = vm::build_initramfs(&tools, &bcd, dir.path(), DISKS, capture.is_some());
+    let initrd = vm::build_initramfs(
+        &tools,
+        &bcd,
+        dir.path(),
+        DISKS,
+        &[VIRTIO_NIC],
+        capture.is_some(),
+    );
     let boot = vm::boot(&tools, &initrd, &machine(dir.path()));
     eprintln!(
         "topology_vm: kernel {} booted, probed and powered off in {:.1} s",
@@ -367,5 +381,87 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
         let d = s.disk(serial);
         assert!(d.nvme && d.hctl.is_none(), "{d:?}");
         assert_eq!(d.model.as_deref(), Some("QEMU NVMe Ctrl"));
+    }
+
+    health_and_nic_drivers(&s);
+}
+
+/// The NVMe SMART log of each controller as QEMU's emulated one reports it, the NICs' driver
+/// facts from ETHTOOL_GDRVINFO, and link state from sysfs.
+fn health_and_nic_drivers(s: &Seen) {
+    for serial in ["BCNVME0", "BCNVME1", "BCNVME2", "BCNVME3"] {
+        let d = s.disk(serial);
+        let h = d
+            .health
+            .as_ref()
+            .unwrap_or_else(|| panic!("{serial} has no health; notes {:#?}", s.inv.notes));
+        eprintln!("topology_vm: {} ({serial}) health {h:?}", d.name);
+        assert_eq!(h.source, "nvme-smart-log", "{serial}");
+        assert_eq!(h.critical_warning, 0, "{serial}: {h:?}");
+        assert!(h.critical_warnings.is_empty(), "{serial}: {h:?}");
+        let t = h
+            .temperature_celsius
+            .expect("QEMU reports a composite temperature");
+        assert!((0..=100).contains(&t), "{serial}: {t} °C");
+        assert!(h.percentage_used.is_some(), "{serial}");
+        // QEMU leaves Available Spare and its threshold 0; present, not judged.
+        assert!(h.available_spare_percent.is_some(), "{serial}");
+        assert_eq!(h.media_errors, Some(0), "{serial}: a fresh emulated drive");
+    }
+    for d in s.inv.disks.iter().filter(|d| !d.nvme) {
+        assert_eq!(d.health, None, "{}: no NVMe SMART log", d.name);
+    }
+    assert!(
+        !s.inv.notes.iter().any(|n| n.source == "disk-health"),
+        "{:#?}",
+        s.inv.notes
+    );
+
+    let nic = |mac: &str| {
+        s.inv
+            .nics
+            .iter()
+            .find(|n| n.mac.as_deref() == Some(mac))
+            .unwrap_or_else(|| panic!("no NIC {mac}"))
+    };
+    for n in &s.inv.nics {
+        eprintln!(
+            "topology_vm: {} {:?} driver {:?} version {:?} firmware {:?} link {:?} speed {:?} \
+             duplex {:?}",
+            n.name,
+            n.mac,
+            n.driver,
+            n.driver_version,
+            n.firmware_version,
+            n.link,
+            n.speed_mbps,
+            n.duplex
+        );
+    }
+    let virtio = nic(VIRTIO_NIC);
+    assert_eq!(virtio.driver.as_deref(), Some("virtio_net"));
+    assert!(virtio.driver_version.is_some(), "{virtio:?}");
+    assert_eq!(virtio.firmware_version, None, "virtio_net has no firmware");
+    assert_eq!(virtio.link, Some(true), "{virtio:?}");
+    assert_eq!(virtio.speed_mbps, Some(10000), "speed=10000");
+    assert_eq!(virtio.duplex.as_deref(), Some("full"));
+    let kernel = s.inv.os.as_ref().and_then(|o| o.kernel.as_deref());
+    for mac in [
+        "52:54:00:00:00:01",
+        "52:54:00:00:00:02",
+        "52:54:00:00:00:04",
+    ] {
+        let e = nic(mac);
+        assert_eq!(e.driver.as_deref(), Some("e1000e"), "{mac}");
+        // e1000e has no version of its own: ethtool reports the kernel's release. Its firmware
+        // version is read from the (emulated) NVM: `2.1-0` in QEMU 10.
+        assert_eq!(e.driver_version.as_deref(), kernel, "{mac}");
+        assert!(e.firmware_version.is_some(), "{mac}");
+        // Down: the kernel answers EINVAL for carrier, speed and duplex.
+        assert_eq!(
+            (e.link, e.speed_mbps, e.duplex.as_deref()),
+            (None, None, None),
+            "{mac}"
+        );
     }
 }
