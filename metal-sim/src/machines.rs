@@ -156,7 +156,10 @@ impl Ctx {
             "file={},if=none,id=d0,format=raw",
             disk.display()
         ))
-        .args(["-device", "virtio-blk-pci,drive=d0"])
+        // NVMe: the ramdisk reads its SMART / Health Information log (commissioning's
+        // diskHealth step); its serial names the machine.
+        .arg("-device")
+        .arg(format!("nvme,drive=d0,serial=NVME-{}", m.name))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

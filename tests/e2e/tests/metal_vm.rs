@@ -296,6 +296,21 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         ["enrolling", "inspecting", "commissioning", "ready"]
     );
     assert_eq!(n["hardwareKeyTrusted"], true, "{n:#}");
+    // Every commissioning step is an event; the NVMe disk's SMART log was read in the ramdisk.
+    let steps: Vec<String> = seen
+        .events(&cp, &a_id)
+        .iter()
+        .filter(|e| e["kind"] == "commissioningStep")
+        .map(|e| format!("{} {}", e["to"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or("")))
+        .collect();
+    for want in [
+        "passed diskHealth: 1 disk(s) healthy",
+        "passed cpuThreads: 2 logical CPUs, at least 2",
+        "passed hardwareKey: trusted",
+    ] {
+        assert!(steps.iter().any(|s| s.starts_with(want)), "{want}: {steps:#?}");
+    }
+    assert!(steps.iter().any(|s| s.starts_with("passed nicLinks: link up: eth0")), "{steps:#?}");
     for (t, status) in [("HardwareMismatch", "false"), ("Inspected", "true"), ("Commissioned", "true")] {
         assert_eq!(condition(&n, t).unwrap()["status"], status, "{t}: {n:#}");
     }
