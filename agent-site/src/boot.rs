@@ -220,7 +220,11 @@ async fn boot_ipxe(State(s): State<BootService>, Query(q): Query<BootQuery>) -> 
     let Some(mac) = q.mac.as_deref().and_then(normalize_mac) else {
         s.metrics.request(Outcome::Invalid);
         tracing::warn!(mac = ?q.mac, "boot request without a usable MAC (boot.ipxe?mac=${{net0/mac}})");
-        return (StatusCode::BAD_REQUEST, "boot.ipxe?mac=<aa:bb:cc:dd:ee:ff>\n").into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            "boot.ipxe?mac=<aa:bb:cc:dd:ee:ff>\n",
+        )
+            .into_response();
     };
     let entry = s
         .site
@@ -242,11 +246,7 @@ async fn boot_ipxe(State(s): State<BootService>, Query(q): Query<BootQuery>) -> 
     s.metrics.request(outcome);
     // Never the script itself: it holds the boot token.
     tracing::info!(mac = %mac, node_id = %entry.node_id, answer = outcome.as_str(), reason = %entry.plan.reason, "boot request");
-    (
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        text,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 
 async fn send_file(s: &BootService, path: &PathBuf, name: &str) -> Response {
@@ -315,9 +315,10 @@ pub async fn serve(addr: SocketAddr, service: BootService) -> Result<SocketAddr,
         max_connections: 512,
         idle: Duration::from_secs(60),
     };
-    let (bound, _task) = bc_net::http::serve(addr, app, limits, "bcd site boot", std::future::pending())
-        .await
-        .map_err(|source| BootError::Bind { addr, source })?;
+    let (bound, _task) =
+        bc_net::http::serve(addr, app, limits, "bcd site boot", std::future::pending())
+            .await
+            .map_err(|source| BootError::Bind { addr, source })?;
     tracing::info!(url = %bc_net::http::url(bound, "/boot.ipxe"), "serving network boots");
     Ok(bound)
 }
@@ -360,7 +361,13 @@ mod tests {
             normalize_mac("00-1b-21-aa-bb-01").as_deref(),
             Some("00:1b:21:aa:bb:01")
         );
-        for bad in ["", "00:1b:21:aa:bb", "00:1b:21:aa:bb:zz", "001b21aabb01", "0:1b:21:aa:bb:01"] {
+        for bad in [
+            "",
+            "00:1b:21:aa:bb",
+            "00:1b:21:aa:bb:zz",
+            "001b21aabb01",
+            "0:1b:21:aa:bb:01",
+        ] {
             assert_eq!(normalize_mac(bad), None, "{bad}");
         }
     }
@@ -370,7 +377,10 @@ mod tests {
         let (o, s) = script(&entry(true), &files());
         assert_eq!(o, Outcome::Ramdisk);
         assert!(s.starts_with("#!ipxe\n"), "{s}");
-        let kernel = s.lines().find(|l| l.starts_with("kernel ")).unwrap_or_default();
+        let kernel = s
+            .lines()
+            .find(|l| l.starts_with("kernel "))
+            .unwrap_or_default();
         assert!(kernel.contains(DEFAULT_KERNEL_ARGS), "{kernel}");
         assert!(kernel.contains("bcd.token=boot_x.s"), "{kernel}");
         assert!(s.contains("initrd --name initrd /ramdisk/initrd"), "{s}");

@@ -20,6 +20,8 @@
 //! - [`commands`]: `bmc.verify`, `bmc.power`, `bmc.setBootDevice` under the lease epoch they
 //!   carry (`LEASE_LOST` otherwise, and nothing is done).
 //! - [`sync`]: the power sync loop, one poller per BMC, change-only `PowerReport`s.
+//! - [`boot`]: the boot service — iPXE scripts per MAC from the assignment's boot plans, the
+//!   ramdisk's kernel and initramfs (issue 15).
 //! - [`config`]: the `[site]` section of bcd.toml.
 //! - `test_utils` (feature `test-utils`): sushy-emulator and fakebmc processes, a
 //!   fault-injecting HTTP proxy, a fake BMC — the harness of this crate's tests and of the
@@ -30,8 +32,8 @@
 //! signals, systemd).
 //!
 //! # Limitations
-//! Boot services (HTTP for iPXE scripts, kernel and initramfs) are not here yet: they come with
-//! the ramdisk (a `boot` module next to `bmc`, fed by the same assignment). Credentials live in
+//! The boot service speaks plain HTTP and no TFTP (firmware without iPXE chainloads it through
+//! the site's DHCP; docs/bare-metal.md). Credentials live in
 //! memory only: after a restart the site agent has none until the control plane sends the
 //! assignment again. Redfish sessions (`X-Auth-Token`) are not used: Basic authentication on
 //! every request.

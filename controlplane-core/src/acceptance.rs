@@ -74,7 +74,10 @@ pub fn check_settings(a: &cpl_store::Acceptance) -> Result<(), OpError> {
     for (name, v) in [
         ("deadlineSeconds", a.deadline_seconds),
         ("inspectionDeadlineSeconds", a.inspection_deadline_seconds),
-        ("commissioningDeadlineSeconds", a.commissioning_deadline_seconds),
+        (
+            "commissioningDeadlineSeconds",
+            a.commissioning_deadline_seconds,
+        ),
     ] {
         if let Some(s) = v
             && (s == 0 || s > MAX_DEADLINE_SECONDS)

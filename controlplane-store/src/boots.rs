@@ -183,7 +183,10 @@ mod tests {
             ended.ended_at = Some(3);
             tx.put_boot(&ended)?;
             assert!(tx.boots()?.is_empty(), "an ended boot is no current boot");
-            assert_eq!(tx.boot_by_token("boot_b")?.and_then(|b| b.ended_at), Some(3));
+            assert_eq!(
+                tx.boot_by_token("boot_b")?.and_then(|b| b.ended_at),
+                Some(3)
+            );
             Ok(())
         })
     }

@@ -62,7 +62,13 @@ fn daemon_crates_depend_only_downwards() {
         // feature (the emulated BMCs of its test harness).
         (
             "bcd-site",
-            &["bc-protocol", "bc-net", "bcd-core", "bcd-probes", "bc-metal-sim"],
+            &[
+                "bc-protocol",
+                "bc-net",
+                "bcd-core",
+                "bcd-probes",
+                "bc-metal-sim",
+            ],
         ),
         ("bc-metal-sim", &[]),
         ("bcd-ramdisk", &["bc-protocol", "bcd-core", "bcd-probes"]),

@@ -111,7 +111,8 @@ impl Ctx {
                     .or_default()
                     .push(console.clone());
                 st.running.insert(m.uuid.clone(), Vm { child, console });
-                st.log.push((Instant::now(), Happened::Started(m.uuid.clone())));
+                st.log
+                    .push((Instant::now(), Happened::Started(m.uuid.clone())));
             }
             Err(e) => {
                 tracing::error!(machine = %m.name, error = %e, "starting the machine's QEMU failed");
@@ -152,10 +153,7 @@ impl Ctx {
         .arg("-device")
         .arg(format!("virtio-net-pci,netdev=n0,mac={}", m.mac))
         .arg("-drive")
-        .arg(format!(
-            "file={},if=none,id=d0,format=raw",
-            disk.display()
-        ))
+        .arg(format!("file={},if=none,id=d0,format=raw", disk.display()))
         // NVMe: the ramdisk reads its SMART / Health Information log (commissioning's
         // diskHealth step); its serial names the machine.
         .arg("-device")
@@ -172,7 +170,8 @@ impl Ctx {
             let _ = vm.child.kill();
             let _ = vm.child.wait();
             tracing::info!(uuid = %uuid, console = %vm.console.display(), "machine powered off: QEMU stopped");
-            st.log.push((Instant::now(), Happened::Stopped(uuid.to_owned())));
+            st.log
+                .push((Instant::now(), Happened::Stopped(uuid.to_owned())));
         }
     }
 
@@ -197,7 +196,10 @@ impl Ctx {
             } else if !pxe {
                 st.log.push((
                     Instant::now(),
-                    Happened::Ignored(uuid.to_owned(), format!("boot device {}", doc["boot_device"])),
+                    Happened::Ignored(
+                        uuid.to_owned(),
+                        format!("boot device {}", doc["boot_device"]),
+                    ),
                 ));
             } else {
                 self.start_vm(m, st);
@@ -261,20 +263,19 @@ impl Machines {
             let _in_runtime = runtime.enter();
             tokio::net::TcpListener::from_std(std_listener).map_err(MachinesError::Listen)?
         };
-        let app = axum::Router::new()
-            .route(
-                "/notify",
-                axum::routing::put(move |body: axum::body::Bytes| {
-                    let ctx = Arc::clone(&ctx);
-                    async move {
-                        if let Ok(doc) = serde_json::from_slice::<Value>(&body) {
-                            // Answer first: the emulator waits for this inside its Redfish request.
-                            tokio::task::spawn_blocking(move || ctx.on_notify(&doc));
-                        }
-                        axum::http::StatusCode::NO_CONTENT
+        let app = axum::Router::new().route(
+            "/notify",
+            axum::routing::put(move |body: axum::body::Bytes| {
+                let ctx = Arc::clone(&ctx);
+                async move {
+                    if let Ok(doc) = serde_json::from_slice::<Value>(&body) {
+                        // Answer first: the emulator waits for this inside its Redfish request.
+                        tokio::task::spawn_blocking(move || ctx.on_notify(&doc));
                     }
-                }),
-            );
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        );
         runtime.spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

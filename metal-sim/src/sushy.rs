@@ -213,8 +213,18 @@ mod tests {
                 && t.contains("'external_notifier': True"),
             "{t}"
         );
-        assert!(t.contains("EXTERNAL_NOTIFICATION_URL = 'http://127.0.0.1:9/notify'"), "{t}");
-        let quiet = EmulatorConfig { notify_url: None, ..c }.text();
-        assert!(!quiet.contains("notifier") && !quiet.contains("NOTIFICATION"), "{quiet}");
+        assert!(
+            t.contains("EXTERNAL_NOTIFICATION_URL = 'http://127.0.0.1:9/notify'"),
+            "{t}"
+        );
+        let quiet = EmulatorConfig {
+            notify_url: None,
+            ..c
+        }
+        .text();
+        assert!(
+            !quiet.contains("notifier") && !quiet.contains("NOTIFICATION"),
+            "{quiet}"
+        );
     }
 }

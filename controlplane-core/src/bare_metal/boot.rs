@@ -71,16 +71,26 @@ pub enum BootRefusal {
     #[error("the boot token is malformed (expected boot_<id>.<secret>)")]
     Malformed,
     /// No current boot has this token (never issued, or replaced by a newer boot).
-    #[error("boot token {id} is unknown: it was never issued, or a newer boot of its machine replaced it")]
+    #[error(
+        "boot token {id} is unknown: it was never issued, or a newer boot of its machine replaced it"
+    )]
     Unknown { id: String },
     /// Already used by a ramdisk join: a replay.
-    #[error("boot token {id} was already used by node {node_id}'s ramdisk at {at}; a boot token is good for one join")]
-    Used { id: String, node_id: String, at: String },
+    #[error(
+        "boot token {id} was already used by node {node_id}'s ramdisk at {at}; a boot token is good for one join"
+    )]
+    Used {
+        id: String,
+        node_id: String,
+        at: String,
+    },
     /// Past its expiry.
     #[error("boot token {id} expired at {at}")]
     Expired { id: String, at: String },
     /// Its boot is over (the node left the ramdisk) without the token being used.
-    #[error("boot token {id} belongs to a boot that ended at {at} (node {node_id} left the ramdisk)")]
+    #[error(
+        "boot token {id} belongs to a boot that ended at {at} (node {node_id} left the ramdisk)"
+    )]
     Ended {
         id: String,
         node_id: String,
@@ -306,9 +316,9 @@ pub(crate) fn join(
     if connected(&node_id) {
         return Err(JoinError::Duplicate(node_id));
     }
-    let bmc = tx.bmc(&node_id)?.ok_or_else(|| {
-        OpError::Internal(format!("node {node_id} has a boot but no BMC record"))
-    })?;
+    let bmc = tx
+        .bmc(&node_id)?
+        .ok_or_else(|| OpError::Internal(format!("node {node_id} has a boot but no BMC record")))?;
     boot.used_at = Some(now);
     tx.put_boot(&boot)?;
     let differs = mismatches(&bmc, &f.identifier_digests);
@@ -334,9 +344,7 @@ pub(crate) fn join(
         edit.save(tx)?;
         return Ok(JoinOutcome::Refused(Refused {
             node_id,
-            message: format!(
-                "HARDWARE_MISMATCH: {message}; the node is failed and nothing joined"
-            ),
+            message: format!("HARDWARE_MISMATCH: {message}; the node is failed and nothing joined"),
         }));
     }
     apply(

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use bc_protocol::commands::bmc::{BmcFacts, BmcNic, PowerState};
 use bc_protocol::hwid::{self, Kind};
-use bc_protocol::{Adapter, ConditionStatus, Mode, NodeRole, PoolAgent, PoolKind, ProvisionState, Trust};
+use bc_protocol::{
+    Adapter, ConditionStatus, Mode, NodeRole, PoolAgent, PoolKind, ProvisionState, Trust,
+};
 use cpl_store::{BmcRecord, NewNode, NodeRecord, Store, Tx, now_ms};
 
+use super::CredentialKey;
 use super::boot::{self, BootRefusal, BootSettings, HARDWARE_MISMATCH};
 use super::inspect::COMMISSIONED;
 use super::verify::identifiers;
-use super::CredentialKey;
 use crate::error::OpError;
 use crate::join::{JoinError, JoinFacts, JoinOutcome, join};
 use crate::ops::pools::{self, NewPool};
@@ -124,7 +126,14 @@ impl Bed {
     /// Begins a boot valid for `ttl` and returns its token in clear.
     fn boot(&self, ttl: Duration) -> Result<String, Box<dyn std::error::Error>> {
         let b = self.store.write_blocking(|tx| {
-            boot::begin(tx, &self.key, &self.node, ProvisionState::Inspecting, ttl, now_ms())
+            boot::begin(
+                tx,
+                &self.key,
+                &self.node,
+                ProvisionState::Inspecting,
+                ttl,
+                now_ms(),
+            )
         })?;
         let args = boot::kernel_args(
             &self.key,
@@ -134,7 +143,10 @@ impl Bed {
             },
             &b,
         )?;
-        assert!(args.starts_with("bcd.url=https://10.0.2.2:7443 bcd.pin=sha256:00 "), "{args}");
+        assert!(
+            args.starts_with("bcd.url=https://10.0.2.2:7443 bcd.pin=sha256:00 "),
+            "{args}"
+        );
         let token = args
             .split_whitespace()
             .find_map(|a| a.strip_prefix("bcd.token="))
@@ -179,10 +191,17 @@ fn the_right_machine_joins_once_and_its_inventory_makes_it_ready() -> TestResult
     };
     assert_eq!(joined.node_id, b.node);
     assert!(joined.rejoined);
-    assert_eq!(joined.identity_generation, before + 1, "a ramdisk boot is a new identity");
+    assert_eq!(
+        joined.identity_generation,
+        before + 1,
+        "a ramdisk boot is a new identity"
+    );
     let n = b.node()?;
     assert_eq!(n.provision_state, ProvisionState::Inspecting);
-    assert_eq!(cond(&n, HARDWARE_MISMATCH).map(|c| c.status), Some(ConditionStatus::False));
+    assert_eq!(
+        cond(&n, HARDWARE_MISMATCH).map(|c| c.status),
+        Some(ConditionStatus::False)
+    );
     // The same token again: a replay.
     match b.join(&token, Mode::Ramdisk, digests(UUID, SERIAL, MAC)) {
         Err(JoinError::Boot(BootRefusal::Used { .. })) => {}
@@ -207,7 +226,10 @@ fn the_right_machine_joins_once_and_its_inventory_makes_it_ready() -> TestResult
     })?;
     assert_eq!(state, Some(ProvisionState::Ready));
     let n = b.node()?;
-    assert_eq!(cond(&n, COMMISSIONED).map(|c| c.status), Some(ConditionStatus::True));
+    assert_eq!(
+        cond(&n, COMMISSIONED).map(|c| c.status),
+        Some(ConditionStatus::True)
+    );
     let moves: Vec<(Option<String>, Option<String>)> = b
         .store
         .read_blocking(|r| r.events(&b.node))?
@@ -234,8 +256,16 @@ fn another_machine_fails_the_node_with_what_differed_and_spends_the_token() -> T
         return Err(format!("expected a refusal, got {out:?}").into());
     };
     assert!(r.message.starts_with("HARDWARE_MISMATCH"), "{}", r.message);
-    assert!(r.message.contains("system serial") && r.message.contains(SERIAL), "{}", r.message);
-    assert!(!r.message.contains("system UUID"), "only the serial differed: {}", r.message);
+    assert!(
+        r.message.contains("system serial") && r.message.contains(SERIAL),
+        "{}",
+        r.message
+    );
+    assert!(
+        !r.message.contains("system UUID"),
+        "only the serial differed: {}",
+        r.message
+    );
     let n = b.node()?;
     assert_eq!(n.provision_state, ProvisionState::Failed);
     assert_eq!(n.failed_from, Some(ProvisionState::Inspecting));
@@ -250,8 +280,15 @@ fn another_machine_fails_the_node_with_what_differed_and_spends_the_token() -> T
     // No MAC of the BMC's on the machine is a mismatch too.
     let b = bed(None)?;
     let token = b.boot(Duration::from_secs(600))?;
-    let out = b.join(&token, Mode::Ramdisk, digests(UUID, SERIAL, "00:1b:21:aa:bb:99"))?;
-    assert!(matches!(out, JoinOutcome::Refused(ref r) if r.message.contains("MAC: none of 00:1b:21:aa:bb:01")), "{out:?}");
+    let out = b.join(
+        &token,
+        Mode::Ramdisk,
+        digests(UUID, SERIAL, "00:1b:21:aa:bb:99"),
+    )?;
+    assert!(
+        matches!(out, JoinOutcome::Refused(ref r) if r.message.contains("MAC: none of 00:1b:21:aa:bb:01")),
+        "{out:?}"
+    );
     Ok(())
 }
 
@@ -291,7 +328,10 @@ fn expired_unknown_malformed_and_misused_tokens_are_refused_without_a_change() -
     ));
     // None of it changed the node, and the fresh token still works.
     assert_eq!(b.node()?.provision_state, ProvisionState::Inspecting);
-    assert!(matches!(b.join(&fresh, Mode::Ramdisk, d())?, JoinOutcome::Joined(_)));
+    assert!(matches!(
+        b.join(&fresh, Mode::Ramdisk, d())?,
+        JoinOutcome::Joined(_)
+    ));
     Ok(())
 }
 
@@ -300,7 +340,10 @@ fn commissioning_fails_on_the_profile_naming_the_step() -> TestResult {
     let b = bed(Some(8))?;
     let token = b.boot(Duration::from_secs(600))?;
     let d = digests(UUID, SERIAL, MAC);
-    assert!(matches!(b.join(&token, Mode::Ramdisk, d.clone())?, JoinOutcome::Joined(_)));
+    assert!(matches!(
+        b.join(&token, Mode::Ramdisk, d.clone())?,
+        JoinOutcome::Joined(_)
+    ));
     let state = b.store.write_blocking(|tx: &Tx<'_>| {
         record_inventory(
             tx,
@@ -327,7 +370,10 @@ fn commissioning_fails_on_the_profile_naming_the_step() -> TestResult {
 #[test]
 fn the_deadline_defaults_and_pool_settings_apply() {
     use super::inspect::{DEFAULT_COMMISSIONING_DEADLINE, DEFAULT_INSPECTION_DEADLINE, deadline};
-    assert_eq!(deadline(None, ProvisionState::Inspecting), DEFAULT_INSPECTION_DEADLINE);
+    assert_eq!(
+        deadline(None, ProvisionState::Inspecting),
+        DEFAULT_INSPECTION_DEADLINE
+    );
     assert_eq!(
         deadline(None, ProvisionState::Commissioning),
         DEFAULT_COMMISSIONING_DEADLINE
@@ -370,11 +416,17 @@ fn diag_done(node: &str, id: &str, verdict: &str, summary: &str) -> cpl_store::C
 
 #[test]
 fn a_gpu_profile_waits_for_diag_nvml_in_the_ramdisk_and_its_verdict_decides() -> TestResult {
-    for (verdict, want) in [("pass", ProvisionState::Ready), ("fail", ProvisionState::Failed)] {
+    for (verdict, want) in [
+        ("pass", ProvisionState::Ready),
+        ("fail", ProvisionState::Failed),
+    ] {
         let b = bed(Some(2))?;
         let token = b.boot(Duration::from_secs(600))?;
         let d = digests(UUID, SERIAL, MAC);
-        assert!(matches!(b.join(&token, Mode::Ramdisk, d.clone())?, JoinOutcome::Joined(_)));
+        assert!(matches!(
+            b.join(&token, Mode::Ramdisk, d.clone())?,
+            JoinOutcome::Joined(_)
+        ));
         let doc = gpu_inventory(2);
         let state = b.store.write_blocking(|tx: &Tx<'_>| {
             record_inventory(
@@ -390,16 +442,27 @@ fn a_gpu_profile_waits_for_diag_nvml_in_the_ramdisk_and_its_verdict_decides() ->
                 },
             )
         })?;
-        assert_eq!(state, Some(ProvisionState::Commissioning), "gpuDiag is still to run");
+        assert_eq!(
+            state,
+            Some(ProvisionState::Commissioning),
+            "gpuDiag is still to run"
+        );
         let n = b.node()?;
-        assert_eq!(cond(&n, COMMISSIONED).map(|c| c.status), Some(ConditionStatus::Unknown));
+        assert_eq!(
+            cond(&n, COMMISSIONED).map(|c| c.status),
+            Some(ConditionStatus::Unknown)
+        );
         let cmd = b.store.write_blocking(|tx| {
             let pool = tx.pool(n.pool_id.as_deref().unwrap_or_default())?;
             let id = super::commission::queue_diag(tx, &b.node, pool.as_ref(), 60_000)?;
-            let mut boot = tx.boot(&b.node)?.ok_or(OpError::Internal("no boot".into()))?;
+            let mut boot = tx
+                .boot(&b.node)?
+                .ok_or(OpError::Internal("no boot".into()))?;
             boot.diag_command_id = Some(id.clone());
             tx.put_boot(&boot)?;
-            let c = tx.command(&id)?.ok_or(OpError::Internal("no command".into()))?;
+            let c = tx
+                .command(&id)?
+                .ok_or(OpError::Internal("no command".into()))?;
             Ok::<_, OpError>(c)
         })?;
         assert_eq!(cmd.name, "diag.nvml");

@@ -69,18 +69,34 @@ fn memory_step(inv: &Value, min: Option<u64>) -> Result<String, String> {
     let mem = &inv["memory"];
     if let Some(dimms) = mem["dimmTotalBytes"].as_u64() {
         return if dimms >= min {
-            Ok(format!("{} installed (DIMMs), at least {}", gib(dimms), gib(min)))
+            Ok(format!(
+                "{} installed (DIMMs), at least {}",
+                gib(dimms),
+                gib(min)
+            ))
         } else {
-            Err(format!("{} installed (DIMMs), the profile needs at least {}", gib(dimms), gib(min)))
+            Err(format!(
+                "{} installed (DIMMs), the profile needs at least {}",
+                gib(dimms),
+                gib(min)
+            ))
         };
     }
     let total = mem["totalBytes"].as_u64().unwrap_or(0);
     // MemTotal is what is left after firmware and kernel reservations.
     let floor = min - min / 20;
     if total >= floor {
-        Ok(format!("{} usable (MemTotal; no DIMM table), at least 95 % of {}", gib(total), gib(min)))
+        Ok(format!(
+            "{} usable (MemTotal; no DIMM table), at least 95 % of {}",
+            gib(total),
+            gib(min)
+        ))
     } else {
-        Err(format!("{} usable (MemTotal; no DIMM table), the profile needs at least {}", gib(total), gib(min)))
+        Err(format!(
+            "{} usable (MemTotal; no DIMM table), the profile needs at least {}",
+            gib(total),
+            gib(min)
+        ))
     }
 }
 
@@ -96,7 +112,9 @@ fn cpu_steps(inv: &Value, model: Option<&str>, threads: Option<u32>) -> [Step; 2
     let t = match threads {
         None => Ok(SKIPPED.to_owned()),
         Some(min) if have >= u64::from(min) => Ok(format!("{have} logical CPUs, at least {min}")),
-        Some(min) => Err(format!("{have} logical CPUs, the profile needs at least {min}")),
+        Some(min) => Err(format!(
+            "{have} logical CPUs, the profile needs at least {min}"
+        )),
     };
     [("cpuModel", m), ("cpuThreads", t)]
 }
@@ -119,8 +137,16 @@ fn nic_step(inv: &Value, min: Option<u32>) -> Result<String, String> {
         .collect();
     let detail = format!(
         "link up: {}; down or unknown: {}",
-        if up.is_empty() { "none".into() } else { up.join(", ") },
-        if down.is_empty() { "none".into() } else { down.join(", ") }
+        if up.is_empty() {
+            "none".into()
+        } else {
+            up.join(", ")
+        },
+        if down.is_empty() {
+            "none".into()
+        } else {
+            down.join(", ")
+        }
     );
     if up.len() >= min as usize {
         Ok(detail)
@@ -147,7 +173,10 @@ fn disk_step(inv: &Value) -> Result<String, String> {
                 .as_array()
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            bad.push(format!("{name}: critical warning {warn:#04x} ({})", names.join(", ")));
+            bad.push(format!(
+                "{name}: critical warning {warn:#04x} ({})",
+                names.join(", ")
+            ));
         }
         if let Some(e) = h["mediaErrors"].as_u64().filter(|e| *e > 0) {
             bad.push(format!("{name}: {e} media error(s)"));
@@ -180,7 +209,9 @@ pub fn inventory_steps(node: &NodeRecord, pool: Option<&Pool>) -> Vec<Step> {
         (
             "gpuCount",
             "GpuCountMismatch",
-            profile.and_then(|p| p.expected_gpu_count).map(|n| n.to_string()),
+            profile
+                .and_then(|p| p.expected_gpu_count)
+                .map(|n| n.to_string()),
         ),
         (
             "gpuModel",
@@ -200,13 +231,19 @@ pub fn inventory_steps(node: &NodeRecord, pool: Option<&Pool>) -> Vec<Step> {
             },
         ));
     }
-    out.push(("memory", memory_step(&inv, profile.and_then(|p| p.min_memory_bytes))));
+    out.push((
+        "memory",
+        memory_step(&inv, profile.and_then(|p| p.min_memory_bytes)),
+    ));
     out.extend(cpu_steps(
         &inv,
         profile.and_then(|p| p.expected_cpu_model.as_deref()),
         profile.and_then(|p| p.min_cpu_threads),
     ));
-    out.push(("nicLinks", nic_step(&inv, profile.and_then(|p| p.min_linked_nics))));
+    out.push((
+        "nicLinks",
+        nic_step(&inv, profile.and_then(|p| p.min_linked_nics)),
+    ));
     out.push(("diskHealth", disk_step(&inv)));
     out.push((
         "hardwareKey",
@@ -349,7 +386,8 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
         return Ok(());
     }
     let verdict: Result<String, String> = match (cmd.state, cmd.result.as_ref()) {
-        (CommandState::Succeeded, Some(r)) => match serde_json::from_value::<DiagReport>(r.clone()) {
+        (CommandState::Succeeded, Some(r)) => match serde_json::from_value::<DiagReport>(r.clone())
+        {
             Ok(rep) if !rep.nvml_available => Err(format!(
                 "NVML unavailable in the ramdisk: {}",
                 rep.unavailable_reason.unwrap_or_default()
@@ -380,6 +418,7 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use serde_json::json;
@@ -389,7 +428,11 @@ mod tests {
         let gib = 1u64 << 30;
         let dimms = json!({"memory": {"totalBytes": 60 * gib, "dimmTotalBytes": 64 * gib}});
         assert!(memory_step(&dimms, Some(64 * gib)).is_ok());
-        assert!(memory_step(&dimms, Some(96 * gib)).unwrap_err().contains("DIMMs"));
+        assert!(
+            memory_step(&dimms, Some(96 * gib))
+                .unwrap_err()
+                .contains("DIMMs")
+        );
         let kernel = json!({"memory": {"totalBytes": 62 * gib}});
         assert!(memory_step(&kernel, Some(64 * gib)).is_ok());
         assert!(memory_step(&kernel, Some(128 * gib)).is_err());
@@ -413,7 +456,10 @@ mod tests {
         });
         let [m, t] = cpu_steps(&inv, Some("QEMU Virtual CPU version 2.5+"), Some(4));
         assert!(m.1.is_ok());
-        assert_eq!(t.1, Err("2 logical CPUs, the profile needs at least 4".to_owned()));
+        assert_eq!(
+            t.1,
+            Err("2 logical CPUs, the profile needs at least 4".to_owned())
+        );
         assert!(nic_step(&inv, Some(1)).is_ok());
         let e = nic_step(&inv, Some(2)).unwrap_err();
         assert!(e.contains("1 of at least 2") && e.contains("eth1"), "{e}");

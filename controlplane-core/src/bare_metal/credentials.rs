@@ -137,7 +137,12 @@ impl CredentialKey {
         Ok(format!("{ENVELOPE}{}", hex::encode(out)))
     }
 
-    fn open_raw(&self, node_id: &str, aad: &[u8], sealed: &str) -> Result<Vec<u8>, CredentialError> {
+    fn open_raw(
+        &self,
+        node_id: &str,
+        aad: &[u8],
+        sealed: &str,
+    ) -> Result<Vec<u8>, CredentialError> {
         let bytes = sealed
             .strip_prefix(ENVELOPE)
             .and_then(|h| hex::decode(h).ok())

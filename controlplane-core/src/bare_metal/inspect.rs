@@ -142,7 +142,13 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
             "IdentifiersDiffer",
             why.clone(),
         );
-        condition(edit, INSPECTED, ConditionStatus::False, "HardwareMismatch", why.clone());
+        condition(
+            edit,
+            INSPECTED,
+            ConditionStatus::False,
+            "HardwareMismatch",
+            why.clone(),
+        );
         return apply_transition(edit, ProvisionState::Failed, &why);
     }
     condition(
@@ -191,7 +197,13 @@ pub fn on_power_final(tx: &Tx<'_>, cmd: &cpl_store::CommandRecord) -> Result<(),
         cmd.state.as_str(),
         cmd.error_message.as_deref().unwrap_or("")
     );
-    condition(&mut edit, INSPECTED, ConditionStatus::False, "PowerOnFailed", why.clone());
+    condition(
+        &mut edit,
+        INSPECTED,
+        ConditionStatus::False,
+        "PowerOnFailed",
+        why.clone(),
+    );
     apply_transition(&mut edit, ProvisionState::Failed, &why)?;
     edit.save(tx)?;
     Ok(())
@@ -243,7 +255,13 @@ fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
             ),
         ),
     };
-    condition(&mut edit, type_, ConditionStatus::False, reason, why.clone());
+    condition(
+        &mut edit,
+        type_,
+        ConditionStatus::False,
+        reason,
+        why.clone(),
+    );
     apply_transition(&mut edit, ProvisionState::Failed, &why)?;
     edit.save(tx)?;
     Ok(true)
@@ -254,7 +272,10 @@ enum Action {
     /// Push the assignment, then dispatch the holder's commands.
     Boot { site: String, holder: String },
     /// The boot ended: push the assignment (and dispatch a power-off, if one was queued).
-    Ended { site: String, holder: Option<String> },
+    Ended {
+        site: String,
+        holder: Option<String>,
+    },
     /// Commissioning's `diag.nvml` was queued for the ramdisk: dispatch it.
     Diag { node: String },
 }

@@ -27,6 +27,11 @@
 //!   the holder (the command names the bare-metal node in `subjectNodeId`); `PowerReport`s of
 //!   the current holder and epoch move `power` (through [`crate::edit::Edit::report`]) and
 //!   `BmcReachable`.
+//! - **Inspection and commissioning** ([`boot`], [`inspect`], [`commission`], issue 15): a
+//!   verified enrollment goes to `inspecting`; the controller mints the machine's one-time boot
+//!   token, sends the holder its boot plan and `bmc.power` with PXE; the ramdisk joins with the
+//!   token only if the machine shows the BMC's identifiers; its inventory ends the inspection and
+//!   commissioning's steps decide `ready` (powered off) or `failed`; every state has a deadline.
 //! - [`BareMetal`] is the service the gateway, the verbs and the controller share.
 //!
 //! # Limitations
@@ -100,7 +105,10 @@ impl Default for BareMetalConfig {
 /// ([`verify::on_command_final`]), the power-on of a ramdisk boot
 /// ([`inspect::on_power_final`]), commissioning's `diag.nvml`
 /// ([`commission::on_command_final`]).
-pub fn on_command_final(tx: &cpl_store::Tx<'_>, cmd: &cpl_store::CommandRecord) -> Result<(), crate::error::OpError> {
+pub fn on_command_final(
+    tx: &cpl_store::Tx<'_>,
+    cmd: &cpl_store::CommandRecord,
+) -> Result<(), crate::error::OpError> {
     verify::on_command_final(tx, cmd)?;
     inspect::on_power_final(tx, cmd)?;
     commission::on_command_final(tx, cmd)

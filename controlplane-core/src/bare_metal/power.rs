@@ -73,7 +73,11 @@ pub enum ReportOutcome {
 }
 
 /// The holder of `site_id`'s lease and its epoch, read in `tx`, when it has a live session.
-pub(crate) fn live_holder(tx: &Tx<'_>, bm: &BareMetal, site_id: &str) -> Result<(String, u64), OpError> {
+pub(crate) fn live_holder(
+    tx: &Tx<'_>,
+    bm: &BareMetal,
+    site_id: &str,
+) -> Result<(String, u64), OpError> {
     let lease = tx.site_lease(site_id)?;
     match lease.and_then(|l| l.holder_node_id.map(|h| (h, l.epoch))) {
         Some((h, e)) if bm.sessions.live_epoch(&h).is_some() => Ok((h, e)),

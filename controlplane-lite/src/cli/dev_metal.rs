@@ -65,7 +65,8 @@ fn find_tools(args: &DevArgs) -> anyhow::Result<Tools> {
     let qemu = program("BC_QEMU", "qemu-system-x86_64");
     if qemu.is_none() {
         missing.push(
-            "qemu-system-x86_64 (the machines): Debian packages qemu-system-x86 and ipxe-qemu".to_owned(),
+            "qemu-system-x86_64 (the machines): Debian packages qemu-system-x86 and ipxe-qemu"
+                .to_owned(),
         );
     }
     let dir = &args.ramdisk;
@@ -110,7 +111,12 @@ fn machine(i: u32) -> Machine {
         name: format!("metal-{i}"),
         uuid: format!("5f2e0c4e-1c9a-4a51-9a43-{i:012}"),
         serial: format!("DEV-METAL-{i:04}"),
-        mac: format!("00:1b:21:{:02x}:{:02x}:{:02x}", (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff),
+        mac: format!(
+            "00:1b:21:{:02x}:{:02x}:{:02x}",
+            (i >> 16) & 0xff,
+            (i >> 8) & 0xff,
+            i & 0xff
+        ),
         ignore: false,
     }
 }
@@ -130,7 +136,10 @@ async fn start_emulator(
         .await
         .with_context(|| format!("running {} for the BMCs' password file", python.display()))?;
     if !out.status.success() {
-        bail!("making the BMCs' password file failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "making the BMCs' password file failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let htpasswd = dir.join("htpasswd");
     std::fs::write(&htpasswd, &out.stdout)?;
@@ -232,7 +241,9 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
     let base = match &args.state_dir {
         Some(d) => d.clone(),
         None => {
-            temp = tempfile::Builder::new().prefix("bcctl-dev-metal-").tempdir()?;
+            temp = tempfile::Builder::new()
+                .prefix("bcctl-dev-metal-")
+                .tempdir()?;
             temp.path().to_owned()
         }
     };
@@ -266,7 +277,10 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
     })?;
     let ep = running.endpoints.clone();
     let api = Client::new(ep.api_url.clone(), running.api_token.clone());
-    println!("control plane: gateway https://127.0.0.1:{gw_port} (machines: {})  api {}", ep.gateway_url, ep.api_url);
+    println!(
+        "control plane: gateway https://127.0.0.1:{gw_port} (machines: {})  api {}",
+        ep.gateway_url, ep.api_url
+    );
     println!("state:         {}", base.display());
 
     let machines: Vec<Machine> = (1..=n).map(machine).collect();
@@ -283,8 +297,19 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
     let site_log = base.join("site.log");
     let log = std::fs::File::create(&site_log)?;
     let mut site = Command::new(&tools.bcd)
-        .args(["site", "--control-plane", &format!("https://127.0.0.1:{gw_port}")])
-        .args(["--ca-pin", &ep.ca_pin, "--join-token", &token, "--config", "/dev/null"])
+        .args([
+            "site",
+            "--control-plane",
+            &format!("https://127.0.0.1:{gw_port}"),
+        ])
+        .args([
+            "--ca-pin",
+            &ep.ca_pin,
+            "--join-token",
+            &token,
+            "--config",
+            "/dev/null",
+        ])
         .arg("--state-dir")
         .arg(base.join("site"))
         .args(["--boot-listen", &format!("127.0.0.1:{boot_port}")])
@@ -298,7 +323,11 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {} site", tools.bcd.display()))?;
-    println!("site agent:    {} site, boot service 127.0.0.1:{boot_port}, log {}", tools.bcd.display(), site_log.display());
+    println!(
+        "site agent:    {} site, boot service 127.0.0.1:{boot_port}, log {}",
+        tools.bcd.display(),
+        site_log.display()
+    );
 
     let outcome = enroll_and_follow(&api, &running.store, &machines, &bmc_base, args.timeout).await;
     match &outcome {
@@ -315,13 +344,20 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
                     v["bmc"]["facts"]["serial"].as_str().unwrap_or("?")
                 );
             }
-            println!("operator API:  bcctl nodes list --state-dir {}", base.join("controlplane").display());
+            println!(
+                "operator API:  bcctl nodes list --state-dir {}",
+                base.join("controlplane").display()
+            );
             if !args.once {
                 println!("\nrunning; Ctrl-C stops everything");
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
-        Err(e) => eprintln!("{e:#}\n--- site agent log ({}) ---\n{}", site_log.display(), super::dev::tail(&site_log, 20)),
+        Err(e) => eprintln!(
+            "{e:#}\n--- site agent log ({}) ---\n{}",
+            site_log.display(),
+            super::dev::tail(&site_log, 20)
+        ),
     }
     let _ = site.kill().await;
     let _ = emulator.kill().await;
@@ -342,7 +378,10 @@ async fn enroll_and_follow(
 ) -> anyhow::Result<Vec<String>> {
     let started = Instant::now();
     loop {
-        let holder = store.read(|r| r.site_lease(SITE)).await?.and_then(|l| l.holder_node_id);
+        let holder = store
+            .read(|r| r.site_lease(SITE))
+            .await?
+            .and_then(|l| l.holder_node_id);
         if holder.is_some() {
             break;
         }
@@ -361,7 +400,10 @@ async fn enroll_and_follow(
                                 "username": BMC_USER, "password": BMC_PASSWORD}}),
             )
             .await?;
-        let id = v["id"].as_str().context("nodes.enroll answered no id")?.to_owned();
+        let id = v["id"]
+            .as_str()
+            .context("nodes.enroll answered no id")?
+            .to_owned();
         println!("enrolled:      {} as {id}", m.name);
         ids.push(id);
     }
@@ -375,19 +417,28 @@ async fn enroll_and_follow(
             let n = store.read(move |r| r.node(&id2)).await?;
             states.push(n.map_or(ProvisionState::Failed, |n| n.provision_state));
         }
-        let line = states.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ");
+        let line = states
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(" ");
         if line != last {
             println!("[{:>5.1} s] {line}", started.elapsed().as_secs_f64());
             last.clone_from(&line);
         }
         if let Some(i) = states.iter().position(|s| *s == ProvisionState::Failed) {
             let v: Value = api
-                .call(cpl_core::verbs::Method::NodesGet, &json!({"nodeId": ids[i]}))
+                .call(
+                    cpl_core::verbs::Method::NodesGet,
+                    &json!({"nodeId": ids[i]}),
+                )
                 .await?;
             bail!(
                 "{} failed: {}",
                 ids[i],
-                v["maintenanceReason"].as_str().unwrap_or("see bcctl nodes events")
+                v["maintenanceReason"]
+                    .as_str()
+                    .unwrap_or("see bcctl nodes events")
             );
         }
         if states.iter().all(|s| *s == ProvisionState::Ready) {

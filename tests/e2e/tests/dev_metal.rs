@@ -25,7 +25,12 @@ fn without_its_tools_dev_metal_names_what_is_missing() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
-    for what in ["sushy-emulator", "qemu-system-x86_64", "the ramdisk image", "build.sh"] {
+    for what in [
+        "sushy-emulator",
+        "qemu-system-x86_64",
+        "the ramdisk image",
+        "build.sh",
+    ] {
         assert!(err.contains(what), "{what} not named: {err}");
     }
     assert!(
@@ -46,7 +51,14 @@ fn dev_metal_brings_two_machines_to_ready() {
     let tmp = tempfile::tempdir().unwrap();
     let image = ramdisk::build_image(&tools, bcd, &tmp.path().join("image"));
     let out = Command::new(bcctl)
-        .args(["dev", "--metal", "2", "--once", "--heartbeat-interval", "500ms"])
+        .args([
+            "dev",
+            "--metal",
+            "2",
+            "--once",
+            "--heartbeat-interval",
+            "500ms",
+        ])
         .arg("--ramdisk")
         .arg(image.kernel.parent().unwrap())
         .arg("--bcd")
@@ -61,7 +73,10 @@ fn dev_metal_brings_two_machines_to_ready() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert!(out.status.success(), "bcctl dev --metal failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "bcctl dev --metal failed:\n{stdout}\n{stderr}"
+    );
     eprintln!("{stdout}");
     assert!(stdout.contains("2 machine(s) ready"), "{stdout}");
     let ready: Vec<&str> = stdout
@@ -70,7 +85,10 @@ fn dev_metal_brings_two_machines_to_ready() {
         .collect();
     assert_eq!(ready.len(), 2, "{stdout}");
     for (line, serial) in ready.iter().zip(["DEV-METAL-0001", "DEV-METAL-0002"]) {
-        assert!(line.contains("power off") && line.contains(serial), "{line}");
+        assert!(
+            line.contains("power off") && line.contains(serial),
+            "{line}"
+        );
     }
     assert!(stdout.trim_end().ends_with("stopped"), "{stdout}");
 }

@@ -21,119 +21,23 @@
 //! printed (docs/benchmarks.md), never asserted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/metal.rs"]
+mod metal;
 #[path = "support/bare_metal.rs"]
 mod support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bc_metal_sim::machines::{Happened, Machine, Machines};
 use bc_e2e::{ControlPlane, eventually, ramdisk};
-use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
-use bcd_site::test_utils::{PASSWORD, USER, free_tcp_port};
+use bc_metal_sim::machines::{Happened, Machines};
+use bcd_site::test_utils::free_tcp_port;
+use bcd_site::test_utils::sushy::Sushy;
+use metal::{
+    enroll, kept_in_the_ramdisk, machine, moves, system, until_state, until_state_marking,
+};
 use serde_json::{Value, json};
 use support::{Seen, SiteAgent, WAIT, condition};
-
-/// How long one machine may take from enrollment to its verdict (a TCG boot takes 15–30 s on
-/// two idle cores; CI's are busy).
-const BOOT_BUDGET: Duration = Duration::from_secs(400);
-
-fn machine(name: &str, i: u32, serial: &str, ignore: bool) -> Machine {
-    Machine {
-        name: name.into(),
-        uuid: format!("5f2e0c4e-1c9a-4a51-9a43-0000000000{i:02}"),
-        serial: serial.into(),
-        mac: format!("00:1b:21:aa:bb:{i:02x}"),
-        ignore,
-    }
-}
-
-fn system(m: &Machine, bmc_serial: &str) -> FakeSystem {
-    FakeSystem {
-        uuid: m.uuid.clone(),
-        name: m.name.clone(),
-        on: false,
-        macs: vec![m.mac.to_ascii_uppercase()],
-        serial: Some(bmc_serial.into()),
-    }
-}
-
-fn enroll(seen: &mut Seen, cp: &ControlPlane, site: &str, pool: &str, name: &str, address: &str) -> String {
-    let pw = cp.dir.join("bmc.password");
-    std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
-    let v = seen.bcctl(
-        cp,
-        &[
-            "nodes",
-            "enroll",
-            "--site",
-            site,
-            "--pool",
-            pool,
-            "--name",
-            name,
-            "--bmc-address",
-            address,
-            "--username",
-            USER,
-            "--password-file",
-            pw.to_str().unwrap(),
-        ],
-        None,
-    );
-    v["id"].as_str().unwrap().to_owned()
-}
-
-/// Waits until node `id` is in `state` and returns it; a terminal state that is not it fails
-/// the test with the machine's consoles and the site agent's log.
-fn until_state(
-    seen: &mut Seen,
-    cp: &ControlPlane,
-    id: &str,
-    state: &str,
-    dump: &dyn Fn() -> String,
-) -> Value {
-    until_state_marking(seen, cp, id, state, dump, &mut |_| {})
-}
-
-/// [`until_state`], calling `tick` with the node at every poll.
-fn until_state_marking(
-    seen: &mut Seen,
-    cp: &ControlPlane,
-    id: &str,
-    state: &str,
-    dump: &dyn Fn() -> String,
-    tick: &mut dyn FnMut(&Value),
-) -> Value {
-    let started = Instant::now();
-    loop {
-        let n = seen.node(cp, id);
-        tick(&n);
-        let now = n["provisionState"].as_str().unwrap_or_default().to_owned();
-        if now == state {
-            return n;
-        }
-        assert!(
-            !matches!(now.as_str(), "ready" | "failed"),
-            "node {id} reached {now}, expected {state}: {n:#}\n{}",
-            dump()
-        );
-        assert!(
-            started.elapsed() < BOOT_BUDGET,
-            "node {id} not {state} within {BOOT_BUDGET:?} (now {now}): {n:#}\n{}",
-            dump()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-fn moves(seen: &mut Seen, cp: &ControlPlane, id: &str) -> Vec<String> {
-    seen.events(cp, id)
-        .iter()
-        .filter(|e| e["kind"] == "provisionState")
-        .map(|e| e["to"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
 
 #[test]
 fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed() {
@@ -166,7 +70,11 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     .expect("the machines' notifier");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sushy = rt
-        .block_on(Sushy::start_notifying("metal_vm", &systems, &machines.notify_url))
+        .block_on(Sushy::start_notifying(
+            "metal_vm",
+            &systems,
+            &machines.notify_url,
+        ))
         .expect("sushy-emulator");
     // The guest reaches the gateway at 10.0.2.2 (QEMU's user network maps it to the host's
     // loopback): the gateway's certificate names it, and it is the URL the ramdisk is given.
@@ -190,7 +98,11 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     // The site agent runs on the host: it joins at the loopback address.
     cp.gateway_url = format!("https://127.0.0.1:{gw_port}");
     let mut seen = Seen::default();
-    let site = seen.ok(&cp, "sites.create", json!({"name": "dc1", "kind": "platform"}));
+    let site = seen.ok(
+        &cp,
+        "sites.create",
+        json!({"name": "dc1", "kind": "platform"}),
+    );
     let site = site["id"].as_str().unwrap().to_owned();
     let pool = |seen: &mut Seen, name: &str, acceptance: Value| -> String {
         let p = seen.ok(
@@ -202,7 +114,11 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         );
         p["id"].as_str().unwrap().to_owned()
     };
-    let metal = pool(&mut seen, "metal", json!({"inspectionDeadlineSeconds": 900}));
+    let metal = pool(
+        &mut seen,
+        "metal",
+        json!({"inspectionDeadlineSeconds": 900}),
+    );
     let quick = pool(&mut seen, "quick", json!({"inspectionDeadlineSeconds": 8}));
     let kept = pool(
         &mut seen,
@@ -301,17 +217,35 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         .events(&cp, &a_id)
         .iter()
         .filter(|e| e["kind"] == "commissioningStep")
-        .map(|e| format!("{} {}", e["to"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or("")))
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["to"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or("")
+            )
+        })
         .collect();
     for want in [
         "passed diskHealth: 1 disk(s) healthy",
         "passed cpuThreads: 2 logical CPUs, at least 2",
         "passed hardwareKey: trusted",
     ] {
-        assert!(steps.iter().any(|s| s.starts_with(want)), "{want}: {steps:#?}");
+        assert!(
+            steps.iter().any(|s| s.starts_with(want)),
+            "{want}: {steps:#?}"
+        );
     }
-    assert!(steps.iter().any(|s| s.starts_with("passed nicLinks: link up: eth0")), "{steps:#?}");
-    for (t, status) in [("HardwareMismatch", "false"), ("Inspected", "true"), ("Commissioned", "true")] {
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.starts_with("passed nicLinks: link up: eth0")),
+        "{steps:#?}"
+    );
+    for (t, status) in [
+        ("HardwareMismatch", "false"),
+        ("Inspected", "true"),
+        ("Commissioned", "true"),
+    ] {
         assert_eq!(condition(&n, t).unwrap()["status"], status, "{t}: {n:#}");
     }
     let inv = &n["inventory"];
@@ -359,7 +293,12 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         "metal_vm: enroll -> ready {:.1} s (power-on to ready {:.1} s); initramfs {}",
         to_ready.as_secs_f64(),
         first_boot.elapsed().as_secs_f64(),
-        image.report.lines().filter(|l| l.contains("initrd")).collect::<Vec<_>>().join("; ")
+        image
+            .report
+            .lines()
+            .filter(|l| l.contains("initrd"))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
 
     // A replay of the first boot's token (the kernel printed its command line) is refused.
@@ -373,11 +312,20 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let cmdline = tmp.path().join("replay.cmdline");
     std::fs::write(
         &cmdline,
-        format!("bcd.url=https://127.0.0.1:{gw_port} bcd.pin={} bcd.token={token}\n", cp.ca_pin),
+        format!(
+            "bcd.url=https://127.0.0.1:{gw_port} bcd.pin={} bcd.token={token}\n",
+            cp.ca_pin
+        ),
     )
     .unwrap();
     let out = Command::new(bcd)
-        .args(["ramdisk", "--no-setup", "--reconnect-max", "1s", "--cmdline"])
+        .args([
+            "ramdisk",
+            "--no-setup",
+            "--reconnect-max",
+            "1s",
+            "--cmdline",
+        ])
         .arg(&cmdline)
         .env("BCD_LOG", "info")
         .output()
@@ -387,13 +335,28 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!out.status.success(), "a replayed token must not join: {text}");
-    assert!(text.contains("already used"), "a replay is refused as one: {text}");
+    assert!(
+        !out.status.success(),
+        "a replayed token must not join: {text}"
+    );
+    assert!(
+        text.contains("already used"),
+        "a replay is refused as one: {text}"
+    );
     let after = seen.node(&cp, &a_id);
     assert_eq!(after["provisionState"], "ready");
     assert_eq!(after["identityGeneration"], before["identityGeneration"]);
 
-    kept_in_the_ramdisk(&mut seen, &cp, &machines, &site, &kept, &d, &sushy, &dump(&d.uuid));
+    kept_in_the_ramdisk(
+        &mut seen,
+        &cp,
+        &machines,
+        &site,
+        &kept,
+        &d,
+        &sushy,
+        &dump(&d.uuid),
+    );
 
     // Scenario 2: a machine whose SMBIOS serial is not the BMC's.
     let nodes_before = seen.ok(&cp, "nodes.list", json!({}))["nodes"]
@@ -406,8 +369,14 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let m = condition(&n, "HardwareMismatch").expect("HardwareMismatch");
     assert_eq!(m["status"], "true", "{n:#}");
     let msg = m["message"].as_str().unwrap();
-    assert!(msg.contains("system serial") && msg.contains("SER-B-0002"), "{msg}");
-    assert!(!msg.contains("system UUID") && !msg.contains("MAC:"), "{msg}");
+    assert!(
+        msg.contains("system serial") && msg.contains("SER-B-0002"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains("system UUID") && !msg.contains("MAC:"),
+        "{msg}"
+    );
     let nodes_after = seen.ok(&cp, "nodes.list", json!({}))["nodes"]
         .as_array()
         .unwrap()
@@ -423,7 +392,10 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let i = condition(&n, "Inspected").expect("Inspected");
     assert_eq!(i["reason"], "InspectionDeadline", "{n:#}");
     assert!(
-        i["message"].as_str().unwrap().contains("never booted the ramdisk"),
+        i["message"]
+            .as_str()
+            .unwrap()
+            .contains("never booted the ramdisk"),
         "{n:#}"
     );
     assert!(
@@ -439,76 +411,11 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     // No boot token in the site agent's or the control plane's log.
     let serve = std::fs::read_to_string(cp.dir.join("serve.log")).unwrap_or_default();
     let secret = token.split_once('.').unwrap().1;
-    assert!(!agent.log_text().contains(secret), "the site agent logged a boot token");
+    assert!(
+        !agent.log_text().contains(secret),
+        "the site agent logged a boot token"
+    );
     assert!(!serve.contains(secret), "bcctl serve logged a boot token");
     drop(agent);
     cp.stop();
-}
-
-/// Machine `m` in a pool that keeps it running once `ready`: the ramdisk's answers, then a
-/// second inspection (a reboot into a new boot token), then a power-off.
-#[allow(clippy::too_many_arguments)]
-fn kept_in_the_ramdisk(
-    seen: &mut Seen,
-    cp: &ControlPlane,
-    machines: &Machines,
-    site: &str,
-    pool: &str,
-    m: &Machine,
-    sushy: &Sushy,
-    dump: &dyn Fn() -> String,
-) {
-    let id = enroll(seen, cp, site, pool, &m.name, &sushy.address(&m.uuid));
-    let n = until_state(seen, cp, &id, "ready", dump);
-    let first_generation = n["identityGeneration"].as_u64().unwrap();
-    // Still in the ramdisk, connected: its answers are the ramdisk's.
-    let n = eventually(WAIT, "the ramdisk's SpecConverged", || {
-        let n = seen.node(cp, &id);
-        (n["connectivity"] == "connected" && condition(&n, "SpecConverged").is_some()).then_some(n)
-    });
-    assert!(machines.running(&m.uuid), "powerOffWhenReady false keeps it on");
-    let spec = condition(&n, "SpecConverged").unwrap();
-    assert_eq!((spec["status"].as_str(), spec["reason"].as_str()), (Some("false"), Some("RamdiskAgent")), "{n:#}");
-    let (ok, out, err) = cp.bcctl(&["nodes", "run", &id, "logs.collect", "--wait", "-o", "json"]);
-    assert!(ok, "logs.collect: {err}\n{out}");
-    let v: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["state"], "succeeded", "{v:#}");
-    for src in ["agent", "kernel"] {
-        let status = v["result"]["manifest"]["sources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["source"] == src)
-            .map(|r| r["status"].clone());
-        assert_eq!(status, Some(json!("collected")), "{src}: {v:#}");
-    }
-    let (_, out, _) = cp.bcctl(&["nodes", "run", &id, "diag.nvml", "--wait", "-o", "json"]);
-    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-    assert_eq!(v["state"], "failed", "{out}");
-    assert_eq!(v["error"]["code"], "NVML_UNAVAILABLE", "{out}");
-
-    // Inspect again: the machine (on) is rebooted into a new boot with a new token.
-    let v = seen.bcctl(cp, &["nodes", "inspect", &id], None);
-    assert_eq!(v["provisionState"], "inspecting", "{v:#}");
-    let n = until_state(seen, cp, &id, "ready", dump);
-    assert!(
-        n["identityGeneration"].as_u64().unwrap() >= first_generation + 2,
-        "the first ramdisk's identity ended and the second joined anew: {n:#}"
-    );
-    let consoles = machines.consoles(&m.uuid);
-    assert_eq!(consoles.len(), 2, "two boots");
-    let tokens: Vec<&str> = consoles
-        .iter()
-        .filter_map(|c| c.split_whitespace().find_map(|w| w.strip_prefix("bcd.token=")))
-        .collect();
-    assert_eq!(tokens.len(), 2, "a token on each boot's command line");
-    assert_ne!(tokens[0], tokens[1], "every boot has its own token");
-    assert_eq!(
-        moves(seen, cp, &id),
-        ["enrolling", "inspecting", "commissioning", "ready", "inspecting", "commissioning", "ready"]
-    );
-
-    // Off through the operator: the harness stops the VM when the BMC says so.
-    seen.bcctl(cp, &["nodes", "power", &id, "off"], None);
-    eventually(WAIT, "machine d powered off", || (!machines.running(&m.uuid)).then_some(()));
 }
