@@ -85,9 +85,15 @@ pub fn read_params(path: &Path) -> Result<BootParams, BootError> {
     Ok(crate::cmdline::parse(&text)?)
 }
 
-/// The boot token, and never another.
-#[derive(Debug)]
+/// The boot token, and never another. Its `Debug` shows only the token's public half.
 struct BootToken(String);
+
+impl std::fmt::Debug for BootToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let id = self.0.split_once('.').map_or("<malformed>", |(id, _)| id);
+        write!(f, "BootToken({id}.<redacted>)")
+    }
+}
 
 impl TokenSource for BootToken {
     fn token(&self) -> Option<String> {

@@ -29,10 +29,10 @@
 //! on another mode (`bcd-site`). The binary wires it into `bcd ramdisk` (flags, signals, logging).
 //!
 //! # Limitations
-//! The ramdisk joins, reports inventory and serves the commands above; commissioning steps and
-//! burn-in (GPU, memory, disk), disk erase (NVMe format/sanitize, ATA secure erase, overwrite),
-//! image write with checksum and inspection extras (firmware versions, BMC identity) are still
-//! to come. NIC firmware (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and
+//! The ramdisk joins, reports inventory (NVMe health and NIC firmware included) and serves the
+//! commands above, which is what inspection and commissioning need (the control plane decides
+//! the steps); burn-in beyond `diag.nvml`, disk erase (NVMe format/sanitize, ATA secure erase,
+//! overwrite), image write with checksum and the BMC's address seen in-band are still to come. NIC firmware (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and
 //! only IPv4 DHCP is tried.
 #![forbid(unsafe_code)]
 

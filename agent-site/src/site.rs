@@ -85,13 +85,25 @@ pub struct Assignment {
     pub boots: HashMap<String, BootEntry>,
 }
 
-/// A machine the boot service knows: its node and how it boots now.
-#[derive(Debug, Clone, PartialEq)]
+/// A machine the boot service knows: its node and how it boots now. Its `Debug` leaves out the
+/// kernel arguments (they hold the boot token).
+#[derive(Clone, PartialEq)]
 pub struct BootEntry {
     /// The bare-metal node.
     pub node_id: String,
     /// The control plane's plan for its next network boot.
     pub plan: pb::BootPlan,
+}
+
+impl std::fmt::Debug for BootEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BootEntry")
+            .field("node_id", &self.node_id)
+            .field("macs", &self.plan.macs)
+            .field("ramdisk", &self.plan.ramdisk.as_ref().map(|r| &r.purpose))
+            .field("reason", &self.plan.reason)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -163,10 +175,16 @@ impl Site {
         }
     }
 
-    /// The boot entry of the machine with `mac` (any case), if the assignment in force names
-    /// it.
+    /// The boot entry of the machine with `mac` (any case), if the assignment in force names it
+    /// and the lease is valid now: an appliance whose lease lapsed (a partition) must not keep
+    /// serving plans the control plane may have changed since.
     pub fn boot_entry(&self, mac: &str) -> Option<BootEntry> {
-        let a = self.inner.lock().assignment.clone()?;
+        let inner = self.inner.lock();
+        if !inner.lease.is_valid(Instant::now()) {
+            return None;
+        }
+        let a = inner.assignment.clone()?;
+        drop(inner);
         a.boots.get(&mac.to_ascii_lowercase()).cloned()
     }
 

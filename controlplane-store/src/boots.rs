@@ -37,10 +37,13 @@ pub struct BootRecord {
     pub ended_at: Option<i64>,
     /// Commissioning's `diag.nvml` in the ramdisk (the `gpuDiag` step), once sent.
     pub diag_command_id: Option<String>,
+    /// When commissioning's inventory steps ran on this boot's report (a boot that began in
+    /// `commissioning`, after `nodes.recover`, runs them on its first inventory).
+    pub steps_at: Option<i64>,
 }
 
 const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
-    expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id";
+    expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at";
 
 fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
     Ok(BootRecord {
@@ -56,6 +59,7 @@ fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
         command_id: r.get(9)?,
         ended_at: r.get(10)?,
         diag_command_id: r.get(11)?,
+        steps_at: r.get(12)?,
     })
 }
 
@@ -65,14 +69,15 @@ impl Tx<'_> {
     pub fn put_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
         self.sqlite().execute(
             "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
-             created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+             created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
              ON CONFLICT (node_id) DO UPDATE SET token_id = excluded.token_id, \
              secret_sha256 = excluded.secret_sha256, sealed = excluded.sealed, \
              purpose = excluded.purpose, created_at = excluded.created_at, \
              expires_at = excluded.expires_at, used_at = excluded.used_at, \
              phase_started_at = excluded.phase_started_at, command_id = excluded.command_id, \
-             ended_at = excluded.ended_at, diag_command_id = excluded.diag_command_id",
+             ended_at = excluded.ended_at, diag_command_id = excluded.diag_command_id, \
+             steps_at = excluded.steps_at",
             params![
                 b.node_id,
                 b.token_id,
@@ -85,7 +90,8 @@ impl Tx<'_> {
                 b.phase_started_at,
                 b.command_id,
                 b.ended_at,
-                b.diag_command_id
+                b.diag_command_id,
+                b.steps_at
             ],
         )?;
         Ok(())
@@ -166,6 +172,7 @@ mod tests {
             command_id: None,
             ended_at: None,
             diag_command_id: None,
+            steps_at: None,
         }
     }
 

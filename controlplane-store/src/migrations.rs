@@ -327,7 +327,8 @@ CREATE TABLE node_boots (
     phase_started_at BIGINT NOT NULL,    -- when the node entered its current ramdisk state
     command_id       TEXT,               -- the bmc.power command that boots it, once issued
     ended_at         BIGINT,             -- when the node left the ramdisk (the row is kept)
-    diag_command_id  TEXT                -- commissioning's diag.nvml, once sent
+    diag_command_id  TEXT,               -- commissioning's diag.nvml, once sent
+    steps_at         BIGINT              -- when commissioning's inventory steps ran on this boot
 );
 
 -- Whether a verified enrollment goes on to `inspecting` by itself (nodes.enroll's `inspect`).

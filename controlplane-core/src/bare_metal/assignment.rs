@@ -55,6 +55,26 @@ fn macs_of(b: &BmcRecord) -> Vec<String> {
     macs
 }
 
+/// MACs that more than one machine of the site claims (a copy-pasted `--mac`, a BMC listing a
+/// shared port): the boot service answers none of them, or it would serve one machine another's
+/// boot token. Each is logged with its claimants.
+fn shared_macs(bmcs: &[BmcRecord]) -> std::collections::BTreeSet<String> {
+    let mut by_mac: std::collections::BTreeMap<String, Vec<&str>> = Default::default();
+    for b in bmcs {
+        for m in macs_of(b) {
+            by_mac.entry(m).or_default().push(&b.node_id);
+        }
+    }
+    by_mac
+        .into_iter()
+        .filter(|(_, nodes)| nodes.len() > 1)
+        .map(|(mac, nodes)| {
+            tracing::error!(mac = %mac, nodes = ?nodes, "a MAC claimed by several machines: the boot service answers none of them for it");
+            mac
+        })
+        .collect()
+}
+
 /// How the boot service answers the machine of `b` (issue 15): the ramdisk with its kernel
 /// arguments while a boot is pending (unused, unexpired, its node in the state it is for),
 /// else `exit` (boot from disk). `None` for a machine with no known MAC or an unverified BMC.
@@ -122,7 +142,9 @@ pub fn build(
         .is_some_and(|l| l.holder_node_id.as_deref() == Some(node_id));
     let mut bmcs = Vec::new();
     if held {
-        for b in r.site_bmcs(&site_id)? {
+        let site_bmcs = r.site_bmcs(&site_id)?;
+        let shared = shared_macs(&site_bmcs);
+        for b in site_bmcs {
             let current = match endpoint(&bm.key, &b, &b.credentials) {
                 Ok(e) => e,
                 Err(e) => {
@@ -139,7 +161,10 @@ pub fn build(
                 endpoint: Some(current),
                 candidate,
                 sync_power: b.verified_at.is_some(),
-                boot: boot_plan(r, bm, &b)?,
+                boot: boot_plan(r, bm, &b)?.map(|mut p| {
+                    p.macs.retain(|m| !shared.contains(m));
+                    p
+                }),
             });
         }
     }
@@ -192,5 +217,49 @@ impl BareMetal {
         if let Some((holder, _)) = self.leases.holder_of(site_id) {
             self.push_assignment(&holder).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bmc(node: &str, operator: &[&str], reported: &[&str]) -> BmcRecord {
+        BmcRecord {
+            node_id: node.into(),
+            address: "redfish+http://127.0.0.1:1".into(),
+            tls: "pin".into(),
+            credentials: String::new(),
+            candidate: None,
+            cert_sha256: None,
+            facts: Some(serde_json::json!({ "macs": reported })),
+            identifiers: vec![],
+            macs: operator.iter().map(|m| (*m).to_owned()).collect(),
+            verified_at: Some(1),
+            verify_command_id: None,
+            verify_started_at: None,
+            last_error: None,
+            power_expected: None,
+            power_expected_at: None,
+            reachable: None,
+            created_at: 1,
+            inspect: true,
+        }
+    }
+
+    #[test]
+    fn a_mac_two_machines_claim_is_answered_for_neither() {
+        let a = bmc("a", &["00:1b:21:aa:bb:01"], &["00:1B:21:AA:BB:02"]);
+        let b = bmc("b", &[], &["00:1b:21:aa:bb:02", "00:1b:21:aa:bb:03"]);
+        assert_eq!(
+            macs_of(&a),
+            ["00:1b:21:aa:bb:01", "00:1b:21:aa:bb:02"],
+            "lowercase, the operator's and the BMC's"
+        );
+        let shared = shared_macs(&[a, b]);
+        assert_eq!(
+            shared.into_iter().collect::<Vec<_>>(),
+            ["00:1b:21:aa:bb:02"]
+        );
     }
 }

@@ -142,6 +142,7 @@ pub(crate) fn begin(
         command_id: None,
         ended_at: None,
         diag_command_id: None,
+        steps_at: None,
     };
     tx.put_boot(&rec)?;
     Ok(rec)
@@ -240,37 +241,41 @@ fn at(ms: i64) -> String {
     crate::conditions::rfc3339_ms(ms)
 }
 
-/// Checks `token` against the current boots; the boot and its node's id on success.
-fn authenticate(r: &Reader<'_>, token: &str, now: i64) -> Result<BootRecord, BootRefusal> {
+/// Checks `token` against the current boots: the boot on success. A store error is the store's
+/// (retried by the agent), never a refusal.
+fn authenticate(r: &Reader<'_>, token: &str, now: i64) -> Result<BootRecord, JoinError> {
     let (id, secret) = token
         .trim()
         .split_once('.')
         .filter(|(id, s)| id.len() > BOOT_TOKEN_PREFIX.len() && !s.is_empty())
         .ok_or(BootRefusal::Malformed)?;
     let unknown = || BootRefusal::Unknown { id: id.to_owned() };
-    let boot = r.boot_by_token(id).ok().flatten().ok_or_else(unknown)?;
+    let boot = r.boot_by_token(id)?.ok_or_else(unknown)?;
     if boot.secret_sha256 != secret_digest(secret) {
-        return Err(unknown());
+        return Err(unknown().into());
     }
     if let Some(used) = boot.used_at {
         return Err(BootRefusal::Used {
             id: id.to_owned(),
             node_id: boot.node_id,
             at: at(used),
-        });
+        }
+        .into());
     }
     if let Some(ended) = boot.ended_at {
         return Err(BootRefusal::Ended {
             id: id.to_owned(),
             node_id: boot.node_id,
             at: at(ended),
-        });
+        }
+        .into());
     }
     if now > boot.expires_at {
         return Err(BootRefusal::Expired {
             id: id.to_owned(),
             at: at(boot.expires_at),
-        });
+        }
+        .into());
     }
     Ok(boot)
 }
@@ -342,9 +347,13 @@ pub(crate) fn join(
         );
         apply_transition(&mut edit, ProvisionState::Failed, &message)?;
         edit.save(tx)?;
+        // The machine that asked learns only that it is refused: what the BMC reported (the
+        // real machine's UUID, serial, MACs) stays in the node's condition, for operators.
         return Ok(JoinOutcome::Refused(Refused {
+            message: format!(
+                "HARDWARE_MISMATCH: this machine is not the one node {node_id}'s BMC described; the node is failed and nothing joined (its HardwareMismatch condition says what differed)"
+            ),
             node_id,
-            message: format!("HARDWARE_MISMATCH: {message}; the node is failed and nothing joined"),
         }));
     }
     apply(

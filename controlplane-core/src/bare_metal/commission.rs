@@ -284,8 +284,8 @@ fn pass(edit: &mut Edit, message: String) -> Result<(), OpError> {
     apply_transition(edit, ProvisionState::Ready, "commissioning passed")
 }
 
-/// `inspecting -> commissioning` in `edit` (boot `b` moves with it), then the inventory's steps;
-/// `ready`, `failed`, or still `commissioning` waiting for `gpuDiag`.
+/// `inspecting -> commissioning` in `edit` (boot `b` moves with it), then the inventory's steps
+/// ([`run_steps`]).
 pub(crate) fn begin(tx: &Tx<'_>, edit: &mut Edit, b: &mut BootRecord) -> Result<(), OpError> {
     apply_transition(
         edit,
@@ -294,6 +294,13 @@ pub(crate) fn begin(tx: &Tx<'_>, edit: &mut Edit, b: &mut BootRecord) -> Result<
     )?;
     b.purpose = ProvisionState::Commissioning.as_str().to_owned();
     b.phase_started_at = edit.now();
+    run_steps(tx, edit, b)
+}
+
+/// The inventory's steps on a node in `commissioning` (boot `b` records that they ran): `ready`,
+/// `failed`, or still `commissioning` waiting for `gpuDiag`.
+pub(crate) fn run_steps(tx: &Tx<'_>, edit: &mut Edit, b: &mut BootRecord) -> Result<(), OpError> {
+    b.steps_at = Some(edit.now());
     tx.put_boot(b)?;
     let pool = match &edit.node.pool_id {
         Some(p) => tx.pool(p)?,

@@ -296,6 +296,22 @@ pub fn enroll(
             "name must be 1 to 253 characters without control characters",
         ));
     }
+    for other in tx.site_bmcs(&req.site_id)? {
+        let facts: Vec<String> = other
+            .facts
+            .as_ref()
+            .and_then(|f| serde_json::from_value::<BmcFactsView>(f.clone()).ok())
+            .map(|f| f.macs)
+            .unwrap_or_default();
+        if let Some(m) = macs.iter().find(|m| {
+            other.macs.contains(m) || facts.iter().any(|f| f.eq_ignore_ascii_case(m.as_str()))
+        }) {
+            return Err(invalid(format!(
+                "MAC {m} belongs to node {} already: a MAC names one machine (its network boot is answered by it)",
+                other.node_id
+            )));
+        }
+    }
     let site = tx.site(&req.site_id)?.ok_or_else(|| OpError::NotFound {
         kind: "site",
         id: req.site_id.to_string(),

@@ -22,9 +22,10 @@
 //! `failed` naming the step and the value.
 //!
 //! # Limitations
-//! Commissioning runs the checks the control plane can make from the inspection's inventory
-//! (the pool's GPU count and model); the steps that run in the ramdisk (`diag.nvml`, NVMe SMART,
-//! NIC links) come next.
+//! Every decision is taken on the row as it is in the deciding transaction; the pass only picks
+//! what to look at. A machine that reboots inside the ramdisk after its join finds its token
+//! spent and is failed by the deadline. SATA/SAS disk health needs a tool the image does not
+//! ship (smartctl): such disks are named as having no health log.
 
 use std::time::Duration;
 
@@ -112,16 +113,22 @@ fn pool_of(tx: &Tx<'_>, node: &NodeRecord) -> Result<Option<Pool>, OpError> {
 /// were refreshed): a node `inspecting` on a used boot is checked again against its BMC,
 /// moves to `commissioning`, and commissioning's steps decide `ready` or `failed`.
 pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> {
-    if edit.node.provision_state != ProvisionState::Inspecting {
+    let state = edit.node.provision_state;
+    if !in_ramdisk(state) {
         return Ok(());
     }
     let Some(mut b) = tx.boot(&edit.node.id)? else {
         return Ok(());
     };
-    if b.used_at.is_none()
-        || b.ended_at.is_some()
-        || b.purpose != ProvisionState::Inspecting.as_str()
-    {
+    if b.used_at.is_none() || b.ended_at.is_some() || b.purpose != state.as_str() {
+        return Ok(());
+    }
+    if state == ProvisionState::Commissioning {
+        // A boot that began in commissioning (nodes.recover): its first report runs the steps.
+        if b.steps_at.is_none() {
+            edit.act_as(OWNER);
+            super::commission::run_steps(tx, edit, &mut b)?;
+        }
         return Ok(());
     }
     let Some(bmc) = tx.bmc(&edit.node.id)? else {
@@ -176,7 +183,11 @@ pub fn on_power_final(tx: &Tx<'_>, cmd: &cpl_store::CommandRecord) -> Result<(),
     let Some(b) = tx.boot(node_id)? else {
         return Ok(());
     };
-    if b.ended_at.is_some() || b.command_id.as_deref() != Some(cmd.id.as_str()) {
+    // A ramdisk that joined already came up, whatever the command says late.
+    if b.ended_at.is_some()
+        || b.used_at.is_some()
+        || b.command_id.as_deref() != Some(cmd.id.as_str())
+    {
         return Ok(());
     }
     let code = cmd.error_code.as_deref().unwrap_or("");
@@ -271,10 +282,12 @@ fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
 enum Action {
     /// Push the assignment, then dispatch the holder's commands.
     Boot { site: String, holder: String },
-    /// The boot ended: push the assignment (and dispatch a power-off, if one was queued).
+    /// The boot ended: push the assignment, dispatch a power-off if one was queued, close the
+    /// session of a node whose ramdisk identity ended.
     Ended {
         site: String,
         holder: Option<String>,
+        close: Option<String>,
     },
     /// Commissioning's `diag.nvml` was queued for the ramdisk: dispatch it.
     Diag { node: String },
@@ -383,7 +396,18 @@ impl BareMetal {
                     self.push_site(&site).await;
                     self.commands.dispatch(&holder, false).await;
                 }
-                Ok(Some(Action::Ended { site, holder })) => {
+                Ok(Some(Action::Ended {
+                    site,
+                    holder,
+                    close,
+                })) => {
+                    if let Some(node) = close {
+                        self.sessions.close(
+                            &node,
+                            bc_protocol::pb::GoodbyeReason::Revoked,
+                            "the node failed in the ramdisk",
+                        );
+                    }
                     self.push_site(&site).await;
                     if let Some(h) = holder {
                         self.commands.dispatch(&h, false).await;
@@ -398,12 +422,20 @@ impl BareMetal {
         }
     }
 
-    /// One boot's turn: end it, fail it, or power the machine on into it.
-    async fn boot_step(&self, b: BootRecord, now: i64) -> Result<Option<Action>, OpError> {
+    /// One boot's turn, on the row as it is in this transaction (the pass's read may be stale:
+    /// a report may have moved it since): end it, fail it, power the machine on into it, or send
+    /// commissioning's `diag.nvml`.
+    async fn boot_step(&self, seen: BootRecord, now: i64) -> Result<Option<Action>, OpError> {
         let bm = self.clone();
         let timeout = ms(self.cfg.command_timeout);
         self.store
             .write(move |tx| {
+                let Some(mut b) = tx
+                    .boot(&seen.node_id)?
+                    .filter(|b| b.token_id == seen.token_id && b.ended_at.is_none())
+                else {
+                    return Ok(None);
+                };
                 let Some(node) = tx.node(&b.node_id)? else {
                     return Ok(None);
                 };
@@ -411,76 +443,117 @@ impl BareMetal {
                 let holder = super::power::live_holder(tx, &bm, &site).ok();
                 let state = node.provision_state;
                 if !in_ramdisk(state) || state.as_str() != b.purpose {
-                    // Commissioning is entered by a report, which moves the purpose with it:
-                    // anything else means the node left the ramdisk.
-                    let mut ended = b.clone();
-                    ended.ended_at = Some(now);
-                    tx.put_boot(&ended)?;
-                    let pool = pool_of(tx, &node)?;
-                    let off = match state {
-                        ProvisionState::Ready => pool
-                            .as_ref()
-                            .and_then(|p| p.acceptance.power_off_when_ready)
-                            .unwrap_or(true),
-                        ProvisionState::Failed => true,
-                        _ => false,
-                    };
-                    let mut queued = None;
-                    if off && let Some((h, epoch)) = &holder {
-                        let args = serde_json::json!({
-                            "nodeId": b.node_id, "leaseEpoch": epoch, "action": PowerAction::Off.as_str()
-                        });
-                        queue(tx, h, &b.node_id, CommandName::BmcPower, args, timeout, OWNER)?;
-                        queued = Some(h.clone());
-                        mark_expected(tx, &b.node_id, "off")?;
-                    }
-                    tracing::info!(node_id = %b.node_id, state = %state, power_off = queued.is_some(), "ramdisk boot ended");
-                    return Ok(Some(Action::Ended {
-                        site,
-                        holder: queued,
-                    }));
+                    return end_boot(tx, &bm, b, &node, holder, now, timeout);
                 }
                 if fail_overdue(tx, &b.node_id, now)? {
                     return Ok(None);
                 }
-                if state == ProvisionState::Commissioning {
+                if b.used_at.is_none() && b.command_id.is_none() {
+                    let Some((h, epoch)) = holder else {
+                        return Ok(None);
+                    };
+                    let action = if node.power == Power::On {
+                        PowerAction::Reboot
+                    } else {
+                        PowerAction::On
+                    };
+                    let args = serde_json::json!({
+                        "nodeId": b.node_id, "leaseEpoch": epoch, "action": action.as_str(),
+                        "bootDevice": BootDevice::Pxe.as_str()
+                    });
+                    let rec = queue(
+                        tx,
+                        &h,
+                        &b.node_id,
+                        CommandName::BmcPower,
+                        args,
+                        timeout,
+                        OWNER,
+                    )?;
+                    mark_expected(tx, &b.node_id, "on")?;
+                    b.command_id = Some(rec.id);
+                    tx.put_boot(&b)?;
+                    return Ok(Some(Action::Boot { site, holder: h }));
+                }
+                if state == ProvisionState::Commissioning && b.steps_at.is_some() {
                     let pool = pool_of(tx, &node)?;
                     let due = b.diag_command_id.is_none()
                         && super::commission::needs_gpu_diag(pool.as_ref())
                         && bm.sessions.live_epoch(&b.node_id).is_some();
-                    if !due {
-                        return Ok(None);
+                    if due {
+                        let id =
+                            super::commission::queue_diag(tx, &b.node_id, pool.as_ref(), timeout)?;
+                        b.diag_command_id = Some(id);
+                        tx.put_boot(&b)?;
+                        return Ok(Some(Action::Diag { node: b.node_id }));
                     }
-                    let id = super::commission::queue_diag(tx, &b.node_id, pool.as_ref(), timeout)?;
-                    let mut b = b;
-                    b.diag_command_id = Some(id);
-                    tx.put_boot(&b)?;
-                    return Ok(Some(Action::Diag { node: b.node_id }));
                 }
-                if b.command_id.is_some() {
-                    return Ok(None);
-                }
-                let Some((h, epoch)) = holder else {
-                    return Ok(None);
-                };
-                let action = if node.power == Power::On {
-                    PowerAction::Reboot
-                } else {
-                    PowerAction::On
-                };
-                let args = serde_json::json!({
-                    "nodeId": b.node_id, "leaseEpoch": epoch, "action": action.as_str(),
-                    "bootDevice": BootDevice::Pxe.as_str()
-                });
-                let rec = queue(tx, &h, &b.node_id, CommandName::BmcPower, args, timeout, OWNER)?;
-                mark_expected(tx, &b.node_id, "on")?;
-                let mut b = b;
-                b.command_id = Some(rec.id);
-                tx.put_boot(&b)?;
-                Ok(Some(Action::Boot { site, holder: h }))
+                Ok(None)
             })
             .await
     }
+}
+
+/// Ends boot `b` of `node`, which left the ramdisk: a `failed` machine, or a `ready` one whose
+/// pool powers it off, is powered off through `holder` — without a live holder the boot stays
+/// open and the next pass tries again. A `failed` node's ramdisk identity ends with it
+/// (`identityGeneration + 1`; the session is closed after the commit).
+fn end_boot(
+    tx: &Tx<'_>,
+    bm: &BareMetal,
+    mut b: BootRecord,
+    node: &NodeRecord,
+    holder: Option<(String, u64)>,
+    now: i64,
+    timeout: i64,
+) -> Result<Option<Action>, OpError> {
+    let state = node.provision_state;
+    let pool = pool_of(tx, node)?;
+    let off = match state {
+        ProvisionState::Ready => pool
+            .as_ref()
+            .and_then(|p| p.acceptance.power_off_when_ready)
+            .unwrap_or(true),
+        ProvisionState::Failed => true,
+        _ => false,
+    };
+    if off && holder.is_none() {
+        return Ok(None);
+    }
+    b.ended_at = Some(now);
+    tx.put_boot(&b)?;
+    let mut queued = None;
+    if off && let Some((h, epoch)) = &holder {
+        let args = serde_json::json!({
+            "nodeId": b.node_id, "leaseEpoch": epoch, "action": PowerAction::Off.as_str()
+        });
+        queue(
+            tx,
+            h,
+            &b.node_id,
+            CommandName::BmcPower,
+            args,
+            timeout,
+            OWNER,
+        )?;
+        queued = Some(h.clone());
+        mark_expected(tx, &b.node_id, "off")?;
+    }
+    let close = state == ProvisionState::Failed && bm.sessions.live_epoch(&b.node_id).is_some();
+    if close {
+        let mut edit = Edit::begin(tx, &b.node_id, None, OWNER)?;
+        crate::ops::nodes::bump_identity(
+            &mut edit,
+            "the node failed in the ramdisk: the ramdisk's identity ends",
+        );
+        edit.save(tx)?;
+    }
+    tracing::info!(node_id = %b.node_id, state = %state, power_off = queued.is_some(), "ramdisk boot ended");
+    Ok(Some(Action::Ended {
+        site: node.site_id.clone().unwrap_or_default(),
+        holder: queued,
+        close: close.then(|| b.node_id.clone()),
+    }))
 }
 
 /// Records that the control plane asked for `power` (a change toward it is not out of band).
