@@ -62,6 +62,62 @@ pub struct NicSummary {
     pub mac: Option<String>,
 }
 
+/// What firmware a component of the machine runs (issue 20.5): one line of the summary's
+/// `firmware`, and what `nodes.list {firmware: "<component>=<version>"}` matches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FirmwareEntry {
+    /// One of [`FIRMWARE_COMPONENTS`].
+    pub component: String,
+    /// `system`, the disk's or NIC's name, the InfiniBand device, the GPU's PCI bus id.
+    pub device: String,
+    pub version: String,
+}
+
+/// The components `firmware` lists, and where each version comes from: `bios`
+/// (`system.biosVersion`, SMBIOS type 0), `nvme` (an NVMe disk's `firmware`, Identify Controller
+/// FR), `nic` (a physical NIC's `firmwareVersion`, ethtool `ETHTOOL_GDRVINFO`), `infiniband`
+/// (`infiniband[].firmware`, the HCA's `fw_ver`), `gpu` (`gpus[].vbiosVersion`,
+/// `nvmlDeviceGetVbiosVersion`).
+pub const FIRMWARE_COMPONENTS: &[&str] = &["bios", "nvme", "nic", "infiniband", "gpu"];
+
+/// Every firmware version the inventory names, in the order of [`FIRMWARE_COMPONENTS`].
+pub fn firmware(inv: &Inventory) -> Vec<FirmwareEntry> {
+    let entry = |component: &str, device: &str, version: &str| FirmwareEntry {
+        component: component.to_owned(),
+        device: device.to_owned(),
+        version: version.to_owned(),
+    };
+    let mut out = Vec::new();
+    if let Some(v) = inv.system.as_ref().and_then(|s| s.bios_version.as_deref()) {
+        out.push(entry("bios", "system", v));
+    }
+    for d in inv.disks.iter().filter(|d| d.nvme) {
+        if let Some(v) = d.firmware.as_deref() {
+            out.push(entry("nvme", &d.name, v));
+        }
+    }
+    for n in inv.nics.iter().filter(|n| n.physical) {
+        if let Some(v) = n.firmware_version.as_deref() {
+            out.push(entry("nic", &n.name, v));
+        }
+    }
+    for p in &inv.infiniband {
+        if let Some(v) = p.firmware.as_deref() {
+            out.push(entry("infiniband", &p.device, v));
+        }
+    }
+    for g in &inv.gpus {
+        if let Some(v) = g.vbios_version.as_deref() {
+            out.push(entry("gpu", &g.pci_bus_id, v));
+        }
+    }
+    out.retain(|e| !e.version.trim().is_empty());
+    // Every port of an InfiniBand HCA reports the same firmware.
+    out.dedup();
+    out
+}
+
 /// The inventory summary in NodeDetail.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -76,6 +132,8 @@ pub struct InventorySummary {
     pub nics: Vec<NicSummary>,
     /// Number of GPUs (atoms).
     pub gpus: u32,
+    /// Firmware versions in one place ([`firmware`]).
+    pub firmware: Vec<FirmwareEntry>,
 }
 
 /// Summarizes an inventory document.
@@ -94,6 +152,7 @@ pub fn summary(inventory: &Inventory) -> InventorySummary {
             })
             .collect(),
         gpus: u32::try_from(gpu_atoms(Some(inventory)).len()).unwrap_or(u32::MAX),
+        firmware: firmware(inventory),
     }
 }
 
@@ -117,6 +176,44 @@ mod tests {
         assert!(gpu_atoms(None).is_empty());
         // Not an Inventory (no schemaVersion, a GPU without its bus id): no atoms.
         assert!(parse(r#"{"gpus": [{"uuid": "GPU-1"}]}"#).is_none());
+    }
+
+    #[test]
+    fn firmware_lists_every_component_once_with_its_device() {
+        let i = inv(json!({
+            "schemaVersion": 1,
+            "system": {"biosVersion": "2.19.1"},
+            "disks": [
+                {"name": "nvme0n1", "sizeBytes": 1, "nvme": true, "firmware": "1B2QEXP7"},
+                {"name": "sda", "sizeBytes": 1, "nvme": false, "firmware": "GXA0"},
+                {"name": "nvme1n1", "sizeBytes": 1, "nvme": true}
+            ],
+            "nics": [
+                {"name": "eno1", "physical": true, "firmwareVersion": "22.39.1002"},
+                {"name": "bond0", "physical": false, "firmwareVersion": "22.39.1002"}
+            ],
+            "infiniband": [
+                {"device": "mlx5_0", "port": 1, "firmware": "28.39.1002"},
+                {"device": "mlx5_0", "port": 2, "firmware": "28.39.1002"}
+            ],
+            "gpus": [{"pciBusId": "0000:18:00.0", "source": "nvml", "vbiosVersion": "96.00.89.00.01"}]
+        }));
+        let f: Vec<(String, String, String)> = firmware(&i)
+            .into_iter()
+            .map(|e| (e.component, e.device, e.version))
+            .collect();
+        let want = [
+            ("bios", "system", "2.19.1"),
+            ("nvme", "nvme0n1", "1B2QEXP7"),
+            ("nic", "eno1", "22.39.1002"),
+            ("infiniband", "mlx5_0", "28.39.1002"),
+            ("gpu", "0000:18:00.0", "96.00.89.00.01"),
+        ];
+        let want: Vec<(String, String, String)> = want
+            .iter()
+            .map(|(a, b, c)| ((*a).into(), (*b).into(), (*c).into()))
+            .collect();
+        assert_eq!(f, want);
     }
 
     #[test]

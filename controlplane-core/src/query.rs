@@ -20,6 +20,26 @@ pub struct NodeFilter {
     /// Only nodes carrying every one of these labels with exactly this value.
     #[serde(default)]
     pub labels: Option<std::collections::BTreeMap<crate::text::Key, crate::text::ShortText>>,
+    /// Only nodes whose inventory names this firmware: `<component>=<version>`, the component one
+    /// of `bios`, `nvme`, `nic`, `infiniband`, `gpu` (issue 20.5; `inventory.firmware` of
+    /// NodeDetail lists them), e.g. `nvme=1B2QEXP7`.
+    #[serde(default)]
+    pub firmware: Option<crate::text::ShortText>,
+}
+
+/// `<component>=<version>` of a firmware filter. Errors: `INVALID_ARGUMENT` naming the
+/// components.
+pub fn parse_firmware(f: &str) -> Result<(String, String), OpError> {
+    let known = crate::inventory::FIRMWARE_COMPONENTS;
+    match f.split_once('=') {
+        Some((c, v)) if known.contains(&c.trim()) && !v.trim().is_empty() => {
+            Ok((c.trim().to_owned(), v.trim().to_owned()))
+        }
+        _ => Err(OpError::InvalidArgument(format!(
+            "firmware must be <component>=<version> with a component among {}, got {f:?}",
+            known.join(", ")
+        ))),
+    }
 }
 
 /// `nodes.list`: matching nodes by id, as NodeDetail. The schedulable filter is the SQL predicate,
@@ -30,6 +50,11 @@ pub fn list_nodes(conn: &Reader<'_>, f: &NodeFilter) -> Result<Vec<NodeDetail>, 
         provision_state: f.provision_state,
         connectivity: f.connectivity,
         schedulable: f.schedulable,
+        firmware: f
+            .firmware
+            .as_ref()
+            .map(|s| parse_firmware(s.as_ref()))
+            .transpose()?,
     };
     let selector = f.labels.clone().unwrap_or_default();
     Ok(conn
@@ -66,4 +91,91 @@ pub fn node_events(conn: &Reader<'_>, node_id: &str) -> Result<Vec<NodeEvent>, O
         return Err(OpError::node_not_found(node_id));
     }
     Ok(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reports::{InventoryReport, record_inventory};
+    use cpl_store::{NewNode, Store};
+
+    fn node(tx: &cpl_store::Tx<'_>, id: &str, doc: &str) -> Result<(), OpError> {
+        tx.insert_node(
+            &NewNode {
+                id: id.into(),
+                site_id: None,
+                pool_id: None,
+                owner_tenant_id: None,
+                role: bc_protocol::NodeRole::Host,
+                trust: bc_protocol::Trust::Platform,
+                adapter: bc_protocol::Adapter::BcdV1,
+                drivers: Default::default(),
+                hostname: None,
+                hardware_key: None,
+                hardware_key_trusted: false,
+                identifier_digests: vec![],
+            },
+            1,
+        )?;
+        record_inventory(
+            tx,
+            id,
+            0,
+            &InventoryReport {
+                hardware_key: "",
+                trusted: false,
+                digests: &[],
+                document: doc.as_bytes(),
+                sha256: id,
+            },
+        )?;
+        Ok(())
+    }
+
+    fn ids(r: &Reader<'_>, firmware: &str) -> Result<Vec<String>, OpError> {
+        let f = NodeFilter {
+            firmware: Some(firmware.into()),
+            ..Default::default()
+        };
+        Ok(list_nodes(r, &f)?.into_iter().map(|d| d.id).collect())
+    }
+
+    #[test]
+    fn nodes_are_found_by_the_firmware_their_inventory_names() -> Result<(), OpError> {
+        let store = Store::open_in_memory()?;
+        let disk = |fw: &str| {
+            format!(
+                r#"{{"schemaVersion": 1, "system": {{"biosVersion": "1.0"}}, "disks": [{{"name": "nvme0n1", "sizeBytes": 1, "nvme": true, "firmware": "{fw}"}}]}}"#
+            )
+        };
+        store.write_blocking(|tx| {
+            node(tx, "a", &disk("OLD1"))?;
+            node(tx, "b", &disk("NEW2"))?;
+            node(
+                tx,
+                "c",
+                r#"{"schemaVersion": 1, "disks": [{"name": "sda", "sizeBytes": 1, "nvme": false, "firmware": "OLD1"}]}"#,
+            )
+        })?;
+        store.read_blocking(|r| {
+            assert_eq!(
+                ids(r, "nvme=OLD1")?,
+                ["a"],
+                "a SATA disk's firmware is no NVMe's"
+            );
+            assert_eq!(ids(r, "nvme=NEW2")?, ["b"]);
+            assert_eq!(ids(r, "bios=1.0")?, ["a", "b"]);
+            assert!(ids(r, "gpu=1.0")?.is_empty());
+            assert!(matches!(
+                ids(r, "disk=OLD1"),
+                Err(OpError::InvalidArgument(_))
+            ));
+            assert!(matches!(ids(r, "nvme="), Err(OpError::InvalidArgument(_))));
+            assert_eq!(list_nodes(r, &NodeFilter::default())?.len(), 3);
+            let d = get_node(r, "a")?;
+            let fw = d.inventory.map(|i| i.firmware).unwrap_or_default();
+            assert_eq!(fw.len(), 2, "{fw:?}");
+            Ok(())
+        })
+    }
 }

@@ -165,6 +165,38 @@ pub struct NodeQuery {
     pub connectivity: Option<Connectivity>,
     /// `true`: only schedulable nodes; `false`: only unschedulable ones (the SQL predicate).
     pub schedulable: Option<bool>,
+    /// Only nodes whose inventory names this firmware: `(component, version)`, the component
+    /// one of `bios`, `nvme`, `nic`, `infiniband`, `gpu` ([`firmware_sql`]).
+    pub firmware: Option<(String, String)>,
+}
+
+/// The SQL condition matching nodes whose inventory document (JSON) names firmware `?4` for
+/// `component`, where the document keeps it (`system.biosVersion`; NVMe disks' `firmware`;
+/// physical NICs' `firmwareVersion`; `infiniband[].firmware`; `gpus[].vbiosVersion`); `None`
+/// for an unknown component. SQLite's JSON functions here; PostgreSQL's `jsonb` has the same
+/// paths.
+pub fn firmware_sql(component: &str) -> Option<&'static str> {
+    Some(match component {
+        "bios" => "json_extract(n.inventory, '$.system.biosVersion') = ?4",
+        "nvme" => {
+            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.disks') j \
+             WHERE json_extract(j.value, '$.nvme') = 1 AND json_extract(j.value, '$.firmware') = ?4)"
+        }
+        "nic" => {
+            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.nics') j \
+             WHERE json_extract(j.value, '$.physical') = 1 \
+             AND json_extract(j.value, '$.firmwareVersion') = ?4)"
+        }
+        "infiniband" => {
+            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.infiniband') j \
+             WHERE json_extract(j.value, '$.firmware') = ?4)"
+        }
+        "gpu" => {
+            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.gpus') j \
+             WHERE json_extract(j.value, '$.vbiosVersion') = ?4)"
+        }
+        _ => return None,
+    })
 }
 
 /// The digests a node is indexed and looked up by: distinct, sorted, at most
@@ -435,11 +467,19 @@ impl Reader<'_> {
             Some(false) => format!(" AND NOT {}", super::schedulable::schedulable_sql()),
             None => String::new(),
         };
+        let firmware = match &f.firmware {
+            Some((component, _)) => match firmware_sql(component) {
+                Some(cond) => format!(" AND n.inventory IS NOT NULL AND {cond}"),
+                None => return Ok(Vec::new()),
+            },
+            // ?4 is bound either way (a statement takes exactly its parameters).
+            None => " AND ?4 IS NULL".to_owned(),
+        };
         // PostgreSQL wants `?1::text IS NULL` for an untyped NULL parameter; SQLite takes it as is.
         let sql = format!(
             "SELECT {cols}, p.owner_tenant_id FROM nodes n LEFT JOIN pools p ON p.id = n.pool_id \
              WHERE (?1 IS NULL OR n.pool_id = ?1) AND (?2 IS NULL OR n.provision_state = ?2) \
-             AND (?3 IS NULL OR n.connectivity = ?3){sched} ORDER BY n.id",
+             AND (?3 IS NULL OR n.connectivity = ?3){sched}{firmware} ORDER BY n.id",
             cols = node_columns_n()
         );
         let owner_idx = NODE_COLUMNS.split(',').count();
@@ -447,7 +487,8 @@ impl Reader<'_> {
         let mut rows = stmt.query(params![
             f.pool_id,
             f.provision_state.map(|s| s.as_str()),
-            f.connectivity.map(|c| c.as_str())
+            f.connectivity.map(|c| c.as_str()),
+            f.firmware.as_ref().map(|(_, v)| v.as_str())
         ])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {

@@ -333,6 +333,12 @@ fn inventory_lists_the_gpus() {
     assert_eq!(gpus[7].name, "NVIDIA H100 80GB HBM3");
     assert_eq!(gpus[7].memory_bytes, 85_899_345_920);
     assert_eq!(gpus[7].serial.as_deref(), Some("1562821083907"));
+    // nvmlDeviceGetVbiosVersion, from the profile's device defaults.
+    assert_eq!(gpus[7].vbios_version.as_deref(), Some("96.00.74.00.09"));
+    assert_eq!(
+        gpus[7].to_inventory().vbios_version.as_deref(),
+        Some("96.00.74.00.09")
+    );
     assert_eq!(gpus[7].pci_device_id, "0x233010de");
 }
 

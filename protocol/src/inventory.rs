@@ -386,6 +386,9 @@ pub struct Gpu {
     /// nvmlSystemGetDriverVersion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_version: Option<String>,
+    /// The VBIOS version (`nvmlDeviceGetVbiosVersion`), e.g. `96.00.89.00.01`; NVML only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vbios_version: Option<String>,
     /// `nvml` or `pci`: which source filled this entry.
     pub source: String,
     /// MIG mode is on (`nvmlDeviceGetMigMode` current mode); absent where MIG is not supported

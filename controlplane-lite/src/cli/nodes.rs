@@ -27,6 +27,10 @@ pub enum NodesCommand {
         /// Only nodes with this label (`key=value`); repeatable, all must match.
         #[arg(long = "label")]
         labels: Vec<String>,
+        /// Only nodes whose inventory names this firmware: `<component>=<version>`, the
+        /// component one of bios, nvme, nic, infiniband, gpu (e.g. `--firmware nvme=1B2QEXP7`).
+        #[arg(long)]
+        firmware: Option<String>,
     },
     /// Show one node (NodeDetail).
     Get { node_id: String },
@@ -200,8 +204,9 @@ pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
             connectivity,
             schedulable,
             labels,
+            firmware,
         } => {
-            let mut filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable});
+            let mut filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable, "firmware": firmware});
             if !labels.is_empty() {
                 filter["labels"] = Value::Object(label_map(&labels)?);
             }

@@ -242,6 +242,7 @@ pub fn profile_node(profile: &str) -> Value {
                 "uuid": ys(dev, &["uuid"]),
                 "name": ys(d, &["name"]),
                 "serial": y(dev, &["serial"]).as_str(),
+                "vbiosVersion": y(d, &["vbios_version"]).as_str(),
                 "pciBusId": ys(dev, &["pci", "bus_id"]),
                 "pciDeviceId": yu(d, &["pci", "device_id"]),
                 "pciSubSystemId": opt(&["pci", "subsystem_id"]),

@@ -194,6 +194,9 @@ pub struct GpuInfo {
     pub memory_bytes: u64,
     /// Board serial (`nvmlDeviceGetSerial`), when the board has an infoROM.
     pub serial: Option<String>,
+    /// VBIOS version (`nvmlDeviceGetVbiosVersion`); `None` where NVML does not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vbios_version: Option<String>,
     /// MIG mode is on (`nvmlDeviceGetMigMode`, current mode); `None` where MIG is not supported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_enabled: Option<bool>,
@@ -226,6 +229,7 @@ impl GpuInfo {
             pci_bus_id: self.pci_bus_id.clone(),
             memory_bytes: Some(self.memory_bytes),
             driver_version: None,
+            vbios_version: self.vbios_version.clone(),
             source: "nvml".to_owned(),
             mig_enabled: self.mig_enabled,
             mig_devices: self
@@ -308,6 +312,11 @@ pub fn inventory_gpus(cfg: &NvmlConfig) -> Result<Vec<GpuInfo>, NvmlError> {
                     .serial()
                     .ok()
                     .and_then(|s| crate::hostroot::clean_identifier(&s)),
+                vbios_version: dev
+                    .vbios_version()
+                    .ok()
+                    .map(|v| v.trim().to_owned())
+                    .filter(|v| !v.is_empty()),
                 mig_enabled: dev.mig_mode().ok().map(|m| m.current == checks::MIG_ENABLE),
                 mig_devices: mig_devices(&dev),
             })

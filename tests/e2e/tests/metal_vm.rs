@@ -256,6 +256,32 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         .filter_map(|x| x["mac"].as_str())
         .collect();
     assert_eq!(macs, [a.mac.as_str()], "{inv:#}");
+    // Firmware in one place: the NVMe controller's revision as the ramdisk read it, and the
+    // fleet-wide query finds the node by it.
+    let nvme = n["inventory"]["firmware"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["component"] == "nvme")
+        .unwrap_or_else(|| panic!("no NVMe firmware: {n:#}"))
+        .clone();
+    let found = seen.bcctl(
+        &cp,
+        &[
+            "nodes",
+            "list",
+            "--firmware",
+            &format!("nvme={}", nvme["version"].as_str().unwrap()),
+        ],
+        None,
+    );
+    let ids: Vec<&str> = found["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["id"].as_str())
+        .collect();
+    assert!(ids.contains(&a_id.as_str()), "{nvme} -> {ids:?}");
     let store = cpl_store::Store::open_read_only(&cp.dir.join("state.db")).unwrap();
     let rec = store.read_blocking(|r| r.node(&a_id)).unwrap().unwrap();
     let doc: Value = serde_json::from_str(rec.inventory_json.as_deref().unwrap()).unwrap();

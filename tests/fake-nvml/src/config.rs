@@ -145,6 +145,8 @@ pub struct FakeGpu {
     pub name: String,
     /// Board serial (`nvmlDeviceGetSerial`); `None` answers `NVML_ERROR_NOT_SUPPORTED`.
     pub serial: Option<String>,
+    /// VBIOS version (`nvmlDeviceGetVbiosVersion`); `None` answers `NVML_ERROR_NOT_SUPPORTED`.
+    pub vbios_version: Option<String>,
     /// PCI bus id in the `0000:1A:00.0` form; NVML returns it as `00000000:1A:00.0`.
     pub pci_bus_id: String,
     /// PCI device id, vendor in the low 16 bits (`0x233010DE` = H100 SXM).
@@ -233,6 +235,7 @@ impl Default for FakeGpu {
             uuid: String::new(),
             name: "NVIDIA H100 80GB HBM3".into(),
             serial: None,
+            vbios_version: None,
             pci_bus_id: String::new(),
             pci_device_id: 0x2330_10DE,
             pci_sub_system_id: 0x1658_10DE,

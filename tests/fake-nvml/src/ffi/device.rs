@@ -47,6 +47,18 @@ pub unsafe extern "C" fn nvmlDeviceGetSerial(
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetVbiosVersion(
+    dev: nvmlDevice_t,
+    buf: *mut c_char,
+    len: c_uint,
+) -> Ret {
+    with_gpu(dev, |g| match &g.vbios_version {
+        Some(v) => put_str(buf, len, v),
+        None => Err(NOT_SUPPORTED),
+    })
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     dev: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
