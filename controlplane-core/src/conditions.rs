@@ -37,6 +37,28 @@ pub struct ConditionUpdate {
     pub gpus: Vec<String>,
 }
 
+/// Applies the whole-node condition `type_` of `owner` to `edit` ([`apply`]).
+pub fn apply_owned(
+    edit: &mut Edit,
+    owner: &str,
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+) {
+    apply(
+        edit,
+        &ConditionUpdate {
+            type_: type_.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message,
+            owner: owner.to_owned(),
+            gpus: Vec::new(),
+        },
+    );
+}
+
 /// RFC 3339 (UTC, milliseconds) of a Unix time in milliseconds.
 pub fn rfc3339_ms(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)

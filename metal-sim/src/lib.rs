@@ -22,3 +22,19 @@
 
 pub mod machines;
 pub mod sushy;
+
+use std::path::PathBuf;
+
+/// The program `env_var` names (when it is a file), else `name` on `PATH`.
+pub fn find_program(env_var: &str, name: &str) -> Option<PathBuf> {
+    std::env::var_os(env_var)
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .or_else(|| {
+            std::env::var_os("PATH").and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join(name))
+                    .find(|p| p.is_file())
+            })
+        })
+}

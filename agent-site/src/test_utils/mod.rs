@@ -32,16 +32,7 @@ pub fn in_ci() -> bool {
 /// The program `env_var` names, else `name` on `PATH`. When neither exists: fails under CI,
 /// else prints a loud notice for `test` and returns `None` (the test skips).
 pub fn tool(env_var: &str, name: &str, test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os(env_var)
-        .map(PathBuf::from)
-        .filter(|p| p.is_file())
-        .or_else(|| {
-            std::env::var_os("PATH").and_then(|paths| {
-                std::env::split_paths(&paths)
-                    .map(|d| d.join(name))
-                    .find(|p| p.is_file())
-            })
-        });
+    let found = bc_metal_sim::find_program(env_var, name);
     if found.is_none() {
         assert!(
             !in_ci(),

@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::credentials::{CredentialError, CredentialKey};
 use super::enroll::BmcFactsView;
-use crate::conditions::{ConditionUpdate, apply};
+use crate::conditions::apply_owned;
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::join::{JoinError, JoinFacts, JoinOutcome, Refused};
@@ -334,16 +334,13 @@ pub(crate) fn join(
             boot.token_id,
             f.peer.as_deref().unwrap_or("an unknown address")
         );
-        apply(
+        apply_owned(
             &mut edit,
-            &ConditionUpdate {
-                type_: HARDWARE_MISMATCH.to_owned(),
-                status: ConditionStatus::True,
-                reason: "IdentifiersDiffer".to_owned(),
-                message: message.clone(),
-                owner: OWNER.to_owned(),
-                gpus: Vec::new(),
-            },
+            OWNER,
+            HARDWARE_MISMATCH,
+            ConditionStatus::True,
+            "IdentifiersDiffer",
+            message.clone(),
         );
         apply_transition(&mut edit, ProvisionState::Failed, &message)?;
         edit.save(tx)?;
@@ -356,19 +353,16 @@ pub(crate) fn join(
             node_id,
         }));
     }
-    apply(
+    apply_owned(
         &mut edit,
-        &ConditionUpdate {
-            type_: HARDWARE_MISMATCH.to_owned(),
-            status: ConditionStatus::False,
-            reason: "IdentifiersMatch".to_owned(),
-            message: format!(
-                "the machine that booted shows the identifiers its BMC reported ({} checked)",
-                expected(&bmc).len()
-            ),
-            owner: OWNER.to_owned(),
-            gpus: Vec::new(),
-        },
+        OWNER,
+        HARDWARE_MISMATCH,
+        ConditionStatus::False,
+        "IdentifiersMatch",
+        format!(
+            "the machine that booted shows the identifiers its BMC reported ({} checked)",
+            expected(&bmc).len()
+        ),
     );
     edit.save(tx)?;
     let how = format!(

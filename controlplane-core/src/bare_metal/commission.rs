@@ -25,7 +25,6 @@ use cpl_store::{BootRecord, CommandRecord, CommandState, NodeRecord, Pool, Tx};
 use serde_json::Value;
 
 use super::boot::OWNER;
-use crate::conditions::{ConditionUpdate, apply};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
@@ -37,17 +36,7 @@ pub const COMMISSIONED: &str = "Commissioned";
 pub type Step = (&'static str, Result<String, String>);
 
 fn condition(edit: &mut Edit, status: ConditionStatus, reason: &str, msg: String) {
-    apply(
-        edit,
-        &ConditionUpdate {
-            type_: COMMISSIONED.to_owned(),
-            status,
-            reason: reason.to_owned(),
-            message: msg,
-            owner: OWNER.to_owned(),
-            gpus: Vec::new(),
-        },
-    );
+    crate::conditions::apply_owned(edit, OWNER, COMMISSIONED, status, reason, msg);
 }
 
 /// Whether the pool's profile expects GPUs (and so a `gpuDiag` step in the ramdisk).

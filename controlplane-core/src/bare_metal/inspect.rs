@@ -38,7 +38,6 @@ use utoipa::ToSchema;
 use super::boot::{self, HARDWARE_MISMATCH, OWNER, in_ramdisk};
 use super::verify::queue;
 use super::{BareMetal, ms};
-use crate::conditions::{ConditionUpdate, apply};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
@@ -76,17 +75,7 @@ pub fn deadline(pool: Option<&Pool>, s: ProvisionState) -> Duration {
 }
 
 fn condition(edit: &mut Edit, type_: &str, status: ConditionStatus, reason: &str, msg: String) {
-    apply(
-        edit,
-        &ConditionUpdate {
-            type_: type_.to_owned(),
-            status,
-            reason: reason.to_owned(),
-            message: msg,
-            owner: OWNER.to_owned(),
-            gpus: Vec::new(),
-        },
-    );
+    crate::conditions::apply_owned(edit, OWNER, type_, status, reason, msg);
 }
 
 /// `enrolling` (verified) or `ready` → `inspecting`, in `edit`. The controller boots it.

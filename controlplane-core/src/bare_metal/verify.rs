@@ -11,7 +11,6 @@ use cpl_store::{BmcIdentifier, BmcRecord, CommandRecord, CommandState, NewEvent,
 
 use super::enroll::{BMC_REACHABLE, BMC_VERIFIED, BmcFactsView, OWNER};
 use super::{BareMetal, ms};
-use crate::conditions::{ConditionUpdate, apply};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
@@ -159,17 +158,7 @@ pub(crate) fn set_power(edit: &mut Edit, to: Power, message: &str) {
 }
 
 fn condition(edit: &mut Edit, type_: &str, status: ConditionStatus, reason: &str, msg: String) {
-    apply(
-        edit,
-        &ConditionUpdate {
-            type_: type_.to_owned(),
-            status,
-            reason: reason.to_owned(),
-            message: msg,
-            owner: OWNER.to_owned(),
-            gpus: Vec::new(),
-        },
-    );
+    crate::conditions::apply_owned(edit, OWNER, type_, status, reason, msg);
 }
 
 /// The effect of a finished `bmc.*` command on its bare-metal node, in the transaction that

@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bc_metal_sim::find_program as program;
 use bc_metal_sim::machines::{Machine, Machines};
 use bc_metal_sim::sushy::{EmulatorConfig, FakeSystem, LAUNCHER, htpasswd_script, venv_python};
 use bc_protocol::{PoolAgent, PoolKind, ProvisionState, SiteKind};
@@ -30,20 +31,6 @@ const BMC_PASSWORD: &str = "dev-metal-bmc";
 /// The site and pool the machines go into.
 const SITE: &str = "site_metal";
 const POOL: &str = "pool_metal";
-
-/// The program `env` names, else `name` on PATH.
-fn program(env: &str, name: &str) -> Option<PathBuf> {
-    std::env::var_os(env)
-        .map(PathBuf::from)
-        .filter(|p| p.is_file())
-        .or_else(|| {
-            std::env::var_os("PATH").and_then(|paths| {
-                std::env::split_paths(&paths)
-                    .map(|d| d.join(name))
-                    .find(|p| p.is_file())
-            })
-        })
-}
 
 /// What `--metal` runs with, found before anything starts.
 struct Tools {
