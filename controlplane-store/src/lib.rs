@@ -40,6 +40,7 @@ mod bench;
 mod boots;
 mod commands;
 mod events;
+mod firmware;
 mod fleet;
 mod leases;
 pub mod migrations;

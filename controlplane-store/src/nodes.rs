@@ -166,37 +166,8 @@ pub struct NodeQuery {
     /// `true`: only schedulable nodes; `false`: only unschedulable ones (the SQL predicate).
     pub schedulable: Option<bool>,
     /// Only nodes whose inventory names this firmware: `(component, version)`, the component
-    /// one of `bios`, `nvme`, `nic`, `infiniband`, `gpu` ([`firmware_sql`]).
+    /// one of `bios`, `nvme`, `nic`, `infiniband`, `gpu` ([`super::firmware::firmware_sql`]).
     pub firmware: Option<(String, String)>,
-}
-
-/// The SQL condition matching nodes whose inventory document (JSON) names firmware `?4` for
-/// `component`, where the document keeps it (`system.biosVersion`; NVMe disks' `firmware`;
-/// physical NICs' `firmwareVersion`; `infiniband[].firmware`; `gpus[].vbiosVersion`); `None`
-/// for an unknown component. SQLite's JSON functions here; PostgreSQL's `jsonb` has the same
-/// paths.
-pub fn firmware_sql(component: &str) -> Option<&'static str> {
-    Some(match component {
-        "bios" => "json_extract(n.inventory, '$.system.biosVersion') = ?4",
-        "nvme" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.disks') j \
-             WHERE json_extract(j.value, '$.nvme') = 1 AND json_extract(j.value, '$.firmware') = ?4)"
-        }
-        "nic" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.nics') j \
-             WHERE json_extract(j.value, '$.physical') = 1 \
-             AND json_extract(j.value, '$.firmwareVersion') = ?4)"
-        }
-        "infiniband" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.infiniband') j \
-             WHERE json_extract(j.value, '$.firmware') = ?4)"
-        }
-        "gpu" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.gpus') j \
-             WHERE json_extract(j.value, '$.vbiosVersion') = ?4)"
-        }
-        _ => return None,
-    })
 }
 
 /// The digests a node is indexed and looked up by: distinct, sorted, at most
@@ -468,7 +439,7 @@ impl Reader<'_> {
             None => String::new(),
         };
         let firmware = match &f.firmware {
-            Some((component, _)) => match firmware_sql(component) {
+            Some((component, _)) => match super::firmware::firmware_sql(component) {
                 Some(cond) => format!(" AND n.inventory IS NOT NULL AND {cond}"),
                 None => return Ok(Vec::new()),
             },

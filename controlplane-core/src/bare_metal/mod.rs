@@ -54,6 +54,8 @@ pub mod verify;
 mod bare_metal_tests;
 #[cfg(test)]
 mod boot_tests;
+#[cfg(test)]
+mod commission_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
