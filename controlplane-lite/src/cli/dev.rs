@@ -188,10 +188,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     println!(
         "pool:          {DEV_POOL} accepts an untrusted hardware key (acceptance.requireTrustedKey: false; metal pools require a trusted one by default)"
     );
-    println!(
-        "operator API:  bcctl nodes list --state-dir {}",
-        cp_dir.display()
-    );
+    // A temporary state dir goes when --once exits: a hint pointing at it would lead nowhere.
+    if !args.once || args.state_dir.is_some() {
+        println!(
+            "operator API:  bcctl nodes list --state-dir {}",
+            cp_dir.display()
+        );
+    }
     std::fs::create_dir_all(&agent_dir)?;
     let log_path = base.join("agent.log");
     let log = std::fs::File::create(&log_path)?;

@@ -46,7 +46,7 @@ fn find_tools(args: &DevArgs) -> anyhow::Result<Tools> {
     let sushy = program("BC_SUSHY_EMULATOR", "sushy-emulator");
     if sushy.is_none() {
         missing.push(
-            "sushy-emulator (the Redfish BMCs): `python3 -m venv v && v/bin/pip install sushy-tools`, then BC_SUSHY_EMULATOR=v/bin/sushy-emulator".to_owned(),
+            "sushy-emulator (the Redfish BMCs): `python3 -m venv v && v/bin/pip install -r .ci/requirements-bm.txt` (the versions CI tests), then BC_SUSHY_EMULATOR=v/bin/sushy-emulator".to_owned(),
         );
     }
     let qemu = program("BC_QEMU", "qemu-system-x86_64");
@@ -331,10 +331,12 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
                     v["bmc"]["facts"]["serial"].as_str().unwrap_or("?")
                 );
             }
-            println!(
-                "operator API:  bcctl nodes list --state-dir {}",
-                base.join("controlplane").display()
-            );
+            if !args.once || args.state_dir.is_some() {
+                println!(
+                    "operator API:  bcctl nodes list --state-dir {}",
+                    base.join("controlplane").display()
+                );
+            }
             if !args.once {
                 println!("\nrunning; Ctrl-C stops everything");
                 let _ = tokio::signal::ctrl_c().await;
