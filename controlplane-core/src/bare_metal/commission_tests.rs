@@ -236,3 +236,68 @@ fn a_power_on_that_fails_after_the_ramdisk_joined_changes_nothing() -> TestResul
     assert!(c.message.contains("BMC_UNREACHABLE"), "{}", c.message);
     Ok(())
 }
+
+/// The controller over `b`'s store, with no live session anywhere (so no lease holder either).
+fn controller(b: &super::boot_tests::Bed) -> super::BareMetal {
+    let commands = crate::commands::Commands {
+        store: b.store.clone(),
+        sessions: std::sync::Arc::new(crate::port::NoSessions),
+    };
+    super::BareMetal::new(commands, b.key.clone(), Default::default())
+}
+
+#[tokio::test]
+async fn each_ramdisk_state_fails_at_its_deadline_saying_what_never_happened() -> TestResult {
+    // Inspecting, no site agent holding the lease: the controller begins the boot, never powers
+    // the machine on, and the inspection deadline (1,800 s by default) fails it.
+    let b = bed(None)?;
+    let bm = controller(&b);
+    let now = now_ms();
+    bm.boot_pass(now).await;
+    let boot_rec = b
+        .store
+        .read_blocking(|r| r.boot(&b.node))?
+        .ok_or("no boot begun")?;
+    assert_eq!(boot_rec.command_id, None, "no holder: nothing powered on");
+    bm.boot_pass(now + 1_799_000).await;
+    assert_eq!(b.node()?.provision_state, ProvisionState::Inspecting);
+    bm.boot_pass(now + 1_801_000).await;
+    let n = b.node()?;
+    assert_eq!(n.provision_state, ProvisionState::Failed);
+    let c = cond(&n, super::inspect::INSPECTED).ok_or("no Inspected")?;
+    assert_eq!(c.reason, "InspectionDeadline");
+    assert!(c.message.contains("no site agent"), "{}", c.message);
+
+    // Commissioning waiting for gpuDiag (no session: never sent): the commissioning deadline.
+    let b = bed(Some(2))?;
+    let token = b.boot(Duration::from_secs(600))?;
+    let d = digests(UUID, SERIAL, MAC);
+    assert!(matches!(
+        b.join(&token, Mode::Ramdisk, d.clone())?,
+        JoinOutcome::Joined(_)
+    ));
+    let doc = gpu_inventory(2);
+    b.store.write_blocking(|tx: &Tx<'_>| {
+        record_inventory(
+            tx,
+            &b.node,
+            0,
+            &InventoryReport {
+                hardware_key: &"ab".repeat(32),
+                trusted: true,
+                digests: &d,
+                document: doc.as_bytes(),
+                sha256: &"cd".repeat(32),
+            },
+        )
+    })?;
+    assert_eq!(b.node()?.provision_state, ProvisionState::Commissioning);
+    let bm = controller(&b);
+    bm.boot_pass(now_ms() + 3_601_000).await;
+    let n = b.node()?;
+    assert_eq!(n.provision_state, ProvisionState::Failed);
+    assert_eq!(n.failed_from, Some(ProvisionState::Commissioning));
+    let c = cond(&n, COMMISSIONED).ok_or("no Commissioned")?;
+    assert_eq!(c.reason, "CommissioningDeadline");
+    Ok(())
+}
