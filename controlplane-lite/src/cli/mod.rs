@@ -147,7 +147,7 @@ pub struct ServeArgs {
 
 /// A size: bytes, or a number with `K`, `M`, `G` or `T` (powers of 1024; `KiB`, `MiB`, ... and a
 /// trailing `B` accepted too).
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (n, unit) = s.split_at(digits);

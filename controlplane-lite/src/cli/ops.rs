@@ -28,14 +28,8 @@ pub enum PoolsCommand {
         agent: String,
         #[arg(long)]
         owner_tenant: Option<String>,
-        #[arg(long)]
-        expected_gpus: Option<u32>,
-        #[arg(long)]
-        expected_gpu_model: Option<String>,
-        /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
-        /// only, the default) | noSchedule.
-        #[arg(long, value_parser = ["ignore", "noSchedule"])]
-        pcie_link_degraded: Option<String>,
+        #[command(flatten)]
+        profile: ProfileArgs,
         #[command(flatten)]
         acceptance: AcceptanceArgs,
     },
@@ -54,14 +48,8 @@ pub enum PoolsCommand {
         version: u64,
         #[arg(long)]
         name: String,
-        #[arg(long)]
-        expected_gpus: Option<u32>,
-        #[arg(long)]
-        expected_gpu_model: Option<String>,
-        /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
-        /// only, the default) | noSchedule.
-        #[arg(long, value_parser = ["ignore", "noSchedule"])]
-        pcie_link_degraded: Option<String>,
+        #[command(flatten)]
+        profile: ProfileArgs,
         #[command(flatten)]
         acceptance: AcceptanceArgs,
     },
@@ -72,9 +60,54 @@ pub enum PoolsCommand {
     },
 }
 
-/// A pool's acceptance rules (`acceptance` in the API). Without either flag a pool keeps the
-/// kind's defaults (create) or its current rules (update); with one, the other takes the kind's
-/// default.
+/// A pool's hardware profile (`hardwareProfile` in the API): what its nodes must have. The
+/// profile is replaced as a whole: on update, give again every key you keep.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProfileArgs {
+    /// GPUs per node (`expectedGpuCount`).
+    #[arg(long)]
+    pub expected_gpus: Option<u32>,
+    /// GPU model as NVML names it, or a part of it (`expectedGpuModel`).
+    #[arg(long)]
+    pub expected_gpu_model: Option<String>,
+    /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
+    /// only, the default) | noSchedule.
+    #[arg(long, value_parser = ["ignore", "noSchedule"])]
+    pub pcie_link_degraded: Option<String>,
+    /// Bare-metal commissioning: installed memory at least this, e.g. `512G` (`minMemoryBytes`).
+    #[arg(long, value_parser = super::parse_bytes)]
+    pub min_memory: Option<u64>,
+    /// Bare-metal commissioning: the CPU model exactly as `/proc/cpuinfo` names it
+    /// (`expectedCpuModel`).
+    #[arg(long)]
+    pub expected_cpu_model: Option<String>,
+    /// Bare-metal commissioning: logical CPUs at least this many (`minCpuThreads`).
+    #[arg(long)]
+    pub min_cpu_threads: Option<u32>,
+    /// Bare-metal commissioning: physical NICs with a link up, at least this many
+    /// (`minLinkedNics`).
+    #[arg(long)]
+    pub min_linked_nics: Option<u32>,
+}
+
+impl ProfileArgs {
+    /// The `hardwareProfile` object (absent keys: null, which the API reads as unset).
+    fn json(&self) -> Value {
+        json!({
+            "expectedGpuCount": self.expected_gpus,
+            "expectedGpuModel": self.expected_gpu_model,
+            "pcieLinkDegraded": self.pcie_link_degraded,
+            "minMemoryBytes": self.min_memory,
+            "expectedCpuModel": self.expected_cpu_model,
+            "minCpuThreads": self.min_cpu_threads,
+            "minLinkedNics": self.min_linked_nics,
+        })
+    }
+}
+
+/// A pool's acceptance rules (`acceptance` in the API). Without any flag a pool keeps the
+/// kind's defaults (create) or its current rules (update); with one, the others take their
+/// defaults.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AcceptanceArgs {
     /// Whether a joining node needs a trusted hardware key (default: yes for metal pools).
@@ -83,15 +116,34 @@ pub struct AcceptanceArgs {
     /// How long a node may stay adopting before it fails, e.g. `1h` (default 1h).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub acceptance_deadline: Option<Duration>,
+    /// Bare metal: how long a machine may stay inspecting (power-on to the ramdisk's first
+    /// report), e.g. `30m` (the default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub inspection_deadline: Option<Duration>,
+    /// Bare metal: how long a machine may stay commissioning, e.g. `1h` (the default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub commissioning_deadline: Option<Duration>,
+    /// Bare metal: whether the site agent powers a ready machine off (default true).
+    #[arg(long)]
+    pub power_off_when_ready: Option<bool>,
 }
 
 impl AcceptanceArgs {
     /// The `acceptance` object, `None` when no flag was given.
     fn json(&self) -> Option<Value> {
-        (self.require_trusted_key.is_some() || self.acceptance_deadline.is_some()).then(|| {
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
+        let any = self.require_trusted_key.is_some()
+            || self.acceptance_deadline.is_some()
+            || self.inspection_deadline.is_some()
+            || self.commissioning_deadline.is_some()
+            || self.power_off_when_ready.is_some();
+        any.then(|| {
             json!({
                 "requireTrustedKey": self.require_trusted_key,
-                "deadlineSeconds": self.acceptance_deadline.map(|d| d.as_secs()),
+                "deadlineSeconds": secs(self.acceptance_deadline),
+                "inspectionDeadlineSeconds": secs(self.inspection_deadline),
+                "commissioningDeadlineSeconds": secs(self.commissioning_deadline),
+                "powerOffWhenReady": self.power_off_when_ready,
             })
         })
     }
@@ -290,14 +342,11 @@ pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
             site,
             agent,
             owner_tenant,
-            expected_gpus,
-            expected_gpu_model,
-            pcie_link_degraded,
+            profile,
             acceptance,
         } => {
             let mut body = json!({"name": name, "kind": kind, "siteId": site, "agent": agent, "ownerTenantId": owner_tenant,
-                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model,
-                            "pcieLinkDegraded": pcie_link_degraded}});
+                        "hardwareProfile": profile.json()});
             if let Some(a) = acceptance.json() {
                 body["acceptance"] = a;
             }
@@ -332,14 +381,11 @@ pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
             pool_id,
             version,
             name,
-            expected_gpus,
-            expected_gpu_model,
-            pcie_link_degraded,
+            profile,
             acceptance,
         } => {
             let mut body = json!({"poolId": pool_id, "version": version, "name": name,
-                        "hardwareProfile": {"expectedGpuCount": expected_gpus, "expectedGpuModel": expected_gpu_model,
-                            "pcieLinkDegraded": pcie_link_degraded}});
+                        "hardwareProfile": profile.json()});
             if let Some(a) = acceptance.json() {
                 body["acceptance"] = a;
             }

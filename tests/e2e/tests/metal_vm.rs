@@ -104,26 +104,42 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         json!({"name": "dc1", "kind": "platform"}),
     );
     let site = site["id"].as_str().unwrap().to_owned();
-    let pool = |seen: &mut Seen, name: &str, acceptance: Value| -> String {
-        let p = seen.ok(
-            &cp,
-            "pools.create",
-            json!({"name": name, "kind": "metal-host", "agent": "bcd", "siteId": site,
-                   "acceptance": acceptance,
-                   "hardwareProfile": {"minCpuThreads": 2, "minLinkedNics": 1}}),
-        );
+    // Through bcctl, with the bare-metal flags of `pools create`.
+    let pool = |seen: &mut Seen, name: &str, extra: &[&str]| -> String {
+        let mut args = vec!["pools", "create", "--name", name, "--kind", "metal-host"];
+        args.extend([
+            "--site",
+            &site,
+            "--min-cpu-threads",
+            "2",
+            "--min-linked-nics",
+            "1",
+        ]);
+        args.extend(extra);
+        let p = seen.bcctl(&cp, &args, None);
+        assert_eq!(p["hardwareProfile"]["minLinkedNics"], 1, "{p:#}");
         p["id"].as_str().unwrap().to_owned()
     };
-    let metal = pool(
-        &mut seen,
-        "metal",
-        json!({"inspectionDeadlineSeconds": 900}),
-    );
-    let quick = pool(&mut seen, "quick", json!({"inspectionDeadlineSeconds": 8}));
+    let metal = pool(&mut seen, "metal", &["--inspection-deadline", "15m"]);
+    let quick = pool(&mut seen, "quick", &["--inspection-deadline", "8s"]);
     let kept = pool(
         &mut seen,
         "kept",
-        json!({"inspectionDeadlineSeconds": 900, "powerOffWhenReady": false}),
+        &[
+            "--inspection-deadline",
+            "15m",
+            "--power-off-when-ready",
+            "false",
+        ],
+    );
+    let p = seen.ok(&cp, "pools.get", json!({"poolId": kept}));
+    assert_eq!(
+        (
+            &p["acceptance"]["inspectionDeadlineSeconds"],
+            &p["acceptance"]["powerOffWhenReady"]
+        ),
+        (&json!(900), &json!(false)),
+        "{p:#}"
     );
     let token = cp.create_token(&["--site", &site]);
     let agent = SiteAgent::start_with(
