@@ -92,6 +92,16 @@ impl CommandRun {
     }
 }
 
+/// Runs blocking work of a command (NVML, sysfs) off the runtime's workers; a panic in it is an
+/// `INTERNAL` failure of the command, not of the agent.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, CommandFailure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CommandFailure::new(CommandErrorCode::Internal, e.to_string()))
+}
+
 /// A typed result as the JSON value the journal keeps and the update carries.
 pub fn to_result(v: &impl serde::Serialize) -> Result<Value, CommandFailure> {
     serde_json::to_value(v)

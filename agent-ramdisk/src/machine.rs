@@ -6,7 +6,7 @@
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
-use bcd_core::executor::{CommandRun, to_result};
+use bcd_core::executor::{CommandRun, blocking, to_result};
 use bcd_core::mode::Machine;
 use bcd_core::ops::OpsConfig;
 use bcd_probes::hostroot::HostRoot;
@@ -26,15 +26,6 @@ pub struct RamdiskMachine {
     pub nvml: NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: OpsConfig,
-}
-
-/// Runs blocking work (NVML, sysfs) off the runtime's workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, CommandFailure> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| CommandFailure::new(CommandErrorCode::Internal, e.to_string()))
 }
 
 impl RamdiskMachine {

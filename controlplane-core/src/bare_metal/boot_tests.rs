@@ -173,6 +173,26 @@ impl Bed {
         self.store.write_blocking(|tx| join(tx, &f, &|_| false))
     }
 
+    /// The ramdisk's inventory report `document` with the machine's own identifiers (UUID,
+    /// SERIAL, MAC) and a trusted key; the provision state after it.
+    pub(super) fn report(&self, document: &[u8]) -> Result<Option<ProvisionState>, OpError> {
+        let d = digests(UUID, SERIAL, MAC);
+        self.store.write_blocking(|tx: &Tx<'_>| {
+            record_inventory(
+                tx,
+                &self.node,
+                0,
+                &InventoryReport {
+                    hardware_key: &"ab".repeat(32),
+                    trusted: true,
+                    digests: &d,
+                    document,
+                    sha256: &"cd".repeat(32),
+                },
+            )
+        })
+    }
+
     pub(super) fn node(&self) -> Result<NodeRecord, Box<dyn std::error::Error>> {
         Ok(self
             .store
@@ -213,22 +233,8 @@ fn the_right_machine_joins_once_and_its_inventory_makes_it_ready() -> TestResult
         other => return Err(format!("a replay must be refused as Used, got {other:?}").into()),
     }
     // The ramdisk's inventory: inspection ends, commissioning passes, the node is ready.
-    let d = digests(UUID, SERIAL, MAC);
     let doc = br#"{"hostname":"ramdisk"}"#;
-    let state = b.store.write_blocking(|tx: &Tx<'_>| {
-        record_inventory(
-            tx,
-            &b.node,
-            0,
-            &InventoryReport {
-                hardware_key: &"ab".repeat(32),
-                trusted: true,
-                digests: &d,
-                document: doc,
-                sha256: &"cd".repeat(32),
-            },
-        )
-    })?;
+    let state = b.report(doc)?;
     assert_eq!(state, Some(ProvisionState::Ready));
     let n = b.node()?;
     assert_eq!(
@@ -356,20 +362,7 @@ fn commissioning_fails_on_the_profile_naming_the_step() -> TestResult {
         b.join(&token, Mode::Ramdisk, d.clone())?,
         JoinOutcome::Joined(_)
     ));
-    let state = b.store.write_blocking(|tx: &Tx<'_>| {
-        record_inventory(
-            tx,
-            &b.node,
-            0,
-            &InventoryReport {
-                hardware_key: &"ab".repeat(32),
-                trusted: true,
-                digests: &d,
-                document: br#"{"hostname":"ramdisk","gpus":[]}"#,
-                sha256: &"cd".repeat(32),
-            },
-        )
-    })?;
+    let state = b.report(br#"{"hostname":"ramdisk","gpus":[]}"#)?;
     assert_eq!(state, Some(ProvisionState::Failed));
     let n = b.node()?;
     assert_eq!(n.failed_from, Some(ProvisionState::Commissioning));

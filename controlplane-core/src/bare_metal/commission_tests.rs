@@ -6,14 +6,13 @@
 use std::time::Duration;
 
 use bc_protocol::{ConditionStatus, Mode, ProvisionState};
-use cpl_store::{Tx, now_ms};
+use cpl_store::now_ms;
 
 use super::boot;
 use super::boot_tests::{MAC, SERIAL, TestResult, UUID, bed, cond, digests};
 use super::inspect::COMMISSIONED;
 use crate::error::OpError;
 use crate::join::JoinOutcome;
-use crate::reports::{InventoryReport, record_inventory};
 
 /// An inventory with `n` GPUs named like the H100 the profile may expect.
 fn gpu_inventory(n: usize) -> String {
@@ -63,20 +62,7 @@ fn a_gpu_profile_waits_for_diag_nvml_in_the_ramdisk_and_its_verdict_decides() ->
             JoinOutcome::Joined(_)
         ));
         let doc = gpu_inventory(2);
-        let state = b.store.write_blocking(|tx: &Tx<'_>| {
-            record_inventory(
-                tx,
-                &b.node,
-                0,
-                &InventoryReport {
-                    hardware_key: &"ab".repeat(32),
-                    trusted: true,
-                    digests: &d,
-                    document: doc.as_bytes(),
-                    sha256: &"cd".repeat(32),
-                },
-            )
-        })?;
+        let state = b.report(doc.as_bytes())?;
         assert_eq!(
             state,
             Some(ProvisionState::Commissioning),
@@ -134,22 +120,7 @@ fn a_boot_that_begins_in_commissioning_runs_the_steps_on_its_first_report() -> T
         b.join(&token, Mode::Ramdisk, d.clone())?,
         JoinOutcome::Joined(_)
     ));
-    let report = |doc: &str| {
-        b.store.write_blocking(|tx: &Tx<'_>| {
-            record_inventory(
-                tx,
-                &b.node,
-                0,
-                &InventoryReport {
-                    hardware_key: &"ab".repeat(32),
-                    trusted: true,
-                    digests: &d,
-                    document: doc.as_bytes(),
-                    sha256: &"cd".repeat(32),
-                },
-            )
-        })
-    };
+    let report = |doc: &str| b.report(doc.as_bytes());
     // Too few GPUs: failed from commissioning.
     assert_eq!(report(&gpu_inventory(1))?, Some(ProvisionState::Failed));
     // nodes.recover: back to commissioning, and a new boot for it (the controller's part).
@@ -277,20 +248,7 @@ async fn each_ramdisk_state_fails_at_its_deadline_saying_what_never_happened() -
         JoinOutcome::Joined(_)
     ));
     let doc = gpu_inventory(2);
-    b.store.write_blocking(|tx: &Tx<'_>| {
-        record_inventory(
-            tx,
-            &b.node,
-            0,
-            &InventoryReport {
-                hardware_key: &"ab".repeat(32),
-                trusted: true,
-                digests: &d,
-                document: doc.as_bytes(),
-                sha256: &"cd".repeat(32),
-            },
-        )
-    })?;
+    b.report(doc.as_bytes())?;
     assert_eq!(b.node()?.provision_state, ProvisionState::Commissioning);
     let bm = controller(&b);
     bm.boot_pass(now_ms() + 3_601_000).await;
