@@ -23,7 +23,7 @@ use bcd_probes::hostroot::HostRoot;
 use tokio::time::Instant;
 
 /// Drivers loaded at every boot, in this order: buses and storage first (the inventory lists
-/// disks), then NICs. Virtio for VMs; Intel, Broadcom and Mellanox NICs and NVMe/AHCI/SCSI
+/// disks), then NICs, then the BMC's system interface. Virtio for VMs; Intel, Broadcom and Mellanox NICs and NVMe/AHCI/SCSI
 /// disks for servers. `packaging/ramdisk/modules` lists the same, in the same order (a test
 /// checks): the image carries exactly what is loaded.
 pub const DEFAULT_MODULES: &[&str] = &[
@@ -44,6 +44,11 @@ pub const DEFAULT_MODULES: &[&str] = &[
     "ice",
     "bnxt_en",
     "mlx5_core",
+    // In-band IPMI (/dev/ipmi0): the inventory's BMC firmware and LAN address, which the
+    // control plane checks against the enrollment (BmcAddressMismatch). Last: on a machine
+    // without a BMC the system-interface probe fails, and nothing waits on it.
+    "ipmi_si",
+    "ipmi_devintf",
 ];
 
 /// `IFF_UP` (`include/uapi/linux/if.h`).

@@ -75,11 +75,12 @@ pub struct FirmwareEntry {
 }
 
 /// The components `firmware` lists, and where each version comes from: `bios`
-/// (`system.biosVersion`, SMBIOS type 0), `nvme` (an NVMe disk's `firmware`, Identify Controller
+/// (`system.biosVersion`, SMBIOS type 0), `bmc` (`bmc.firmware`, IPMI Get Device ID through the
+/// host's `/dev/ipmi0`), `nvme` (an NVMe disk's `firmware`, Identify Controller
 /// FR), `nic` (a physical NIC's `firmwareVersion`, ethtool `ETHTOOL_GDRVINFO`), `infiniband`
 /// (`infiniband[].firmware`, the HCA's `fw_ver`), `gpu` (`gpus[].vbiosVersion`,
 /// `nvmlDeviceGetVbiosVersion`).
-pub const FIRMWARE_COMPONENTS: &[&str] = &["bios", "nvme", "nic", "infiniband", "gpu"];
+pub const FIRMWARE_COMPONENTS: &[&str] = &["bios", "bmc", "nvme", "nic", "infiniband", "gpu"];
 
 /// Every firmware version the inventory names, in the order of [`FIRMWARE_COMPONENTS`].
 pub fn firmware(inv: &Inventory) -> Vec<FirmwareEntry> {
@@ -91,6 +92,9 @@ pub fn firmware(inv: &Inventory) -> Vec<FirmwareEntry> {
     let mut out = Vec::new();
     if let Some(v) = inv.system.as_ref().and_then(|s| s.bios_version.as_deref()) {
         out.push(entry("bios", "system", v));
+    }
+    if let Some(v) = inv.bmc.as_ref().and_then(|b| b.firmware.as_deref()) {
+        out.push(entry("bmc", "bmc", v));
     }
     for d in inv.disks.iter().filter(|d| d.nvme) {
         if let Some(v) = d.firmware.as_deref() {
@@ -183,6 +187,7 @@ mod tests {
         let i = inv(json!({
             "schemaVersion": 1,
             "system": {"biosVersion": "2.19.1"},
+            "bmc": {"firmware": "7.10", "lan": [{"channel": 1, "ipAddress": "10.0.0.5"}]},
             "disks": [
                 {"name": "nvme0n1", "sizeBytes": 1, "nvme": true, "firmware": "1B2QEXP7"},
                 {"name": "sda", "sizeBytes": 1, "nvme": false, "firmware": "GXA0"},
@@ -204,6 +209,7 @@ mod tests {
             .collect();
         let want = [
             ("bios", "system", "2.19.1"),
+            ("bmc", "bmc", "7.10"),
             ("nvme", "nvme0n1", "1B2QEXP7"),
             ("nic", "eno1", "22.39.1002"),
             ("infiniband", "mlx5_0", "28.39.1002"),

@@ -41,6 +41,7 @@
 
 pub mod acceptance;
 pub mod bare_metal;
+pub mod bmc_address;
 pub mod commands;
 pub mod conditions;
 pub mod detail;

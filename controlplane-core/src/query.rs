@@ -21,7 +21,7 @@ pub struct NodeFilter {
     #[serde(default)]
     pub labels: Option<std::collections::BTreeMap<crate::text::Key, crate::text::ShortText>>,
     /// Only nodes whose inventory names this firmware: `<component>=<version>`, the component one
-    /// of `bios`, `nvme`, `nic`, `infiniband`, `gpu` (issue 20.5; `inventory.firmware` of
+    /// of `bios`, `bmc`, `nvme`, `nic`, `infiniband`, `gpu` (issue 20.5; `inventory.firmware` of
     /// NodeDetail lists them), e.g. `nvme=1B2QEXP7`.
     #[serde(default)]
     pub firmware: Option<crate::text::ShortText>,
@@ -145,7 +145,7 @@ mod tests {
         let store = Store::open_in_memory()?;
         let disk = |fw: &str| {
             format!(
-                r#"{{"schemaVersion": 1, "system": {{"biosVersion": "1.0"}}, "disks": [{{"name": "nvme0n1", "sizeBytes": 1, "nvme": true, "firmware": "{fw}"}}]}}"#
+                r#"{{"schemaVersion": 1, "system": {{"biosVersion": "1.0"}}, "bmc": {{"firmware": "{fw}"}}, "disks": [{{"name": "nvme0n1", "sizeBytes": 1, "nvme": true, "firmware": "{fw}"}}]}}"#
             )
         };
         store.write_blocking(|tx| {
@@ -165,6 +165,7 @@ mod tests {
             );
             assert_eq!(ids(r, "nvme=NEW2")?, ["b"]);
             assert_eq!(ids(r, "bios=1.0")?, ["a", "b"]);
+            assert_eq!(ids(r, "bmc=NEW2")?, ["b"]);
             assert!(ids(r, "gpu=1.0")?.is_empty());
             assert!(matches!(
                 ids(r, "disk=OLD1"),
@@ -174,7 +175,7 @@ mod tests {
             assert_eq!(list_nodes(r, &NodeFilter::default())?.len(), 3);
             let d = get_node(r, "a")?;
             let fw = d.inventory.map(|i| i.firmware).unwrap_or_default();
-            assert_eq!(fw.len(), 2, "{fw:?}");
+            assert_eq!(fw.len(), 3, "{fw:?}");
             Ok(())
         })
     }

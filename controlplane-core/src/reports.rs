@@ -65,6 +65,8 @@ pub fn record_inventory(
     // PcieLinkDegraded from the document's topology (issue 20.3), before the profile decides
     // whether it is NoSchedule.
     crate::pcie::refresh(&mut edit, !unchanged);
+    // BmcAddressMismatch: the BMC the host sees in band against its enrollment (issue 20.4).
+    crate::bmc_address::refresh(tx, &mut edit, !unchanged)?;
     // Inventory conditions (GpuCountMismatch, ... against the pool's hardware profile) and their
     // noScheduleReasons, in this same save.
     refresh_profile_conditions(tx, &mut edit)?;

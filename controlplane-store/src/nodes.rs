@@ -166,7 +166,7 @@ pub struct NodeQuery {
     /// `true`: only schedulable nodes; `false`: only unschedulable ones (the SQL predicate).
     pub schedulable: Option<bool>,
     /// Only nodes whose inventory names this firmware: `(component, version)`, the component
-    /// one of `bios`, `nvme`, `nic`, `infiniband`, `gpu` ([`super::firmware::firmware_sql`]).
+    /// one of `bios`, `bmc`, `nvme`, `nic`, `infiniband`, `gpu` ([`super::firmware::firmware_sql`]).
     pub firmware: Option<(String, String)>,
 }
 

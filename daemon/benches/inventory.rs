@@ -4,6 +4,11 @@
 //!
 //! Run: `cargo bench -p bcd --bench inventory`. Prints figures; asserts nothing.
 //!
+//! With `BC_IPA_PYTHON` set to the `python` of a virtualenv holding ironic-python-agent (and
+//! `lshw` and `udevadm` on the machine, which it runs), it also measures IPA's
+//! `GenericHardwareManager.list_hardware_info()` in the same run, LLDP off on both sides (IPA's
+//! default, and `bcd inventory` without `--lldp-wait`): docs/benchmarks.md.
+//!
 //! Each external command is measured by a fresh copy of this program (`BCD_BENCH_MEASURE=1`) that
 //! spawns it, waits, and reads `getrusage(RUSAGE_CHILDREN)`: the peak RSS of that one child.
 
@@ -16,6 +21,13 @@ use nix::sys::resource::{UsageWho, getrusage};
 const RUNS: usize = 15;
 const IN_PROCESS_RUNS: usize = 200;
 const MEASURE_ENV: &str = "BCD_BENCH_MEASURE";
+/// The Python program that asks ironic-python-agent for what its inspection reports: its
+/// configuration loaded as the agent loads it, then the generic hardware manager's inventory.
+const IPA_PROGRAM: &str = "from oslo_config import cfg\n\
+from ironic_python_agent import config, hardware\n\
+config.populate_config()\n\
+cfg.CONF([], project='ironic-python-agent')\n\
+hardware.GenericHardwareManager().list_hardware_info()\n";
 
 /// Child mode: run argv[1..], print `<wall_us> <maxrss_kib>`.
 fn measure_child(cmd: &[String]) -> ExitCode {
@@ -97,6 +109,12 @@ fn main() -> ExitCode {
     println!("inventory benchmark: {RUNS} runs each, median (min) wall time, peak RSS");
     let ours = measure(&[bcd, "inventory", "-o", "json"]);
     let lshw = measure(&["lshw", "-json"]);
+    let ipa_python = std::env::var("BC_IPA_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty());
+    let ipa = ipa_python
+        .as_deref()
+        .and_then(|py| measure(&[py, "-c", IPA_PROGRAM]));
     let row = |name: &str, f: &Option<Figures>| match f {
         Some(f) => println!(
             "  {name:<24} {:>10} ({:>10})  {:>8.1} MiB",
@@ -108,12 +126,21 @@ fn main() -> ExitCode {
     };
     row("bcd inventory -o json", &ours);
     row("lshw -json", &lshw);
-    if let (Some(o), Some(l)) = (&ours, &lshw) {
+    if ipa_python.is_some() {
+        row("IPA list_hardware_info", &ipa);
+    } else {
         println!(
-            "  bcd is {:.0}x faster (median) and uses {:.1}x less peak memory",
-            l.median.as_secs_f64() / o.median.as_secs_f64(),
-            l.peak_rss_kib as f64 / o.peak_rss_kib.max(1) as f64
+            "  IPA list_hardware_info     not measured: set BC_IPA_PYTHON (docs/benchmarks.md)"
         );
+    }
+    for (name, other) in [("lshw", &lshw), ("IPA", &ipa)] {
+        if let (Some(o), Some(l)) = (&ours, other) {
+            println!(
+                "  against {name}: bcd is {:.0}x faster (median) and uses {:.1}x less peak memory",
+                l.median.as_secs_f64() / o.median.as_secs_f64(),
+                l.peak_rss_kib as f64 / o.peak_rss_kib.max(1) as f64
+            );
+        }
     }
     let root = HostRoot::default();
     let (m, p99) = in_process(|| bcd_probes::inventory::collect(&root));

@@ -8,9 +8,11 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod bmc;
 pub mod health;
 pub mod topology;
 
+pub use bmc::{Bmc, BmcLanChannel, RedfishHostInterface};
 pub use health::DiskHealth;
 pub use topology::{Affinity, DegradedLink, DeviceKind, GpuAffinity, NumaNode, Topology};
 
@@ -50,6 +52,9 @@ pub struct Inventory {
     /// PCIe and NUMA topology: NUMA nodes, GPU affinity, degraded links (sysfs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Topology>,
+    /// The BMC as the host sees it: in-band IPMI and SMBIOS type 42 ([`Bmc`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc: Option<Bmc>,
     /// Why a section or field is missing.
     #[serde(default)]
     pub notes: Vec<Note>,

@@ -11,8 +11,9 @@
 //! - `cpuModel`, `cpuThreads`: `/proc/cpuinfo`'s model and logical CPUs against
 //!   `expectedCpuModel` and `minCpuThreads`;
 //! - `nicLinks`: physical NICs whose carrier is up against `minLinkedNics`;
-//! - `diskHealth`: every disk's health log (NVMe SMART / Health Information) — a critical
-//!   warning or a media error fails it;
+//! - `diskHealth`: every disk's health log (NVMe SMART / Health Information, ATA SMART, SCSI
+//!   Informational Exceptions) — a critical warning, a media error, a failed SMART verdict or
+//!   an offline uncorrectable sector fails it;
 //! - `hardwareKey`: the key is trusted (two independent identifiers).
 //!
 //! A profile that expects GPUs adds `gpuDiag`: the controller sends `diag.nvml` (with the
@@ -169,6 +170,13 @@ fn disk_step(inv: &Value) -> Result<String, String> {
         }
         if let Some(e) = h["mediaErrors"].as_u64().filter(|e| *e > 0) {
             bad.push(format!("{name}: {e} media error(s)"));
+        }
+        // SATA (ATA SMART RETURN STATUS) and SAS (Informational Exceptions): the drive's verdict.
+        if h["smartPassed"].as_bool() == Some(false) {
+            bad.push(format!("{name}: SMART health check failed"));
+        }
+        if let Some(u) = h["uncorrectableSectors"].as_u64().filter(|u| *u > 0) {
+            bad.push(format!("{name}: {u} offline uncorrectable sector(s)"));
         }
     }
     if !bad.is_empty() {
@@ -466,6 +474,15 @@ mod tests {
                 && !d.contains("nvme0n1"),
             "{d}"
         );
+        let sata = json!({"disks": [
+            {"name": "sda", "health": {"source": "ata-smart", "smartPassed": false}},
+            {"name": "sdb", "health": {"source": "ata-smart", "smartPassed": true, "uncorrectableSectors": 3}},
+            {"name": "sdc", "health": {"source": "ata-smart", "smartPassed": true, "uncorrectableSectors": 0}}
+        ]});
+        let e = disk_step(&sata).err().unwrap_or_default();
+        assert!(e.contains("sda: SMART health check failed"), "{e}");
+        assert!(e.contains("sdb: 3 offline uncorrectable sector(s)"), "{e}");
+        assert!(!e.contains("sdc"), "{e}");
         let healthy = json!({"disks": [{"name": "nvme0n1", "health": {"criticalWarning": 0}}, {"name": "vda"}]});
         assert_eq!(
             disk_step(&healthy),

@@ -28,7 +28,7 @@ pub enum NodesCommand {
         #[arg(long = "label")]
         labels: Vec<String>,
         /// Only nodes whose inventory names this firmware: `<component>=<version>`, the
-        /// component one of bios, nvme, nic, infiniband, gpu (e.g. `--firmware nvme=1B2QEXP7`).
+        /// component one of bios, bmc, nvme, nic, infiniband, gpu (e.g. `--firmware nvme=1B2QEXP7`).
         #[arg(long)]
         firmware: Option<String>,
     },

@@ -287,7 +287,7 @@ fn the_inventory_reads_the_hosting_board_too() -> std::io::Result<()> {
     std::fs::write(root.path(crate::smbios::SYS_ENTRY_POINT), &ep)?;
     std::fs::write(root.path(crate::smbios::SYS_TABLE), &t)?;
     let mut notes = Vec::new();
-    let (system, _) = crate::inventory::system::collect(&root, &mut notes);
+    let system = crate::inventory::system::collect(&root, &mut notes).system;
     assert_eq!(
         system.and_then(|s| s.board_serial).as_deref(),
         Some(".7XQ2J93.CNFCW0089A00G6.")

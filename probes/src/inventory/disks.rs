@@ -1,7 +1,8 @@
 //! Block devices from `/sys/block` (kernel ABI `sysfs-block`), and NVMe namespaces from
 //! `/sys/class/nvme` that `/sys/block` does not list (fixture trees). Identity (serial, WWN,
 //! model, vendor, firmware revision), sector sizes and removability are read here; names,
-//! HCTL, partitions and holders in [`super::blockdev`]; NVMe health in [`super::nvme`].
+//! HCTL, partitions and holders in [`super::blockdev`]; NVMe health in [`super::nvme`], SATA and
+//! SAS health in [`super::ata_smart`].
 //!
 //! With NVMe native multipath the kernel lists, beside each namespace head `nvmeXnY`, one path
 //! device `nvmeXcZnY` per controller; those are hidden (`hidden` is 1, kernel ABI
@@ -74,6 +75,7 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
     }
     disks.sort_by(|a, b| a.name.cmp(&b.name));
     super::nvme::fill_health(root, &mut disks, notes);
+    super::ata_smart::fill_health(root, &mut disks, notes);
     disks
 }
 

@@ -2,7 +2,7 @@
 //! (ETHTOOL_GPERMADDR, `struct ethtool_perm_addr`) and the driver's name, version and firmware
 //! version (ETHTOOL_GDRVINFO, `struct ethtool_drvinfo`).
 //!
-//! With [`super::nvme`], the only `unsafe` of the crate: one ioctl on a socket, through nix's
+//! With [`super::nvme`] and [`super::ipmi`], the only `unsafe` of the crate: one ioctl on a socket, through nix's
 //! `ioctl_readwrite_bad!`. A NIC whose driver does not know a permanent address answers all
 //! zeros, which is treated as "unknown". The ioctl works on the calling process's network
 //! namespace, not on a root prefix: under any root but `/` nothing is asked.

@@ -4,20 +4,25 @@
 //! Each collector reads through a [`HostRoot`] and owns one section: [`system`] (SMBIOS or
 //! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (with
 //! [`blockdev`]: by-path and by-id names, partitions, holders; health from the NVMe SMART log
-//! through [`nvme`] and [`smart_log`]), [`nics`] (addresses from [`addrs`], permanent MAC and
+//! through [`nvme`] and [`smart_log`], from ATA SMART or the SCSI Informational Exceptions page
+//! through [`ata_smart`] and [`sgio`]), [`nics`] (addresses from [`addrs`], permanent MAC and
 //! driver/firmware versions from [`ethtool`]), [`pci`] (PCI functions with their link and
 //! place from [`pcie`], and InfiniBand ports), [`topology`] (NUMA nodes, GPU affinity, degraded
-//! links) and [`gpu`]. A missing or unreadable source leaves its section or field absent and
-//! adds a [`Note`]; nothing fails the whole inventory. No process is spawned; besides files,
-//! two ioctls: ethtool's on a socket (running machine only) and one NVMe Get Log Page per
-//! controller on its `/dev` node. The agent calls [`collect`] at start and on every
+//! links), [`gpu`] and [`bmc`] (in-band IPMI through [`ipmi`], SMBIOS type 42). A missing or
+//! unreadable source leaves its section or field absent and adds a [`Note`]; nothing fails the
+//! whole inventory. No process is spawned; besides files, ioctls: ethtool's on a socket
+//! (running machine only), one NVMe Get Log Page per controller on its `/dev` node, read-only
+//! SCSI/ATA commands (`SG_IO`) on SATA and SAS disks, and IPMI requests on `/dev/ipmi0` where a
+//! BMC is. The agent calls [`collect`] at start and on every
 //! `inventory.refresh`. Fields and their sources: docs/inventory.md.
 //!
 //! # Limitations
 //! GPUs come from the PCI list unless NVML data is handed in ([`collect_with_gpus`]).
 
 pub mod addrs;
+pub mod ata_smart;
 pub mod blockdev;
+pub mod bmc;
 mod cli;
 pub mod cpu;
 pub mod disks;
@@ -25,6 +30,8 @@ pub mod disks;
 pub mod ethtool;
 pub mod gpu;
 pub mod host;
+#[allow(unsafe_code)]
+pub mod ipmi;
 pub mod message;
 pub mod nics;
 #[allow(unsafe_code)]
@@ -32,6 +39,8 @@ pub mod nvme;
 pub mod pci;
 pub mod pcie;
 mod render;
+#[allow(unsafe_code)]
+pub mod sgio;
 pub mod smart_log;
 pub mod system;
 pub mod topology;
@@ -54,12 +63,13 @@ pub fn collect(root: &HostRoot) -> Inventory {
 /// found on the PCI bus.
 pub fn collect_with_gpus(root: &HostRoot, nvml_gpus: Option<Vec<Gpu>>) -> Inventory {
     let mut notes = Vec::new();
-    let (system, dimms) = system::collect(root, &mut notes);
+    let smbios = system::collect(root, &mut notes);
     let mut memory = host::memory(root, &mut notes);
     if let Some(m) = memory.as_mut() {
-        m.dimm_total_bytes = host::dimm_total(&dimms);
-        m.dimms = dimms;
+        m.dimm_total_bytes = host::dimm_total(&smbios.dimms);
+        m.dimms = smbios.dimms;
     }
+    let bmc = bmc::collect(root, smbios.redfish_host_interfaces, &mut notes);
     let pci_devices = pci::devices(root, &mut notes);
     let topology = topology::collect(root, &pci_devices, &mut notes);
     let gpus = match nvml_gpus {
@@ -69,7 +79,7 @@ pub fn collect_with_gpus(root: &HostRoot, nvml_gpus: Option<Vec<Gpu>>) -> Invent
     Inventory {
         schema_version: inventory::SCHEMA_VERSION,
         hostname: host::hostname(root, &mut notes),
-        system,
+        system: smbios.system,
         cpu: cpu::collect(root, &mut notes),
         memory,
         disks: disks::collect(root, &mut notes),
@@ -83,6 +93,7 @@ pub fn collect_with_gpus(root: &HostRoot, nvml_gpus: Option<Vec<Gpu>>) -> Invent
         os: Some(host::os(root, &mut notes)),
         boot_mode: host::boot_mode(root, &mut notes),
         topology,
+        bmc,
         notes,
     }
 }

@@ -13,7 +13,7 @@
 //! Bounded: one command per controller per inventory (namespaces of one controller share its
 //! answer), each with a 5 s command timeout instead of the kernel's 60 s admin default.
 //!
-//! This module and [`super::ethtool`] are the crate's only `unsafe`: the one ioctl below.
+//! This module, [`super::ethtool`] and [`super::ipmi`] are the crate's only `unsafe`.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;

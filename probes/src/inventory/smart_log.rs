@@ -44,6 +44,7 @@ pub fn parse(page: &[u8; PAGE_BYTES]) -> DiskHealth {
         power_on_hours: Some(counter(page, 128)),
         unsafe_shutdowns: Some(counter(page, 144)),
         media_errors: Some(counter(page, 160)),
+        ..DiskHealth::default()
     }
 }
 
@@ -91,6 +92,7 @@ mod tests {
                 media_errors: Some(0),
                 power_on_hours: Some(1),
                 unsafe_shutdowns: Some(0),
+                ..DiskHealth::default()
             }
         );
     }

@@ -1,14 +1,25 @@
 //! System identity and DIMMs: the SMBIOS table (`/sys/firmware/dmi/tables`), else the kernel's
 //! parsed copy in `/sys/class/dmi/id` (no DIMMs there).
 
-use bc_protocol::inventory::{Dimm, Note, System};
+use bc_protocol::inventory::{Dimm, Note, RedfishHostInterface, System};
 
 use super::note;
 use crate::hostroot::HostRoot;
 use crate::smbios;
 
-/// The system section and the populated DIMMs.
-pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> (Option<System>, Vec<Dimm>) {
+/// What the SMBIOS table gives the inventory.
+#[derive(Debug, Default)]
+pub struct Smbios {
+    /// The system section (types 0–3), else `/sys/class/dmi/id`.
+    pub system: Option<System>,
+    /// Populated DIMMs (type 17).
+    pub dimms: Vec<Dimm>,
+    /// Redfish host interfaces (type 42), for the BMC section ([`super::bmc`]).
+    pub redfish_host_interfaces: Vec<RedfishHostInterface>,
+}
+
+/// The system section, the populated DIMMs and the Redfish host interfaces.
+pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Smbios {
     match smbios::load_sysfs(root) {
         Ok(t) => {
             for w in &t.warnings {
@@ -31,11 +42,18 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> (Option<System>, Vec<D
                 chassis_serial: f.chassis_serial.clone(),
                 smbios_version: Some(format!("{}.{}", t.version.0, t.version.1)),
             };
-            (Some(system), f.dimms)
+            Smbios {
+                system: Some(system),
+                dimms: f.dimms,
+                redfish_host_interfaces: super::bmc::redfish_host_interfaces(t.data()),
+            }
         }
         Err(e) => {
             note(notes, "smbios", format!("SMBIOS table: {e}"));
-            (from_dmi_id(root, notes), Vec::new())
+            Smbios {
+                system: from_dmi_id(root, notes),
+                ..Smbios::default()
+            }
         }
     }
 }

@@ -7,17 +7,25 @@ use serde::{Deserialize, Serialize};
 
 /// `source` of a health summary read from the NVMe SMART / Health Information log page.
 pub const SOURCE_NVME_SMART_LOG: &str = "nvme-smart-log";
+/// `source` of a SATA disk's summary: ATA SMART RETURN STATUS and READ DATA (ACS-4 §7.45),
+/// sent as ATA PASS-THROUGH (16) through `SG_IO`.
+pub const SOURCE_ATA_SMART: &str = "ata-smart";
+/// `source` of a SAS/SCSI disk's summary: LOG SENSE of the Informational Exceptions page
+/// (`2Fh`, SPC-5).
+pub const SOURCE_SCSI_INFORMATIONAL_EXCEPTIONS: &str = "scsi-informational-exceptions";
 
 /// Health summary of one disk. An NVMe namespace gets its controller's (the page read with NSID
 /// `FFFFFFFFh`: the controller as a whole).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskHealth {
-    /// Where the summary came from: `nvme-smart-log`.
+    /// Where the summary came from: `nvme-smart-log`, `ata-smart` or
+    /// `scsi-informational-exceptions`.
     pub source: String,
-    /// Critical Warning, byte 0, as a bit field: bit 0 spare below threshold, 1 temperature
+    /// NVMe only (0 for the other sources). Critical Warning, byte 0, as a bit field: bit 0 spare below threshold, 1 temperature
     /// outside its thresholds, 2 reliability degraded, 3 read-only, 4 volatile memory backup
     /// failed, 5 persistent memory region read-only. 0 is healthy.
+    #[serde(default)]
     pub critical_warning: u8,
     /// The set bits of `criticalWarning`, named: `spareBelowThreshold`, `temperature`,
     /// `reliabilityDegraded`, `readOnly`, `volatileBackupFailed`, `persistentMemoryReadOnly`
@@ -49,6 +57,22 @@ pub struct DiskHealth {
     /// without a shutdown notification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unsafe_shutdowns: Option<u64>,
+    /// ATA: the drive's SMART RETURN STATUS verdict (`false`: a threshold exceeded). SCSI: no
+    /// failure predicted (Informational Exceptions ASC other than `5Dh`). Absent for NVMe (its
+    /// verdict is `criticalWarning`) or when the drive's answer matched neither pattern.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smart_passed: Option<bool>,
+    /// ATA attribute 5 (Reallocated Sectors Count), raw value: sectors remapped to spares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reallocated_sectors: Option<u64>,
+    /// ATA attribute 197 (Current Pending Sector Count), raw value: sectors waiting to be
+    /// remapped after a read error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_sectors: Option<u64>,
+    /// ATA attribute 198 (Offline Uncorrectable), raw value: sectors the offline scan could not
+    /// read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncorrectable_sectors: Option<u64>,
 }
 
 #[cfg(test)]
@@ -72,6 +96,10 @@ mod tests {
                 media_errors: Some(u64::MAX),
                 power_on_hours: Some(7),
                 unsafe_shutdowns: Some(3),
+                smart_passed: Some(false),
+                reallocated_sectors: Some(1),
+                pending_sectors: Some(2),
+                uncorrectable_sectors: Some(4),
             }),
             ..Disk::default()
         };
@@ -87,6 +115,8 @@ mod tests {
         assert_eq!(h["mediaErrors"], u64::MAX);
         assert_eq!(h["powerOnHours"], 7);
         assert_eq!(h["unsafeShutdowns"], 3);
+        assert_eq!(h["smartPassed"], false);
+        assert_eq!(h["uncorrectableSectors"], 4);
         let back: Disk = serde_json::from_value(v).unwrap_or_default();
         assert_eq!(back, d);
     }
@@ -98,5 +128,9 @@ mod tests {
         let old: Disk = serde_json::from_str(r#"{"name":"sda","sizeBytes":1,"nvme":false}"#)
             .unwrap_or_default();
         assert_eq!((old.name.as_str(), old.health), ("sda", None));
+        // A SATA disk's health has no NVMe critical warning: it reads as 0.
+        let sata: DiskHealth = serde_json::from_str(r#"{"source":"ata-smart","smartPassed":true}"#)
+            .unwrap_or_default();
+        assert_eq!((sata.critical_warning, sata.smart_passed), (0, Some(true)));
     }
 }

@@ -32,8 +32,13 @@ pub const MODULES: &[&str] = &[
     "virtio_blk",
     "virtio_scsi",
     "sd_mod",
+    // q35's own AHCI controller (ICH9, 00:1f.2) for a SATA disk.
+    "ahci",
     "e1000e",
     "virtio_net",
+    // /dev/ipmi0 for QEMU's BMC simulator (isa-ipmi-kcs).
+    "ipmi_si",
+    "ipmi_devintf",
 ];
 
 /// How long a boot may take before the harness gives up on it (a hung guest, not a slow one).

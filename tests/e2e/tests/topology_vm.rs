@@ -13,7 +13,9 @@
 //! | the first switch's third downstream port → switch → downstream port | e1000e `…:04` | a NIC two switches down |
 //! | `pcie.0` root port `00:14.0` | virtio-blk `BCVIRTIO0` (4 KiB physical sectors) | a virtio disk |
 //! | `pcie.0` root port `00:15.0` | virtio-scsi, scsi-hd `BCSCSI0` (WWN, target 0 LUN 3) | a SCSI disk |
+//! | q35's AHCI controller `00:1f.2`, port 0 | ide-hd `BCSATA0` | a SATA disk (SMART through ATA PASS-THROUGH) |
 //! | `pxb-pcie` host bridge on NUMA node 1 (bus 0x80), root ports `80:00.0`, `80:01.0`, `80:02.0` | NVMe `BCNVME3`, virtio-net `…:03`, bochs-display | a second socket's root complex; the display stands in for a GPU |
+//! | ISA, KCS at I/O `0xca2` | `ipmi-bmc-sim` (firmware 2.34, manufacturer 674) | a BMC, reached in band through `/dev/ipmi0` |
 //!
 //! There is no NVIDIA GPU in QEMU, so `topology.affinity` (rows are NVIDIA GPUs) is empty here;
 //! the pairwise classification (`bcd_probes::inventory::topology::affinity`) is applied to the
@@ -127,12 +129,37 @@ fn machine(dir: &std::path::Path) -> Vec<String> {
         "virtio-net-pci,bus=rp11,mac=52:54:00:00:00:03,romfile=,speed=10000,duplex=full",
     ]);
     add(&["-device", "bochs-display,bus=rp12"]);
+    // A SATA disk on q35's own AHCI controller (ICH9 at 00:1f.2): QEMU's IDE core implements
+    // SMART (RETURN STATUS, READ DATA with its attribute table).
+    add(&["-drive", &img("sata0")]);
+    add(&[
+        "-device",
+        "ide-hd,bus=ide.0,drive=sata0,serial=BCSATA0,model=BC SATA DISK",
+    ]);
+    // A BMC on the system interface (KCS at I/O 0xca2, announced in ACPI and SMBIOS type 38):
+    // QEMU's simulator answers Get Device ID with these values and has no LAN channel.
+    add(&[
+        "-device",
+        &format!(
+            "ipmi-bmc-sim,id=bmc0,fwrev1={BMC_FWREV1},fwrev2={BMC_FWREV2:#x},mfg_id={BMC_MFG_ID},product_id={BMC_PRODUCT_ID}"
+        ),
+    ]);
+    add(&["-device", "isa-ipmi-kcs,bmc=bmc0"]);
     a
 }
 
+/// The simulated BMC's firmware revision: major, and minor in BCD (shown `2.34`).
+const BMC_FWREV1: u8 = 2;
+const BMC_FWREV2: u8 = 0x34;
+/// IANA enterprise number 674 (Dell) and a product id, as a real BMC would report them.
+const BMC_MFG_ID: u32 = 674;
+const BMC_PRODUCT_ID: u16 = 0x0100;
+
 /// Block devices the guest waits for before running the probes (the kernel names them in probe
 /// order: one namespace per NVMe controller, the virtio-blk disk, the SCSI disk).
-const DISKS: &[&str] = &["nvme0n1", "nvme1n1", "nvme2n1", "nvme3n1", "vda", "sda"];
+const DISKS: &[&str] = &[
+    "nvme0n1", "nvme1n1", "nvme2n1", "nvme3n1", "vda", "sda", "sdb",
+];
 
 struct Seen {
     inv: Inventory,
@@ -384,6 +411,69 @@ fn a_real_kernel_reports_the_qemu_machines_topology_and_disks() {
     }
 
     health_and_nic_drivers(&s);
+    sata_and_scsi_health(&s);
+    bmc_in_band(&s);
+}
+
+/// SATA health through SG_IO's ATA PASS-THROUGH on libata (QEMU's IDE SMART); the virtio-scsi
+/// disk is asked for its Informational Exceptions page.
+fn sata_and_scsi_health(s: &Seen) {
+    let sata = s.disk("BCSATA0");
+    eprintln!(
+        "topology_vm: {} (BCSATA0) health {:?}",
+        sata.name, sata.health
+    );
+    let h = sata
+        .health
+        .as_ref()
+        .unwrap_or_else(|| panic!("BCSATA0 has no health; notes {:#?}", s.inv.notes));
+    assert_eq!(h.source, "ata-smart");
+    assert_eq!(h.smart_passed, Some(true), "{h:?}");
+    assert_eq!(h.reallocated_sectors, Some(0), "{h:?}");
+    assert!(
+        h.temperature_celsius
+            .is_some_and(|t| (1..=100).contains(&t)),
+        "{h:?}"
+    );
+    let scsi = s.disk("BCSCSI0");
+    let note = s
+        .inv
+        .notes
+        .iter()
+        .find(|n| n.message.contains(&format!("{}:", scsi.name)) && n.source == "disks");
+    eprintln!(
+        "topology_vm: {} (BCSCSI0) health {:?}, note {note:?}",
+        scsi.name, scsi.health
+    );
+    assert!(
+        scsi.health
+            .as_ref()
+            .is_some_and(|h| h.source == "scsi-informational-exceptions")
+            || note.is_some_and(|n| n.message.contains("Informational Exceptions")),
+        "BCSCSI0: neither health nor a note saying why: {:#?}",
+        s.inv.notes
+    );
+}
+
+/// The BMC through the guest kernel's /dev/ipmi0 (ipmi_si over KCS, ipmi_devintf): Get Device ID
+/// as QEMU's command line set it; QEMU's simulator has no LAN channel, so none is listed.
+fn bmc_in_band(s: &Seen) {
+    let bmc = s
+        .inv
+        .bmc
+        .as_ref()
+        .unwrap_or_else(|| panic!("no bmc section; notes {:#?}", s.inv.notes));
+    eprintln!("topology_vm: bmc {bmc:?}");
+    assert_eq!(bmc.firmware.as_deref(), Some("2.34"));
+    assert_eq!(bmc.ipmi_version.as_deref(), Some("2.0"));
+    assert_eq!(bmc.manufacturer_id, Some(BMC_MFG_ID));
+    assert_eq!(bmc.product_id, Some(BMC_PRODUCT_ID));
+    assert!(bmc.lan.is_empty(), "{:?}", bmc.lan);
+    assert!(
+        !s.inv.notes.iter().any(|n| n.source == "bmc"),
+        "{:#?}",
+        s.inv.notes
+    );
 }
 
 /// The NVMe SMART log of each controller as QEMU's emulated one reports it, the NICs' driver
@@ -409,8 +499,19 @@ fn health_and_nic_drivers(s: &Seen) {
         assert_eq!(h.media_errors, Some(0), "{serial}: a fresh emulated drive");
     }
     for d in s.inv.disks.iter().filter(|d| !d.nvme) {
-        assert_eq!(d.health, None, "{}: no NVMe SMART log", d.name);
+        assert!(
+            d.health
+                .as_ref()
+                .is_none_or(|h| h.source != "nvme-smart-log"),
+            "{}: no NVMe SMART log",
+            d.name
+        );
     }
+    assert_eq!(
+        s.disk("BCVIRTIO0").health,
+        None,
+        "virtio-blk has no health protocol"
+    );
     assert!(
         !s.inv.notes.iter().any(|n| n.source == "disk-health"),
         "{:#?}",
