@@ -107,6 +107,11 @@ impl Machine for RamdiskMachine {
             CommandName::NodeReboot => {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
+            // The ramdisk's disk.clean: agent-ramdisk/src/clean (built next).
+            CommandName::DiskClean => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                "disk.clean is not built into this ramdisk yet",
+            )),
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,

@@ -182,6 +182,8 @@ string_enum! {
         BmcVerify => "bmc.verify",
         BmcPower => "bmc.power",
         BmcSetBootDevice => "bmc.setBootDevice",
+        /// The ramdisk's cleaning of every disk (release and retire workflows only).
+        DiskClean => "disk.clean",
     }
 }
 

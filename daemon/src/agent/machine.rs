@@ -107,6 +107,11 @@ impl Machine for NodeMachine {
                     ),
                 ))
             }
+            // Erasing every disk of a running OS is never a node agent's business.
+            CommandName::DiskClean => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                "disk.clean runs only in the ramdisk (nodes.release, nodes.retire); this is a node agent",
+            )),
         }
     }
 }

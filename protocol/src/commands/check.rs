@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::CommandName;
 use super::bmc::{BootDeviceArgs, PowerArgs, VerifyArgs};
+use super::clean::CleanArgs;
 use super::diag::DiagArgs;
 use super::inventory::InventoryRefreshArgs;
 use super::logs::CollectArgs;
@@ -60,7 +61,8 @@ fn since_parses(s: &str) -> bool {
 /// `gpu.reset` ([`ResetArgs`]: `gpus` is `"all"` or a non-empty list), `node.reboot`
 /// ([`RebootArgs`]: `delaySeconds` at most [`MAX_DELAY_SECONDS`]), `diag.nvml` ([`DiagArgs`]),
 /// `inventory.refresh` ([`InventoryRefreshArgs`]) and the site agent's `bmc.verify`
-/// ([`VerifyArgs`]), `bmc.power` ([`PowerArgs`]) and `bmc.setBootDevice` ([`BootDeviceArgs`]).
+/// ([`VerifyArgs`]), `bmc.power` ([`PowerArgs`]) and `bmc.setBootDevice` ([`BootDeviceArgs`]),
+/// and the ramdisk's `disk.clean` ([`CleanArgs`]).
 pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
     match command {
         CommandName::InventoryRefresh => shape::<InventoryRefreshArgs>(command, args).map(drop),
@@ -68,6 +70,7 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
         CommandName::BmcVerify => shape::<VerifyArgs>(command, args).map(drop),
         CommandName::BmcPower => shape::<PowerArgs>(command, args).map(drop),
         CommandName::BmcSetBootDevice => shape::<BootDeviceArgs>(command, args).map(drop),
+        CommandName::DiskClean => shape::<CleanArgs>(command, args).map(drop),
         CommandName::LogsCollect => {
             let a: CollectArgs = shape(command, args)?;
             if a.max_bytes == Some(0) {
@@ -155,6 +158,8 @@ mod tests {
                 CommandName::BmcSetBootDevice,
                 json!({"nodeId": "node_1", "leaseEpoch": 3, "device": "pxe", "persistent": true}),
             ),
+            (CommandName::DiskClean, json!({})),
+            (CommandName::DiskClean, json!({"mode": "full"})),
         ];
         for (c, a) in ok {
             assert!(
@@ -216,6 +221,7 @@ mod tests {
                 json!({"expectedGpus": {"count": -2}}),
                 "-2",
             ),
+            (CommandName::DiskClean, json!({"mode": "secure"}), "secure"),
         ];
         for (c, a, what) in bad {
             let e = check_args(c, &a)

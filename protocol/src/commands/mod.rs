@@ -13,7 +13,8 @@
 //! One module per command, named after it: [`diag`] (`diag.nvml`), [`reset`] (`gpu.reset`),
 //! [`logs`] (`logs.collect`), [`reboot`] (`node.reboot`), [`inventory`] (`inventory.refresh`);
 //! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry;
-//! [`bmc`] the site agent's BMC commands (`bmc.verify`, `bmc.power`, `bmc.setBootDevice`).
+//! [`bmc`] the site agent's BMC commands (`bmc.verify`, `bmc.power`, `bmc.setBootDevice`);
+//! [`clean`] the ramdisk's `disk.clean`.
 //! [`CommandName`] names the commands, [`CommandErrorCode`] the codes of a failed one and
 //! [`CommandFailure`] a failure as `CommandUpdate.error` carries it; [`check_args`] holds a
 //! command's arguments against its contract (the control plane refuses a bad one at
@@ -26,6 +27,7 @@
 
 pub mod bmc;
 mod check;
+pub mod clean;
 pub mod diag;
 pub mod inventory;
 pub mod logs;
@@ -90,6 +92,9 @@ crate::string_enum! {
         BmcNotASystem => "BMC_NOT_A_SYSTEM",
         /// `bmc.*`: the BMC answered with an error (5xx, a malformed body, an action it refused).
         BmcError => "BMC_ERROR",
+        /// `disk.clean`: the machine's disks could not be listed at all (no `/sys/block`);
+        /// a disk that fails is reported in the result, not here.
+        CleanFailed => "CLEAN_FAILED",
     }
 }
 
