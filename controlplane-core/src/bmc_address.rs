@@ -216,6 +216,7 @@ mod tests {
                 reachable: None,
                 created_at: 1,
                 inspect: false,
+                deployed: false,
             })?;
             let doc = |ip: &str| {
                 format!(

@@ -334,3 +334,11 @@ CREATE TABLE node_boots (
 -- Whether a verified enrollment goes on to `inspecting` by itself (nodes.enroll's `inspect`).
 ALTER TABLE node_bmcs ADD COLUMN inspect INTEGER NOT NULL DEFAULT 0;
 "#;
+
+/// Issue 16: release, retire and adopting a running machine. The release/retire workflow's
+/// `disk.clean` on the boot, and whether an enrollment is of a machine that already runs its OS
+/// (`nodes.enroll`'s `deployed`, Metal3's `externallyProvisioned`).
+pub const M009_CLEANING: &str = r#"
+ALTER TABLE node_boots ADD COLUMN clean_command_id TEXT; -- release/retire's disk.clean, once sent
+ALTER TABLE node_bmcs ADD COLUMN deployed INTEGER NOT NULL DEFAULT 0;
+"#;

@@ -116,6 +116,7 @@ pub(super) fn bed(profile_gpus: Option<u32>) -> Result<Bed, Box<dyn std::error::
             reachable: Some(true),
             created_at: 1,
             inspect: true,
+            deployed: false,
         })?;
         Ok::<_, OpError>(())
     })?;

@@ -89,6 +89,17 @@ pub enum BareMetalCommand {
         /// Stop at `enrolling` once the BMC is verified (inspect later with `nodes inspect`).
         #[arg(long)]
         no_inspect: bool,
+        /// The machine already runs the OS it keeps (Metal3's externallyProvisioned): once the
+        /// BMC is verified it is `deployed`, with no network boot and no inspection.
+        #[arg(long, conflicts_with = "no_inspect")]
+        deployed: bool,
+    },
+    /// Release a deployed machine: its identity ends, it boots the ramdisk, every disk is
+    /// cleaned (the pool's `--cleaning`) and commissioning checks it again → `ready`.
+    Release {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
     },
     /// Inspect a bare-metal machine (again): it boots the ramdisk with a one-time boot token,
     /// is checked against its BMC's identifiers and commissioned back to `ready`.
@@ -141,6 +152,7 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
             tls,
             macs,
             no_inspect,
+            deployed,
         } => {
             let secret = read_password(&password)?;
             let body = json!({
@@ -150,12 +162,16 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
                 "bmc": {"address": bmc_address, "username": username, "password": secret, "tls": tls},
                 "macs": (!macs.is_empty()).then_some(macs),
                 "inspect": !no_inspect,
+                "deployed": deployed,
             });
             let v: Value = c.call(Method::NodesEnroll, &body).await?;
             print(args, &v, render::object)
         }
         BareMetalCommand::Inspect { node_id, version } => {
             mutate(args, &c, Method::NodesInspect, &node_id, version, json!({})).await
+        }
+        BareMetalCommand::Release { node_id, version } => {
+            mutate(args, &c, Method::NodesRelease, &node_id, version, json!({})).await
         }
         BareMetalCommand::Power {
             node_id,
