@@ -112,6 +112,11 @@ impl Machine for RamdiskMachine {
                 CommandErrorCode::Unsupported,
                 "disk.clean is not built into this ramdisk yet",
             )),
+            // The ramdisk's image.write: agent-ramdisk/src/deploy (built next).
+            CommandName::ImageWrite => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                "image.write is not built into this ramdisk yet",
+            )),
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,
