@@ -47,6 +47,7 @@ pub mod assignment;
 pub mod boot;
 pub mod commission;
 pub mod credentials;
+pub mod deploy;
 pub mod enroll;
 pub mod inspect;
 pub mod lease;
@@ -54,6 +55,7 @@ pub mod power;
 pub mod release;
 pub mod site_detail;
 pub mod verify;
+pub mod work;
 
 #[cfg(test)]
 mod bare_metal_tests;
@@ -61,6 +63,8 @@ mod bare_metal_tests;
 mod boot_tests;
 #[cfg(test)]
 mod commission_tests;
+#[cfg(test)]
+mod deploy_tests;
 #[cfg(test)]
 mod release_tests;
 
@@ -122,7 +126,8 @@ pub fn on_command_final(
     verify::on_command_final(tx, cmd)?;
     inspect::on_power_final(tx, cmd)?;
     commission::on_command_final(tx, cmd)?;
-    release::on_command_final(tx, cmd)
+    release::on_command_final(tx, cmd)?;
+    deploy::on_command_final(tx, cmd)
 }
 
 /// Milliseconds of a duration, saturating.
