@@ -340,3 +340,37 @@ async fn the_deploy_deadline_fails_a_machine_that_never_reports() -> TestResult 
     assert!(c.message.contains("never powered on"), "{}", c.message);
     Ok(())
 }
+
+#[tokio::test]
+async fn abort_fails_the_workflow_at_its_step_and_names_what_to_cancel() -> TestResult {
+    let b = ready()?;
+    let bm = controller(&b);
+    bm.deploy(request(&b, image())?, "operator:t").await?;
+    boot_join_report(&b)?;
+    let cmd = queue_write(&b)?;
+    let v = b.node()?.version;
+    let (n, cancel) = b
+        .store
+        .write_blocking(|tx| super::abort::abort(tx, &b.node, v, "operator:alice"))?;
+    assert_eq!(n.provision_state, ProvisionState::Failed);
+    assert_eq!(n.failed_from, Some(ProvisionState::Deploying));
+    assert!(n.maintenance);
+    assert_eq!(cancel, vec![cmd.id.clone()]);
+    let c = cond(&n, DEPLOYED).ok_or("no Deployed")?;
+    assert_eq!(c.reason, "Aborted");
+    assert!(
+        c.message
+            .contains("deploying aborted by operator:alice while the ramdisk worked"),
+        "{}",
+        c.message
+    );
+    // The cancelled image.write arriving later changes nothing.
+    finish(&b, &cmd, CommandState::Cancelled, None, Some("CANCELLED"))?;
+    assert_eq!(b.node()?.provision_state, ProvisionState::Failed);
+    // Nothing is in flight on a failed node.
+    let again = b
+        .store
+        .write_blocking(|tx| super::abort::abort(tx, &b.node, n.version, "operator:alice"));
+    assert!(matches!(again, Err(OpError::InvalidState(_))), "{again:?}");
+    Ok(())
+}

@@ -42,6 +42,7 @@
 //! One control-plane process: the lease view is in memory beside the store. With several
 //! replicas the renewal must be written by whichever replica holds the holder's session.
 
+pub mod abort;
 pub mod address;
 pub mod assignment;
 pub mod boot;
