@@ -37,6 +37,7 @@
 #![forbid(unsafe_code)]
 
 pub mod boot;
+pub mod clean;
 pub mod cmdline;
 pub mod hooks;
 pub mod machine;

@@ -3,6 +3,7 @@
 //! `inventory.refresh`, `logs.collect` and `node.reboot` (reboot(2): there is no service
 //! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads.
 
+use bc_protocol::commands::clean::CleanArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
@@ -59,6 +60,21 @@ impl RamdiskMachine {
     }
 }
 
+impl RamdiskMachine {
+    /// `disk.clean`: every disk erased off the runtime (a full erase blocks for hours); each
+    /// disk's fate is in the result, and the command fails (`CLEAN_FAILED`) only when the disks
+    /// cannot be listed at all.
+    async fn clean(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: CleanArgs = run.args()?;
+        let root = self.root.clone();
+        let result = blocking(move || crate::clean::clean(&root, a.mode))
+            .await?
+            .map_err(|e| CommandFailure::new(CommandErrorCode::CleanFailed, e.to_string()))?;
+        tracing::info!(summary = %result.summary(), ms = result.duration_ms, "disk.clean done");
+        to_result(&result)
+    }
+}
+
 impl Machine for RamdiskMachine {
     fn mode(&self) -> Mode {
         Mode::Ramdisk
@@ -107,11 +123,7 @@ impl Machine for RamdiskMachine {
             CommandName::NodeReboot => {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
-            // The ramdisk's disk.clean: agent-ramdisk/src/clean (built next).
-            CommandName::DiskClean => Err(CommandFailure::new(
-                CommandErrorCode::Unsupported,
-                "disk.clean is not built into this ramdisk yet",
-            )),
+            CommandName::DiskClean => self.clean(run).await,
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,

@@ -16,7 +16,11 @@ nix::ioctl_none!(blkrrpart, BLK_IOC, 95);
 // numbered as taking no argument although each reads a `uint64_t[2]` {start, length}, hence the
 // `_bad` forms with the request number spelled out.
 nix::ioctl_write_ptr_bad!(blkdiscard, nix::request_code_none!(BLK_IOC, 119), [u64; 2]);
-nix::ioctl_write_ptr_bad!(blksecdiscard, nix::request_code_none!(BLK_IOC, 125), [u64; 2]);
+nix::ioctl_write_ptr_bad!(
+    blksecdiscard,
+    nix::request_code_none!(BLK_IOC, 125),
+    [u64; 2]
+);
 nix::ioctl_write_ptr_bad!(blkzeroout, nix::request_code_none!(BLK_IOC, 127), [u64; 2]);
 
 /// A block ioctl that failed: which, and the errno.
@@ -96,7 +100,11 @@ mod tests {
     fn request_numbers_are_the_kernels() {
         assert_eq!(nix::request_code_none!(BLK_IOC, 95), 0x125f, "BLKRRPART");
         assert_eq!(nix::request_code_none!(BLK_IOC, 119), 0x1277, "BLKDISCARD");
-        assert_eq!(nix::request_code_none!(BLK_IOC, 125), 0x127d, "BLKSECDISCARD");
+        assert_eq!(
+            nix::request_code_none!(BLK_IOC, 125),
+            0x127d,
+            "BLKSECDISCARD"
+        );
         assert_eq!(nix::request_code_none!(BLK_IOC, 127), 0x127f, "BLKZEROOUT");
     }
 
@@ -108,6 +116,9 @@ mod tests {
         let e = zeroout(&f, 0, 4096).unwrap_err();
         assert_eq!((e.ioctl, e.errno), ("BLKZEROOUT", Errno::ENOTTY));
         assert_eq!(discard(&f, 0, 4096).unwrap_err().errno, Errno::ENOTTY);
-        assert_eq!(secure_discard(&f, 0, 4096).unwrap_err().errno, Errno::ENOTTY);
+        assert_eq!(
+            secure_discard(&f, 0, 4096).unwrap_err().errno,
+            Errno::ENOTTY
+        );
     }
 }
