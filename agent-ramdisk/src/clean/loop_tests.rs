@@ -223,6 +223,7 @@ fn full_erase_zeroes_every_byte_by_zeroout_or_by_discard() {
             tools,
         );
         let d = &r.disks[0];
+        eprintln!("{tools:?}: {:?}", d.steps);
         assert_eq!(d.outcome, DiskOutcome::Cleaned, "{d:?}");
         assert_eq!(d.bytes_erased, DISK_MIB * MIB);
         if !tools.discard {

@@ -199,6 +199,12 @@ fn erase(
     let size = info
         .size_bytes
         .ok_or_else(|| DiskError::NoSize(info.name.clone()))?;
+    if size == 0 {
+        // An empty card reader or virtual-media slot: no medium, and opening it would fail
+        // with ENOMEDIUM.
+        steps.push("nothing to erase (size 0: no medium)".to_owned());
+        return Ok(());
+    }
     let (file, target) = open(&root.path(format!("/dev/{}", info.name)))?;
     let mut parts = info.partitions.clone();
     for p in table::read(&file, size, info.logical_block_bytes) {

@@ -203,10 +203,15 @@ fn a_zero_sized_disk_is_cleaned_with_nothing_to_write_and_tiny_ones_are_clamped(
     h.disk("vda", 0, &[]);
     std::fs::write(h.dev("vdb"), vec![FILL; 3000]).unwrap();
     h.sys("vdb/size", "5"); // 2560 bytes: the last 440 bytes of the file are not the disk's
+    // sdz: an empty card reader (size 0, no device node that opens).
+    h.sys("sdz/size", "0");
     let r = clean(&h.root(), CleanMode::Metadata).unwrap();
-    assert_eq!(r.disks[0].outcome, DiskOutcome::Cleaned);
-    assert_eq!(r.disks[0].bytes_erased, 0);
-    assert_eq!(r.disks[1].bytes_erased, 2560);
+    assert_eq!(r.disks[0].name, "sdz");
+    assert_eq!(r.disks[0].outcome, DiskOutcome::Cleaned, "{:?}", r.disks[0]);
+    assert_eq!(r.disks[0].steps, ["nothing to erase (size 0: no medium)"]);
+    assert_eq!(r.disks[1].outcome, DiskOutcome::Cleaned);
+    assert_eq!(r.disks[1].bytes_erased, 0);
+    assert_eq!(r.disks[2].bytes_erased, 2560);
     let b = h.bytes("vdb");
     assert!(b[..2560].iter().all(|&x| x == 0) && b[2560..].iter().all(|&x| x == FILL));
 }
