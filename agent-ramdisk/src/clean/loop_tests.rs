@@ -73,6 +73,11 @@ impl LoopDisk {
     /// partition 2: the rest, left as it is), attached with its partitions scanned; `None`
     /// when the test cannot run here.
     fn gpt_ext4() -> Option<Self> {
+        Self::attach(false)
+    }
+
+    /// [`LoopDisk::gpt_ext4`], attached read-only when `read_only`.
+    fn attach(read_only: bool) -> Option<Self> {
         if !nix::unistd::geteuid().is_root() {
             skip("loop devices need root", false);
             return None;
@@ -96,7 +101,12 @@ impl LoopDisk {
             None,
         )
         .unwrap();
-        let dev = match run("losetup", &["-f", "--show", "-P", &img], None) {
+        let mut args = vec!["-f", "--show", "-P"];
+        if read_only {
+            args.push("-r");
+        }
+        args.push(&img);
+        let dev = match run("losetup", &args, None) {
             Ok(d) => d.trim().to_owned(),
             Err(e) => {
                 skip(&format!("no loop device: {e}"), true);
@@ -246,4 +256,26 @@ fn full_erase_zeroes_every_byte_by_zeroout_or_by_discard() {
             );
         }
     }
+}
+
+#[test]
+fn a_read_only_loop_disk_is_named_and_left_as_it_is() {
+    let Some(disk) = LoopDisk::attach(true) else {
+        return;
+    };
+    let before = disk.read(0, 2 * MIB as usize);
+    for mode in [CleanMode::Metadata, CleanMode::Full] {
+        let r = clean_disks(
+            &HostRoot::default(),
+            mode,
+            std::slice::from_ref(&disk.name),
+            Tools::default(),
+        );
+        let d = &r.disks[0];
+        assert_eq!(d.outcome, DiskOutcome::ReadOnly, "{d:?}");
+        assert_eq!(d.bytes_erased, 0);
+        assert!(d.steps.is_empty(), "{d:?}");
+    }
+    assert_eq!(disk.read(0, 2 * MIB as usize), before);
+    assert!(LoopDisk::probe(&disk.dev(), 0).contains("PTTYPE=gpt"));
 }

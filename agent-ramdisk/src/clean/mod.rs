@@ -16,7 +16,8 @@
 //! Each disk's device is `/dev/<name>` under the root, opened read-write with `O_EXCL` (the
 //! kernel refuses with `EBUSY` a disk that is mounted, or part of an md/dm device, instead of
 //! letting it be erased under its users). A disk whose `ro` is 1, or whose open answers
-//! `EROFS`, is `readOnly` and nothing is written; any other failure makes it `failed` with what
+//! `EROFS`, is `readOnly` and nothing is written (so is one whose writes are refused with
+//! `EROFS`/`EPERM`); any other failure makes it `failed` with what
 //! was being done and the errno, and the next disk is still attempted. The command fails
 //! (`CLEAN_FAILED`) only when `/sys/block` cannot be listed.
 //!
@@ -104,6 +105,22 @@ pub enum DiskError {
     },
 }
 
+impl DiskError {
+    /// True when the kernel refused to write at all: `ro` or `EROFS` on open, or `EROFS`/`EPERM`
+    /// on a write (what a block device answers when it became read-only after being opened,
+    /// `blkdev_write_iter`).
+    pub fn is_read_only(&self) -> bool {
+        match self {
+            DiskError::ReadOnly(_) => true,
+            DiskError::Write { source, .. } => matches!(
+                source.raw_os_error().map(Errno::from_raw),
+                Some(Errno::EROFS | Errno::EPERM)
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// `EIO: I/O error` for an OS error, else the error's own words.
 fn errno_of(e: &std::io::Error) -> String {
     match e.raw_os_error() {
@@ -167,7 +184,7 @@ fn clean_one(root: &HostRoot, mode: CleanMode, name: &str, tools: Tools) -> Disk
     let res = erase(root, mode, &info, tools, &mut steps, &mut bytes);
     let (outcome, error) = match res {
         Ok(()) => (DiskOutcome::Cleaned, None),
-        Err(e @ DiskError::ReadOnly(_)) => (DiskOutcome::ReadOnly, Some(e.to_string())),
+        Err(e) if e.is_read_only() => (DiskOutcome::ReadOnly, Some(e.to_string())),
         Err(e) => (DiskOutcome::Failed, Some(e.to_string())),
     };
     DiskClean {
