@@ -20,7 +20,8 @@
 //!   `bcd_core::ops` (with `reboot(2)`: there is no service manager), and `disk.clean`.
 //! - [`clean`]: `disk.clean` — every disk's metadata erased (both ends of the disk and of each
 //!   partition, then the partition table re-read), and in mode `full` every block (NVMe Format
-//!   with secure erase, falling back `ses=2 → 1 → 0`; secure discard, discard, zeroing); a
+//!   with secure erase, falling back `ses=2 → 1 → 0`; ATA security erase; secure discard,
+//!   discard, zeroing); a
 //!   read-only or failing disk is named in the result and the others are still cleaned. Its
 //!   ioctls are `bcd_probes::erase`'s safe wrappers: this crate has no `unsafe`.
 //! - [`hooks`]: a Spec is answered "not converged" (reason `RamdiskAgent`); a revoked or refused
@@ -38,8 +39,8 @@
 //! commands above, which is what inspection and commissioning need (the control plane decides
 //! the steps), and `disk.clean`, which release and retire need; burn-in beyond `diag.nvml`,
 //! image write with checksum and the BMC's address seen in-band are still to come. Disk erase
-//! has no ATA security erase, NVMe Sanitize or SCSI sanitize ([`clean::full`]): a SATA or SAS
-//! disk is erased by discard or zeroing. NIC firmware (`ice`'s DDP package, some `bnxt_en`
+//! has no NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk is discarded or zeroed),
+//! and its ATA security erase was tested against a fake drive only. NIC firmware (`ice`'s DDP package, some `bnxt_en`
 //! cards) is not in the image, and only IPv4 DHCP is tried.
 #![forbid(unsafe_code)]
 

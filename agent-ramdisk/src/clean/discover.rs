@@ -37,6 +37,9 @@ pub struct DiskInfo {
     pub read_only: bool,
     /// `queue/discard_max_bytes`, bytes: 0 when the device cannot discard.
     pub discard_max_bytes: u64,
+    /// `device/vendor` is `ATA`: a SATA disk behind libata or a SAS HBA's translation, which
+    /// answers ATA PASS-THROUGH (as the inventory's `ata_smart` decides).
+    pub ata: bool,
     /// `queue/logical_block_size`, bytes (512 when unreadable): where a GPT's header is.
     pub logical_block_bytes: u64,
     /// Its partitions as the kernel lists them, by name.
@@ -102,6 +105,10 @@ pub fn read_disk(root: &HostRoot, name: &str) -> DiskInfo {
         discard_max_bytes: root
             .read_parsed(format!("{base}/queue/discard_max_bytes"))
             .unwrap_or(0),
+        ata: root
+            .read_trimmed(format!("{base}/device/vendor"))
+            .as_deref()
+            == Some("ATA"),
         logical_block_bytes: root
             .read_parsed(format!("{base}/queue/logical_block_size"))
             .unwrap_or(SECTOR_BYTES),

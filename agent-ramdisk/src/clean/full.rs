@@ -5,6 +5,8 @@
 //!   data), then 0; a drive that refuses all three (or lacks Format NVM, OACS bit 1) falls
 //!   through to the block path below. Setting 0 is what NVIDIA's scout cleanup ends with too:
 //!   what the data reads as afterwards is the drive's choice (most deallocate, reading zeroes).
+//! - A SATA disk (`device/vendor` is `ATA`): the ATA security erase of [`super::ata`] when the
+//!   drive's state allows it.
 //! - Any block device (SATA, SAS, virtio, loop, an NVMe drive that refused every format): when
 //!   `queue/discard_max_bytes` > 0, `BLKSECDISCARD` of the whole device (done when it works);
 //!   else `BLKDISCARD`, which guarantees nothing about what the blocks read as (the kernel's
@@ -14,9 +16,7 @@
 //!   byte and the disk is zeroed. `BLKZEROOUT` of the whole device is the last resort.
 //! - A regular file standing for a device (tests): written with zeroes.
 //!
-//! Not done: ATA SECURITY ERASE UNIT through ATA pass-through (needs the security state
-//! machine: set a password, erase, check it was cleared, with the drive's frozen state and
-//! enhanced-erase timing), NVMe Sanitize, SCSI SANITIZE/FORMAT UNIT.
+//! Not done: NVMe Sanitize, SCSI SANITIZE / FORMAT UNIT (a SAS disk is discarded or zeroed).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -47,6 +47,8 @@ pub enum Target {
 pub struct Tools {
     /// NVMe Format NVM on an NVMe namespace.
     pub nvme_format: bool,
+    /// ATA security erase on a SATA disk.
+    pub ata_security: bool,
     /// `BLKSECDISCARD` and `BLKDISCARD`.
     pub discard: bool,
 }
@@ -55,6 +57,7 @@ impl Default for Tools {
     fn default() -> Self {
         Self {
             nvme_format: true,
+            ata_security: true,
             discard: true,
         }
     }
@@ -79,6 +82,15 @@ pub fn erase(
     }
     if tools.nvme_format && disk.is_nvme_namespace() && nvme(file, steps)? {
         return Ok(size);
+    }
+    if tools.ata_security && disk.ata {
+        let mut drive = super::ata::SgDrive {
+            file,
+            shown: format!("/dev/{}", disk.name),
+        };
+        if super::ata::secure_erase(&mut drive, steps)? {
+            return Ok(size);
+        }
     }
     if tools.discard && disk.discard_max_bytes > 0 && discard(file, size, steps)? {
         return Ok(size);

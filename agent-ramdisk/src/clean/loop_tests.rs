@@ -218,8 +218,8 @@ fn metadata_erases_both_gpt_headers_and_the_ext4_superblock_of_a_loop_disk() {
 fn full_erase_zeroes_every_byte_by_zeroout_or_by_discard() {
     for tools in [
         Tools {
-            nvme_format: true,
             discard: false,
+            ..Tools::default()
         },
         Tools::default(),
     ] {

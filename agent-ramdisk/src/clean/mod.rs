@@ -8,8 +8,9 @@
 //! - [`metadata`]: always, first: the first and last MiB of the disk and of each partition
 //!   zeroed, then `fsync`. The partitions are the kernel's (sysfs) and those of the GPT or MBR
 //!   on the disk ([`table`]), which a kernel may not have parsed.
-//! - [`full`]: mode `full`, next: NVMe Format NVM with secure erase falling back 2 → 1 → 0,
-//!   else secure discard, discard checked by reading back, zeroing last.
+//! - [`full`]: mode `full`, next: NVMe Format NVM with secure erase falling back 2 → 1 → 0, or
+//!   for a SATA disk an ATA security erase ([`ata`]); else secure discard, discard checked by
+//!   reading back, zeroing last.
 //! - Last, `BLKRRPART` so the kernel forgets the partitions; `EBUSY` or `EINVAL` from it is a
 //!   step, not a failure (the table on the disk is gone either way).
 //!
@@ -22,10 +23,12 @@
 //! (`CLEAN_FAILED`) only when `/sys/block` cannot be listed.
 //!
 //! # Limitations
-//! No ATA security erase, NVMe Sanitize or SCSI sanitize ([`full`]). The disks are erased one
+//! No NVMe Sanitize or SCSI sanitize ([`full`]); the ATA security erase ([`ata`]) is built from
+//! the standard and tested against a fake drive only (no SATA disk in the test beds). The disks are erased one
 //! after another, not in parallel. `bytesErased` of a full erase is the disk's size, whichever
 //! way it was erased.
 
+pub mod ata;
 pub mod discover;
 pub mod full;
 pub mod metadata;
@@ -97,6 +100,9 @@ pub enum DiskError {
     /// A block ioctl failed where nothing else could be tried.
     #[error("{0}")]
     Ioctl(BlockIoctlError),
+    /// An ATA security erase failed once started.
+    #[error("ATA security erase: {0}")]
+    Ata(String),
     /// An NVMe command failed otherwise than by refusing the setting.
     #[error("NVMe {what}: {source}")]
     Nvme {
