@@ -3,7 +3,7 @@
 //! - An NVMe namespace: Format NVM keeping its LBA format, with Secure Erase Setting 2
 //!   (crypto) when Identify Controller FNA bit 2 says it exists, else or when refused 1 (user
 //!   data), then 0; a drive that refuses all three (or lacks Format NVM, OACS bit 1) falls
-//!   through to the block path below. Setting 0 is what NVIDIA's scout cleanup ends with too:
+//!   through to the block path below ([`super::nvme`]). Setting 0 is what NVIDIA's scout cleanup ends with too:
 //!   what the data reads as afterwards is the drive's choice (most deallocate, reading zeroes).
 //! - A SATA disk (`device/vendor` is `ATA`): the ATA security erase of [`super::ata`] when the
 //!   drive's state allows it.
@@ -22,7 +22,6 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use bcd_probes::erase::block;
-use bcd_probes::erase::nvme_format::{self, NvmeCommandError, SecureErase};
 
 use super::discover::DiskInfo;
 use super::{DiskError, metadata};
@@ -80,7 +79,10 @@ pub fn erase(
         steps.push("zero (written: not a block device)".to_owned());
         return Ok(size);
     }
-    if tools.nvme_format && disk.is_nvme_namespace() && nvme(file, steps)? {
+    if tools.nvme_format
+        && disk.is_nvme_namespace()
+        && super::nvme::format(&mut super::nvme::IoctlNamespace { file }, steps)?
+    {
         return Ok(size);
     }
     if tools.ata_security && disk.ata {
@@ -98,59 +100,6 @@ pub fn erase(
     block::zeroout(file, 0, size).map_err(DiskError::Ioctl)?;
     steps.push("zero".to_owned());
     Ok(size)
-}
-
-/// NVMe Format NVM with the fallback of the module docs: `Ok(true)` when a format completed,
-/// `Ok(false)` when the drive refused every setting (the block path comes next).
-fn nvme(file: &File, steps: &mut Vec<String>) -> Result<bool, DiskError> {
-    let skip = |steps: &mut Vec<String>, why: String| {
-        steps.push(format!("nvmeFormat: {why}"));
-        Ok(false)
-    };
-    let nsid = match nvme_format::namespace_id(file) {
-        Ok(n) => n,
-        Err(e) => return skip(steps, format!("namespace id: {e}")),
-    };
-    let caps = match nvme_format::format_caps(file) {
-        Ok(c) => c,
-        Err(e) => return skip(steps, format!("Identify Controller: {e}")),
-    };
-    if !caps.format {
-        return skip(
-            steps,
-            "not supported (Identify Controller OACS bit 1 clear)".into(),
-        );
-    }
-    let format = nvme_format::namespace_format(file, nsid).map_err(|e| DiskError::Nvme {
-        what: "Identify Namespace".into(),
-        source: e,
-    })?;
-    for (ses, n) in [
-        (SecureErase::Crypto, 2),
-        (SecureErase::UserData, 1),
-        (SecureErase::None, 0),
-    ] {
-        if ses == SecureErase::Crypto && !caps.crypto_erase {
-            steps.push("nvmeFormat ses=2: not supported (FNA bit 2 clear)".into());
-            continue;
-        }
-        match nvme_format::format_nvm(file, nsid, &format, ses) {
-            Ok(()) => {
-                steps.push(format!("nvmeFormat ses={n}"));
-                return Ok(true);
-            }
-            Err(e @ NvmeCommandError::Status(s)) if e.is_unsupported() => {
-                steps.push(format!("nvmeFormat ses={n}: not supported (status {s:#x})"));
-            }
-            Err(e) => {
-                return Err(DiskError::Nvme {
-                    what: format!("Format NVM ses={n}"),
-                    source: e,
-                });
-            }
-        }
-    }
-    Ok(false)
 }
 
 /// Secure discard, else discard checked by reading back: `Ok(true)` when the disk is erased.

@@ -32,6 +32,7 @@ pub mod ata;
 pub mod discover;
 pub mod full;
 pub mod metadata;
+pub mod nvme;
 pub mod table;
 
 #[cfg(test)]
