@@ -11,22 +11,24 @@
 //! - [`full`]: mode `full`, next: NVMe Format NVM with secure erase falling back 2 → 1 → 0, or
 //!   for a SATA disk an ATA security erase ([`ata`]); else secure discard, discard checked by
 //!   reading back, zeroing last.
-//! - Last, `BLKRRPART` so the kernel forgets the partitions; `EBUSY` or `EINVAL` from it is a
+//! - In mode `full`, the metadata erase once more (a format may leave the old bytes); last,
+//!   `BLKRRPART` so the kernel forgets the partitions; `EBUSY` or `EINVAL` from it is a
 //!   step, not a failure (the table on the disk is gone either way).
 //!
 //! Each disk's device is `/dev/<name>` under the root, opened read-write with `O_EXCL` (the
 //! kernel refuses with `EBUSY` a disk that is mounted, or part of an md/dm device, instead of
 //! letting it be erased under its users). A disk whose `ro` is 1, or whose open answers
 //! `EROFS`, is `readOnly` and nothing is written (so is one whose writes are refused with
-//! `EROFS`/`EPERM`); any other failure makes it `failed` with what
-//! was being done and the errno, and the next disk is still attempted. The command fails
-//! (`CLEAN_FAILED`) only when `/sys/block` cannot be listed.
+//! `EROFS`/`EPERM`); any other failure makes it `failed` with what was being done and the
+//! errno, and the next disk is still attempted. The command fails (`CLEAN_FAILED`) only when
+//! `/sys/block` cannot be listed.
 //!
 //! # Limitations
 //! No NVMe Sanitize or SCSI sanitize ([`full`]); the ATA security erase ([`ata`]) is built from
-//! the standard and tested against a fake drive only (no SATA disk in the test beds). The disks are erased one
-//! after another, not in parallel. `bytesErased` of a full erase is the disk's size, whichever
-//! way it was erased.
+//! the standard and tested against a fake drive only (no SATA disk in the test beds). The disks
+//! are erased one after another, not in parallel. `bytesErased` of a full erase is the disk's
+//! size, whichever way it was erased. Every disk is erased, removable ones (a USB stick left in
+//! the machine, a BMC's writable virtual media) included; only read-only ones are left.
 
 pub mod ata;
 pub mod discover;
@@ -247,6 +249,10 @@ fn erase(
     ));
     if mode == CleanMode::Full {
         *bytes = full::erase(&file, target, info, size, tools, steps)?;
+        // An NVMe format with Secure Erase Setting 0 leaves what the blocks read as to the
+        // drive; the places that name a former layout are zeroed again (milliseconds).
+        metadata::erase(&file, &parts, size)?;
+        steps.push("metadata (again, after the full erase)".to_owned());
     }
     match block::reread_partitions(&file) {
         Ok(()) => steps.push("rereadPartitions".to_owned()),
