@@ -125,6 +125,11 @@ impl Machine for RamdiskMachine {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
             CommandName::DiskClean => self.clean(run).await,
+            // The ramdisk's image.write: agent-ramdisk/src/deploy (built next).
+            CommandName::ImageWrite => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                "image.write is not built into this ramdisk yet",
+            )),
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,

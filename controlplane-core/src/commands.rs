@@ -145,10 +145,15 @@ impl Commands {
         actor: &str,
     ) -> Result<CommandRecord, CommandError> {
         let parsed: CommandName = name.parse()?;
-        if parsed == CommandName::DiskClean {
+        let workflow = match parsed {
+            CommandName::DiskClean => Some("release or retire (nodes.release, nodes.retire)"),
+            CommandName::ImageWrite => Some("deploy (nodes.deploy)"),
+            _ => None,
+        };
+        if let Some(workflow) = workflow {
             return Err(CommandError::WorkflowOnly {
                 name: parsed.as_str(),
-                workflow: "release or retire (nodes.release, nodes.retire)",
+                workflow,
             });
         }
         let mut args = args;

@@ -119,7 +119,8 @@ pub fn evidence(c: &CommandRecord) -> Option<Evidence> {
         | CommandName::BmcVerify
         | CommandName::BmcPower
         | CommandName::BmcSetBootDevice
-        | CommandName::DiskClean => None,
+        | CommandName::DiskClean
+        | CommandName::ImageWrite => None,
     }
 }
 

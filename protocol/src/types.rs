@@ -184,6 +184,8 @@ string_enum! {
         BmcSetBootDevice => "bmc.setBootDevice",
         /// The ramdisk's cleaning of every disk (release and retire workflows only).
         DiskClean => "disk.clean",
+        /// The ramdisk's deploy: stream an image onto the root disk (deploy workflow only).
+        ImageWrite => "image.write",
     }
 }
 

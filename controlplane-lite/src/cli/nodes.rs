@@ -98,7 +98,8 @@ pub enum NodesCommand {
         #[arg(long)]
         version: Option<u64>,
     },
-    /// Retire a node (an adopted node goes on to `retired` at once).
+    /// Retire a node for good: its identity ends; a node without a BMC goes on to `retired` at
+    /// once, a machine enrolled through its BMC is cleaned in the ramdisk first.
     Retire {
         node_id: String,
         #[arg(long)]

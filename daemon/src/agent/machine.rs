@@ -108,9 +108,12 @@ impl Machine for NodeMachine {
                 ))
             }
             // Erasing every disk of a running OS is never a node agent's business.
-            CommandName::DiskClean => Err(CommandFailure::new(
+            CommandName::DiskClean | CommandName::ImageWrite => Err(CommandFailure::new(
                 CommandErrorCode::Unsupported,
-                "disk.clean runs only in the ramdisk (nodes.release, nodes.retire); this is a node agent",
+                format!(
+                    "{} runs only in the ramdisk (the bare-metal workflows); this is a node agent",
+                    run.name
+                ),
             )),
         }
     }

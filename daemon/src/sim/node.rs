@@ -133,7 +133,8 @@ impl Machine for SimMachine {
             CommandName::BmcVerify
             | CommandName::BmcPower
             | CommandName::BmcSetBootDevice
-            | CommandName::DiskClean => Err(CommandFailure::new(
+            | CommandName::DiskClean
+            | CommandName::ImageWrite => Err(CommandFailure::new(
                 CommandErrorCode::Unsupported,
                 format!(
                     "{} is not a node agent's command; this is a simulated node",

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 /// How much of each disk to erase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum CleanMode {
     /// Partition tables at both ends and filesystem/RAID/LVM signatures: the first and last

@@ -302,7 +302,8 @@ fn command_names_and_error_codes_keep_their_spelling() {
             "bmc.verify",
             "bmc.power",
             "bmc.setBootDevice",
-            "disk.clean"
+            "disk.clean",
+            "image.write"
         ]
     );
     for c in CommandErrorCode::ALL {
