@@ -16,7 +16,8 @@
 //! - Any failure — the image unreachable, a checksum mismatch (the ramdisk leaves the disk's
 //!   ends zeroed), no disk that fits, the BMC refusing — is `failed` (failedFrom `deploying`,
 //!   maintenance on) with the step and the reason in the `Deployed` condition. A lost lease
-//!   only re-sends the BMC step through the next holder.
+//!   only re-sends the BMC step through the next holder. `nodes.recover` deploys the same
+//!   again; `nodes.deploy` on the failed node deploys another image.
 //!
 //! # Limitations
 //! The deployed OS joins on its own (an agent with a join token in the image or the config
@@ -71,7 +72,9 @@ pub struct DeployRequest {
 }
 
 impl BareMetal {
-    /// `nodes.deploy`: a `ready` machine enrolled through its BMC goes to `deploying`.
+    /// `nodes.deploy`: a `ready` machine enrolled through its BMC goes to `deploying`; so does
+    /// one that failed deploying (`failed`, failedFrom `deploying`), with the new image in place
+    /// of the one that failed (`nodes.recover` would try the same one again).
     /// Errors: `NOT_FOUND`, `CONFLICT` on a stale version, `INVALID_ARGUMENT` for an image,
     /// hints or config drive that `image.write` would refuse, `INVALID_STATE` for a node
     /// without a BMC or not `ready`.

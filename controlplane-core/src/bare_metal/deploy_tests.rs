@@ -268,6 +268,26 @@ async fn a_checksum_mismatch_fails_the_deploy_and_recover_deploys_the_same_again
         "the same image again"
     );
     assert_ne!(again.args["instanceId"], cmd.args["instanceId"]);
+    // Failed again; nodes.deploy on the failed node deploys another image instead.
+    finish(
+        &b,
+        &again,
+        CommandState::Failed,
+        None,
+        Some("IMAGE_UNREACHABLE"),
+    )?;
+    let n = b.node()?;
+    assert_eq!(
+        cond(&n, DEPLOYED).map(|c| c.reason.as_str()),
+        Some("ImageUnreachable")
+    );
+    let mut other = image();
+    other["image"]["url"] = json!("http://10.0.2.2:8080/other.raw");
+    let n = bm.deploy(request(&b, other)?, "operator:t").await?;
+    assert_eq!(n.provision_state, ProvisionState::Deploying);
+    boot_join_report(&b)?;
+    let third = queue_write(&b)?;
+    assert_eq!(third.args["image"]["url"], "http://10.0.2.2:8080/other.raw");
     Ok(())
 }
 
