@@ -126,6 +126,11 @@ impl Machine for RamdiskMachine {
             }
             CommandName::DiskClean => self.clean(run).await,
             // The ramdisk's image.write: agent-ramdisk/src/deploy (built next).
+            // The ramdisk's rescue SSH server: agent-ramdisk/src/rescue (built next).
+            CommandName::RescueStart => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                "rescue.start is not built into this ramdisk yet",
+            )),
             CommandName::ImageWrite => Err(CommandFailure::new(
                 CommandErrorCode::Unsupported,
                 "image.write is not built into this ramdisk yet",
