@@ -38,6 +38,7 @@
 
 pub mod boot;
 pub mod cmdline;
+pub mod deploy;
 pub mod hooks;
 pub mod machine;
 pub mod setup;

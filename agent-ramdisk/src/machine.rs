@@ -1,8 +1,10 @@
 //! The ramdisk's [`Machine`]: the bare-metal server it booted on — its real SMBIOS, hardware key
 //! and inventory (the same document the node agent sends), and the commands a ramdisk serves:
 //! `inventory.refresh`, `logs.collect` and `node.reboot` (reboot(2): there is no service
-//! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads.
+//! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads,
+//! `image.write` through [`crate::deploy`].
 
+use bc_protocol::commands::deploy::ImageWriteArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
@@ -59,6 +61,28 @@ impl RamdiskMachine {
     }
 }
 
+impl RamdiskMachine {
+    /// `image.write`: the image streamed onto the root disk, verified, with its config drive
+    /// (see [`crate::deploy`]).
+    async fn image_write(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: ImageWriteArgs = run.args()?;
+        let result = crate::deploy::image_write(&self.root, a)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "image.write failed");
+                e.to_failure()
+            })?;
+        tracing::info!(
+            device = %result.device,
+            because = %result.chosen_because,
+            written_bytes = result.written_bytes,
+            duration_ms = result.duration_ms,
+            "image.write done"
+        );
+        to_result(&result)
+    }
+}
+
 impl Machine for RamdiskMachine {
     fn mode(&self) -> Mode {
         Mode::Ramdisk
@@ -112,11 +136,7 @@ impl Machine for RamdiskMachine {
                 CommandErrorCode::Unsupported,
                 "disk.clean is not built into this ramdisk yet",
             )),
-            // The ramdisk's image.write: agent-ramdisk/src/deploy (built next).
-            CommandName::ImageWrite => Err(CommandFailure::new(
-                CommandErrorCode::Unsupported,
-                "image.write is not built into this ramdisk yet",
-            )),
+            CommandName::ImageWrite => self.image_write(run).await,
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,

@@ -13,6 +13,8 @@
 //!   key and the inventory need.
 //! - [`hwkey`]: the hardware key and its per-identifier digests (DESIGN.md "Hardware key").
 //! - [`inventory`]: the inventory document (`bc_protocol::inventory`) from its collectors.
+//! - [`deploy_ioctl`]: `BLKRRPART` for the ramdisk's `image.write` (its one `unsafe` call
+//!   documented there).
 //! - [`nvml`]: NVML through nvml-wrapper — GPU inventory, `diag.nvml`, `gpu.reset`, the XID watch
 //!   (NVML events or `/dev/kmsg`); results are `bc_protocol::commands` types.
 //! - Each of `hwkey`, `inventory` and `nvml` has a `cli` module: the flags and output of
@@ -29,6 +31,8 @@
 //! and `inventory::nvme` (one ioctl each, documented there).
 #![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+pub mod deploy_ioctl;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;
