@@ -216,6 +216,37 @@ mod tests {
         assert_eq!(f.code, CommandErrorCode::NvmlUnavailable, "{f:?}");
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn image_write_is_served_with_its_result_or_its_code() {
+        use crate::deploy::test_server::{Serve, pattern_sha256};
+        use crate::deploy::tests::{MIB, SERIAL, args, dev, fake_root, read_at, serve};
+        let _one = SERIAL.lock().await;
+        let root = fake_root(&[("sda", 8 * MIB, "S1")]);
+        let m = machine(root.path(), None);
+        let mut run = command(CommandName::ImageWrite);
+        run.args = serde_json::json!({"image": {"url": "http://127.0.0.1:1/x"}});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
+
+        let url = serve("/img", Serve::Pattern(MIB + 5)).await;
+        let a = args(url, pattern_sha256(MIB + 5), Default::default());
+        run.args = serde_json::to_value(&a).unwrap();
+        let v = m.run_command(&run).await.unwrap();
+        assert_eq!(v["device"], "sda", "{v}");
+        assert_eq!(
+            v["chosenBecause"], "smallest disk that fits (sda, of 1)",
+            "{v}"
+        );
+        assert_eq!(v["writtenBytes"], MIB + 5, "{v}");
+        assert_eq!(v["sha256"], a.image.sha256.as_str(), "{v}");
+        assert!(v.get("configDrivePartition").is_none(), "{v}");
+        assert_ne!(read_at(&dev(root.path(), "sda"), 0, 1), [0]);
+
+        run.args["image"]["sha256"] = "00".repeat(32).into();
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::ChecksumMismatch, "{f:?}");
+    }
+
     #[tokio::test]
     async fn bmc_commands_are_unsupported() {
         let dir = tempfile::tempdir().unwrap();

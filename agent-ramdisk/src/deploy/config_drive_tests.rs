@@ -11,7 +11,7 @@ use bcd_probes::hostroot::HostRoot;
 use super::region::Region;
 use super::test_server::Serve;
 use super::tests::{
-    MIB, SERIAL, args, dev, fake_root, gpt_image, have_sfdisk, read_at, serve, sha,
+    MIB, SERIAL, args, dev, fake_root, gpt_image, have_blkid, have_sfdisk, read_at, serve, sha,
 };
 
 const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcdTestKeyOnlyForTheseTests test@bcd";
@@ -40,9 +40,32 @@ fn read_file(fs: &fatfs::FileSystem<&mut Region<'_>>, name: &str) -> String {
     s
 }
 
+/// `blkid -p` of bytes `start..start + len` of `disk`, `KEY=value` lines.
+fn blkid(disk: &std::path::Path, start: u64, len: u64) -> String {
+    let out = std::process::Command::new("blkid")
+        .args([
+            "-p",
+            "-o",
+            "export",
+            "-O",
+            &start.to_string(),
+            "-S",
+            &len.to_string(),
+        ])
+        .arg(disk)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_config_drive_is_a_cidata_vfat_in_a_new_partition_of_a_gpt_moved_to_the_disk_end() {
-    if !have_sfdisk() {
+    if !have_sfdisk() || !have_blkid() {
         return;
     }
     let _one = SERIAL.lock().await;
@@ -64,6 +87,17 @@ async fn the_config_drive_is_a_cidata_vfat_in_a_new_partition_of_a_gpt_moved_to_
     // The image itself is untouched where it had data.
     assert_eq!(read_at(&disk, 2 * MIB, 14), b"BCD-MARKER-cfg");
 
+    // Both headers, their CRCs and the entries, as util-linux checks them.
+    let verify = std::process::Command::new("sfdisk")
+        .arg("--verify")
+        .arg(&disk)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success() && said.contains("No errors detected"),
+        "{said}"
+    );
     let t = &sfdisk_json(&disk)["partitiontable"];
     assert_eq!(t["label"], "gpt", "{t}");
     let sectors = 64 * MIB / 512;
@@ -85,6 +119,12 @@ async fn the_config_drive_is_a_cidata_vfat_in_a_new_partition_of_a_gpt_moved_to_
 
     let start = p3["start"].as_u64().unwrap() * 512;
     let len = p3["size"].as_u64().unwrap() * 512;
+    // libblkid is what cloud-init finds the drive with (`blkid -tLABEL=cidata`).
+    let probe = blkid(&disk, start, len);
+    assert!(
+        probe.contains("TYPE=vfat") && probe.contains("LABEL=cidata"),
+        "{probe}"
+    );
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

@@ -206,4 +206,4 @@ mod config_drive_tests;
 #[cfg(test)]
 pub(crate) mod test_server;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

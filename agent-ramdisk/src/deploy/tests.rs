@@ -17,14 +17,14 @@ use sha2::{Digest, Sha256};
 use super::test_server::{self, Serve};
 use super::{DeployError, image_write};
 
-pub(super) const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 /// One image write at a time: the memory test measures the process's peak, and the others
 /// would add theirs.
-pub(super) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A fake root with these disks (name, bytes, serial), each `/dev/<name>` a file of that size.
-pub(super) fn fake_root(disks: &[(&str, u64, &str)]) -> tempfile::TempDir {
+pub(crate) fn fake_root(disks: &[(&str, u64, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for (name, size, serial) in disks {
         let sys = dir.path().join(format!("sys/block/{name}"));
@@ -39,12 +39,12 @@ pub(super) fn fake_root(disks: &[(&str, u64, &str)]) -> tempfile::TempDir {
     dir
 }
 
-pub(super) fn dev(root: &Path, name: &str) -> PathBuf {
+pub(crate) fn dev(root: &Path, name: &str) -> PathBuf {
     root.join("dev").join(name)
 }
 
 /// `len` bytes of the disk file from `at`.
-pub(super) fn read_at(path: &Path, at: u64, len: u64) -> Vec<u8> {
+pub(crate) fn read_at(path: &Path, at: u64, len: u64) -> Vec<u8> {
     let mut f = std::fs::File::open(path).unwrap();
     f.seek(SeekFrom::Start(at)).unwrap();
     let mut b = vec![0u8; usize::try_from(len).unwrap()];
@@ -52,24 +52,34 @@ pub(super) fn read_at(path: &Path, at: u64, len: u64) -> Vec<u8> {
     b
 }
 
-pub(super) fn sha(b: &[u8]) -> String {
+pub(crate) fn sha(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
 
-/// True when `sfdisk` runs; else the test is skipped (outside CI) or fails (in CI).
-pub(super) fn have_sfdisk() -> bool {
-    let ok = std::process::Command::new("sfdisk")
+/// True when `tool --version` runs; else the test is skipped (outside CI) or fails (in CI).
+fn have(tool: &str, package: &str) -> bool {
+    let ok = std::process::Command::new(tool)
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
-            "sfdisk (util-linux's fdisk package) is missing"
+            "{tool} (Debian package {package}) is missing"
         );
-        eprintln!("!!! SKIPPED: sfdisk is missing (apt-get install fdisk)");
+        eprintln!("!!! SKIPPED: {tool} is missing (apt-get install {package})");
     }
     ok
+}
+
+/// `sfdisk`, which makes the test images and reads their GPT back.
+pub(super) fn have_sfdisk() -> bool {
+    have("sfdisk", "fdisk")
+}
+
+/// `blkid`, which probes the config drive as cloud-init does.
+pub(super) fn have_blkid() -> bool {
+    have("blkid", "util-linux")
 }
 
 /// A 6 MiB GPT disk image made by sfdisk: partition 1 at 1 MiB (1 MiB), partition 2 at 2 MiB
@@ -107,7 +117,7 @@ pub(super) fn gzip(b: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
-pub(super) fn args(url: String, sha256: String, compression: Compression) -> ImageWriteArgs {
+pub(crate) fn args(url: String, sha256: String, compression: Compression) -> ImageWriteArgs {
     ImageWriteArgs {
         image: ImageSource {
             url,
@@ -121,7 +131,7 @@ pub(super) fn args(url: String, sha256: String, compression: Compression) -> Ima
     }
 }
 
-pub(super) async fn serve(path: &str, what: Serve) -> String {
+pub(crate) async fn serve(path: &str, what: Serve) -> String {
     let base = test_server::start(HashMap::from([(path.to_owned(), what)])).await;
     format!("{base}{path}")
 }
@@ -362,6 +372,10 @@ async fn an_image_eight_times_the_buffer_streams_in_bounded_memory() {
         .unwrap();
     let peak_growth_mib = vm_kib("VmHWM:").saturating_sub(rss_before) / 1024;
     assert_eq!((r.written_bytes, r.sha256.as_str()), (len, sha.as_str()));
+    eprintln!(
+        "streaming {} MiB raised the peak RSS by {peak_growth_mib} MiB",
+        len / MIB
+    );
     assert!(
         peak_growth_mib < 40,
         "streaming {} MiB raised the peak RSS by {peak_growth_mib} MiB",
@@ -376,4 +390,32 @@ async fn an_image_eight_times_the_buffer_streams_in_bounded_memory() {
             "MiB {i}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_that_refuses_writes_is_image_write_failed_and_says_it_may_boot() {
+    let _one = SERIAL.lock().await;
+    if !Path::new("/dev/full").exists() {
+        eprintln!("!!! SKIPPED: no /dev/full to stand for a failing disk");
+        return;
+    }
+    let root = fake_root(&[("vda", 16 * MIB, "S1")]);
+    // /dev/full fails every write with ENOSPC: the image's first write and the zeroing after.
+    let disk = dev(root.path(), "vda");
+    std::fs::remove_file(&disk).unwrap();
+    std::os::unix::fs::symlink("/dev/full", &disk).unwrap();
+    let url = serve("/img", Serve::Pattern(5 * MIB)).await;
+    let e = write(
+        root.path(),
+        args(url, test_server::pattern_sha256(5 * MIB), Compression::None),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), CommandErrorCode::ImageWriteFailed, "{e}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("/dev/vda: write: "), "{msg}");
+    assert!(
+        msg.contains("zeroing the ends of /dev/vda failed too"),
+        "{msg}"
+    );
 }

@@ -59,8 +59,8 @@ pub fn run(job: Job, mut body: Body) -> Result<Done, DeployError> {
         .write(true)
         .open(&job.path)
         .map_err(|e| disk_err("open", e))?;
-    let mut written = 0u64;
-    let result = write_verified(&job, &mut body, &mut file, &mut written);
+    let mut progress = Progress::default();
+    let result = write_verified(&job, &mut body, &mut file, &mut progress);
     let result = result.and_then(|()| {
         let image_bytes = body.bytes;
         let sha256 = body.sha256_so_far();
@@ -77,7 +77,7 @@ pub fn run(job: Job, mut body: Body) -> Result<Done, DeployError> {
             };
         Ok(Done {
             image_bytes,
-            written_bytes: written,
+            written_bytes: progress.written,
             sha256,
             config_drive_partition: partition,
         })
@@ -87,7 +87,7 @@ pub fn run(job: Job, mut body: Body) -> Result<Done, DeployError> {
             reread_partitions(&file, &job.device);
             Ok(done)
         }
-        Err(cause) if written == 0 => Err(cause),
+        Err(cause) if !progress.touched => Err(cause),
         Err(cause) => {
             let cause = Box::new(cause);
             tracing::warn!(device = %job.device, error = %cause, "image.write failed: zeroing both ends");
@@ -107,14 +107,14 @@ pub fn run(job: Job, mut body: Body) -> Result<Done, DeployError> {
 }
 
 /// Streams, decompresses and writes the image, drains what the decompressor left, and checks
-/// the hash. `written` counts the bytes on the disk, even when this fails.
+/// the hash. `progress` says what reached the disk, even when this fails.
 fn write_verified(
     job: &Job,
     body: &mut Body,
     file: &mut File,
-    written: &mut u64,
+    progress: &mut Progress,
 ) -> Result<(), DeployError> {
-    let copied = copy(job, body, file, written);
+    let copied = copy(job, body, file, progress);
     let read_failed = match copied {
         Ok(()) => None,
         Err(Copy::Write(e)) => return Err(e),
@@ -162,7 +162,17 @@ enum Copy {
     Write(DeployError),
 }
 
-fn copy(job: &Job, body: &mut Body, file: &mut File, written: &mut u64) -> Result<(), Copy> {
+/// How far the copy got.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Bytes written onto the disk.
+    written: u64,
+    /// A write was attempted: the disk may differ from what it was, even when `written` is 0
+    /// (a first write that failed half-way).
+    touched: bool,
+}
+
+fn copy(job: &Job, body: &mut Body, file: &mut File, p: &mut Progress) -> Result<(), Copy> {
     let mut reader: Box<dyn Read + '_> = match job.compression {
         Compression::None => Box::new(&mut *body),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(&mut *body)),
@@ -180,22 +190,23 @@ fn copy(job: &Job, body: &mut Body, file: &mut File, written: &mut u64) -> Resul
         if n == 0 {
             break;
         }
-        let end = written.saturating_add(n as u64);
+        let end = p.written.saturating_add(n as u64);
         if end > job.size_bytes {
             return Err(Copy::Write(DeployError::TooLarge {
                 device: job.device.clone(),
                 size_bytes: job.size_bytes,
             }));
         }
+        p.touched = true;
         file.write_all(&buf[..n])
             .map_err(|e| Copy::Write(disk(job, "write", e)))?;
-        *written = end;
+        p.written = end;
         if last_log.elapsed() >= Duration::from_millis(PROGRESS_EVERY_MS) {
             last_log = Instant::now();
-            log_progress(&job.device, *written, started);
+            log_progress(&job.device, p.written, started);
         }
     }
-    log_progress(&job.device, *written, started);
+    log_progress(&job.device, p.written, started);
     Ok(())
 }
 
