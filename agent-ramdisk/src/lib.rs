@@ -12,6 +12,10 @@
 //! The ramdisk is a mode of the session core (`bcd-core`) over the hardware probes
 //! (`bcd-probes`), without the node agent:
 //! - [`cmdline`]: the settings from `/proc/cmdline`, split by the kernel's quoting rules.
+//! - [`deploy`]: `image.write` — the image streamed over HTTP(S) onto the root disk chosen by
+//!   the hints (else the smallest that fits) through one 4 MiB buffer, hashed as served,
+//!   gunzipped or unzstd'ed on the way, both ends of the disk zeroed on any failure after the
+//!   first write; then a NoCloud config drive (a GPT partition, vfat `cidata`).
 //! - [`setup`]: early boot — drivers (`modprobe`), the NICs in `/sys/class/net`, a DHCP lease
 //!   (busybox `udhcpc`); bounded, and every failure says what was tried.
 //! - [`machine`]: the `bcd_core::mode::Machine` — the machine's real SMBIOS, hardware key and
@@ -31,9 +35,11 @@
 //! # Limitations
 //! The ramdisk joins, reports inventory (NVMe health and NIC firmware included) and serves the
 //! commands above, which is what inspection and commissioning need (the control plane decides
-//! the steps); burn-in beyond `diag.nvml`, disk erase (NVMe format/sanitize, ATA secure erase,
-//! overwrite), image write with checksum and the BMC's address seen in-band are still to come. NIC firmware (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and
-//! only IPv4 DHCP is tried.
+//! the steps), and `image.write`, which deploying needs; burn-in beyond `diag.nvml`, disk erase
+//! (NVMe format/sanitize, ATA secure erase, overwrite) and the BMC's address seen in-band are
+//! still to come. `image.write` takes raw, gzip and zstd images, not qcow2 (see [`deploy`]).
+//! NIC firmware (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and only IPv4
+//! DHCP is tried.
 #![forbid(unsafe_code)]
 
 pub mod boot;

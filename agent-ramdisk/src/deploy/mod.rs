@@ -39,8 +39,6 @@ mod region;
 pub mod source;
 pub mod write;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bc_protocol::commands::deploy::{Compression, ImageFormat, ImageWriteArgs, ImageWriteResult};
@@ -131,16 +129,6 @@ impl DeployError {
     }
 }
 
-/// Sets the flag when dropped: the command's future was dropped (deadline, cancel), so the
-/// blocking copy stops at its next chunk instead of writing on.
-struct CancelOnDrop(Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-}
-
 /// Runs `image.write` on the machine under `root` (its `/sys/block` and `/dev`).
 pub async fn image_write(
     root: &HostRoot,
@@ -170,9 +158,10 @@ pub async fn image_write(
         length = ?opened.length,
         "image.write: streaming the image"
     );
-    let cancelled = Arc::new(AtomicBool::new(false));
-    let _guard = CancelOnDrop(cancelled.clone());
-    let body = source::Body::new(opened, tokio::runtime::Handle::current(), cancelled);
+    // Dropped with this future (a deadline, a cancel): the copy's next read fails and the disk's
+    // ends are zeroed, instead of the blocking thread writing on unobserved.
+    let (_cancel_on_drop, cancel) = tokio::sync::watch::channel(());
+    let body = source::Body::new(opened, tokio::runtime::Handle::current(), cancel);
     let job = write::Job {
         path: root.path(format!("/dev/{}", choice.name)),
         device: choice.name.clone(),

@@ -3,8 +3,6 @@
 //! disk's pace and nothing holds more than one chunk of the response.
 
 use std::io::{self, Read};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -70,15 +68,20 @@ pub struct Body {
     /// Bytes read from the server so far.
     pub bytes: u64,
     expected: Option<u64>,
-    cancelled: Arc<AtomicBool>,
+    cancel: tokio::sync::watch::Receiver<()>,
     /// Why the body ended early (the transport's error, a short body), once it did.
     pub failure: Option<String>,
 }
 
 impl Body {
-    /// The body of `opened`, read through `handle`; reading stops with an error once
-    /// `cancelled` is set (the command was dropped).
-    pub fn new(opened: Opened, handle: tokio::runtime::Handle, cancelled: Arc<AtomicBool>) -> Self {
+    /// The body of `opened`, read through `handle`; a read (even one waiting on the server)
+    /// fails once the sender of `cancel` is dropped: the command's future was dropped
+    /// (deadline, cancel), and the copy must stop rather than write on.
+    pub fn new(
+        opened: Opened,
+        handle: tokio::runtime::Handle,
+        cancel: tokio::sync::watch::Receiver<()>,
+    ) -> Self {
         Self {
             response: opened.response,
             url: opened.url,
@@ -87,7 +90,7 @@ impl Body {
             hasher: Sha256::new(),
             bytes: 0,
             expected: opened.length,
-            cancelled,
+            cancel,
             failure: None,
         }
     }
@@ -117,10 +120,18 @@ impl Body {
 impl Read for Body {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.chunk.is_empty() {
-            if self.cancelled.load(Ordering::Relaxed) {
+            let (response, cancel) = (&mut self.response, &mut self.cancel);
+            let next = self.handle.block_on(async {
+                tokio::select! {
+                    c = response.chunk() => Some(c),
+                    // Nothing is ever sent: this ends only when the sender is dropped.
+                    _ = cancel.changed() => None,
+                }
+            });
+            let Some(next) = next else {
                 return Err(self.fail("the command was cancelled".into()));
-            }
-            match self.handle.block_on(self.response.chunk()) {
+            };
+            match next {
                 Ok(Some(c)) => self.chunk = c,
                 Ok(None) => {
                     return match self.expected {

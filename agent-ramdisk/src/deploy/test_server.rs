@@ -19,7 +19,10 @@ pub enum Serve {
     Bytes(Arc<Vec<u8>>),
     /// `Content-Length` of these bytes, then only the first `after`, then the connection closes.
     Cut { bytes: Arc<Vec<u8>>, after: usize },
-    /// [`pattern`] of this many bytes, 200, generated as it is sent.
+    /// `Content-Length` of these bytes, the first `after`, then nothing more, the connection
+    /// held open.
+    Stall { bytes: Arc<Vec<u8>>, after: usize },
+    /// [`pattern_chunk`]s of this many bytes, 200, generated as they are sent.
     Pattern(u64),
     /// This status, an empty body.
     Status(u16),
@@ -103,6 +106,12 @@ async fn serve(mut sock: TcpStream, routes: &HashMap<String, Serve>) -> std::io:
             sock.write_all(head("200 OK", bytes.len() as u64).as_bytes())
                 .await?;
             sock.write_all(&bytes[..*after]).await?;
+        }
+        Some(Serve::Stall { bytes, after }) => {
+            sock.write_all(head("200 OK", bytes.len() as u64).as_bytes())
+                .await?;
+            sock.write_all(&bytes[..*after]).await?;
+            std::future::pending::<()>().await;
         }
         Some(Serve::Pattern(len)) => {
             sock.write_all(head("200 OK", *len).as_bytes()).await?;

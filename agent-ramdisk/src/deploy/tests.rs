@@ -419,3 +419,50 @@ async fn a_disk_that_refuses_writes_is_image_write_failed_and_says_it_may_boot()
         "{msg}"
     );
 }
+
+/// Polls `f` every 20 ms until it is true, or panics after 20 s naming `what`.
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_dropped_mid_stream_stops_the_copy_and_erases() {
+    let _one = SERIAL.lock().await;
+    let mut img = vec![0u8; usize::try_from(12 * MIB).unwrap()];
+    test_server::pattern_chunk(3, &mut img);
+    let img = Arc::new(img);
+    let root = fake_root(&[("vda", 32 * MIB, "S1")]);
+    let disk = dev(root.path(), "vda");
+    // The server sends 5 MiB and then nothing: the copy writes its first 4 MiB and waits.
+    let after = usize::try_from(5 * MIB).unwrap();
+    let url = serve(
+        "/img",
+        Serve::Stall {
+            bytes: img.clone(),
+            after,
+        },
+    )
+    .await;
+    let a = args(url, sha(&img), Compression::None);
+    let r = root.path().to_owned();
+    let task = tokio::spawn(async move { write(&r, a).await });
+    eventually("the first buffer on the disk", || {
+        read_at(&disk, 0, 16) == img[..16]
+    })
+    .await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    eventually("the first MiB zeroed", || all_zero(&read_at(&disk, 0, MIB))).await;
+    assert!(all_zero(&read_at(&disk, 31 * MIB, MIB)));
+    assert_eq!(
+        read_at(&disk, MIB, 16),
+        img[usize::try_from(MIB).unwrap()..][..16]
+    );
+}

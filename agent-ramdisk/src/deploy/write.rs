@@ -5,7 +5,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -54,11 +54,21 @@ pub fn run(job: Job, mut body: Body) -> Result<Done, DeployError> {
         source,
     };
     // Never create or truncate: the path is a device node (a regular file only in tests).
+    // O_EXCL on a block device fails with EBUSY while it is mounted or held by md/dm, so a disk
+    // in use is refused instead of overwritten under its users (regular files ignore it).
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_EXCL.bits())
         .open(&job.path)
-        .map_err(|e| disk_err("open", e))?;
+        .map_err(|e| {
+            let op = if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32) {
+                "open (in use: mounted, or held by md/dm)"
+            } else {
+                "open"
+            };
+            disk_err(op, e)
+        })?;
     let mut progress = Progress::default();
     let result = write_verified(&job, &mut body, &mut file, &mut progress);
     let result = result.and_then(|()| {
