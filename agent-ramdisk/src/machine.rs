@@ -65,6 +65,10 @@ impl RamdiskMachine {
     /// `image.write`: the image streamed onto the root disk, verified, with its config drive
     /// (see [`crate::deploy`]).
     async fn image_write(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        // The control plane checked these at queue time; checked again so that a malformed
+        // sha256 or URL is refused before the disk is touched, not after the whole image.
+        bc_protocol::commands::check_args(run.name, &run.args)
+            .map_err(|e| CommandFailure::new(CommandErrorCode::InvalidArgument, e.to_string()))?;
         let a: ImageWriteArgs = run.args()?;
         let result = crate::deploy::image_write(&self.root, a)
             .await
@@ -227,6 +231,10 @@ mod tests {
         run.args = serde_json::json!({"image": {"url": "http://127.0.0.1:1/x"}});
         let f = m.run_command(&run).await.unwrap_err();
         assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
+        run.args = serde_json::json!({"image": {"url": "http://127.0.0.1:1/x", "sha256": "abc"}});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
+        assert!(f.message.contains("sha256"), "{f:?}");
 
         let url = serve("/img", Serve::Pattern(MIB + 5)).await;
         let a = args(url, pattern_sha256(MIB + 5), Default::default());

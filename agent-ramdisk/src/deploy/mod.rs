@@ -70,7 +70,10 @@ pub enum DeployError {
         source: std::io::Error,
     },
     /// The image (decompressed) is larger than the disk.
-    #[error("the image is larger than /dev/{device} ({size_bytes} bytes)")]
+    #[error(
+        "the image is larger than /dev/{device} ({size_bytes} bytes; a compressed image's size \
+         is not known before it is written: give rootDevice.minSizeBytes)"
+    )]
     TooLarge { device: String, size_bytes: u64 },
     /// The decompressor refused the bytes (while the file's hash was right).
     #[error("the image does not decompress as {compression}: {reason}")]

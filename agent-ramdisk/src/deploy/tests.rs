@@ -466,3 +466,30 @@ async fn a_command_dropped_mid_stream_stops_the_copy_and_erases() {
         img[usize::try_from(MIB).unwrap()..][..16]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_image_larger_than_the_disk_fails_and_erases() {
+    let _one = SERIAL.lock().await;
+    let img = vec![1u8; usize::try_from(20 * MIB).unwrap()];
+    let served = Arc::new(zstd::encode_all(&img[..], 1).unwrap());
+    let root = fake_root(&[("vda", 16 * MIB, "S1")]);
+    let url = serve("/img.zst", Serve::Bytes(served.clone())).await;
+    let e = write(root.path(), args(url, sha(&served), Compression::Zstd))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), CommandErrorCode::ImageWriteFailed, "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("larger than /dev/vda (16777216 bytes"),
+        "{msg}"
+    );
+    assert!(msg.contains("zeroed"), "{msg}");
+    let disk = dev(root.path(), "vda");
+    assert!(all_zero(&read_at(&disk, 0, MIB)));
+    assert!(all_zero(&read_at(&disk, 15 * MIB, MIB)));
+    assert_eq!(
+        std::fs::metadata(&disk).unwrap().len(),
+        16 * MIB,
+        "nothing past the disk's end"
+    );
+}
