@@ -223,7 +223,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn image_write_is_served_with_its_result_or_its_code() {
         use crate::deploy::test_server::{Serve, pattern_sha256};
-        use crate::deploy::tests::{MIB, SERIAL, args, dev, fake_root, read_at, serve};
+        use crate::deploy::test_utils::{MIB, SERIAL, args, dev, fake_root, read_at, serve};
         let _one = SERIAL.lock().await;
         let root = fake_root(&[("sda", 8 * MIB, "S1")]);
         let m = machine(root.path(), None);

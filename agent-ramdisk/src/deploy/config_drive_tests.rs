@@ -10,7 +10,7 @@ use bcd_probes::hostroot::HostRoot;
 
 use super::region::Region;
 use super::test_server::Serve;
-use super::tests::{
+use super::test_utils::{
     MIB, SERIAL, args, dev, fake_root, gpt_image, have_blkid, have_sfdisk, read_at, serve, sha,
 };
 

@@ -196,6 +196,10 @@ pub async fn image_write(
 #[cfg(test)]
 mod config_drive_tests;
 #[cfg(test)]
+mod failure_tests;
+#[cfg(test)]
 pub(crate) mod test_server;
 #[cfg(test)]
-pub(crate) mod tests;
+pub(crate) mod test_utils;
+#[cfg(test)]
+mod tests;
