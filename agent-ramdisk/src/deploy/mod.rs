@@ -165,16 +165,18 @@ pub async fn image_write(
     // ends are zeroed, instead of the blocking thread writing on unobserved.
     let (_cancel_on_drop, cancel) = tokio::sync::watch::channel(());
     let body = source::Body::new(opened, tokio::runtime::Handle::current(), cancel);
+    let sha256 = args.image.sha256.trim().to_ascii_lowercase();
     let job = write::Job {
         path: root.path(format!("/dev/{}", choice.name)),
         device: choice.name.clone(),
         size_bytes: choice.size_bytes,
         compression: args.image.compression,
-        sha256: args.image.sha256.trim().to_ascii_lowercase(),
+        sha256: sha256.clone(),
         config_drive: args.config_drive.clone().map(|c| config_drive::Drive {
-            instance_id: args.instance_id.clone().unwrap_or_else(|| {
-                config_drive::default_instance_id(&c.hostname, &args.image.sha256)
-            }),
+            instance_id: args
+                .instance_id
+                .clone()
+                .unwrap_or_else(|| config_drive::default_instance_id(&c.hostname, &sha256)),
             drive: c,
         }),
     };
