@@ -217,6 +217,7 @@ mod tests {
                 created_at: 1,
                 inspect: false,
                 deployed: false,
+                deployment: None,
             })?;
             let doc = |ip: &str| {
                 format!(

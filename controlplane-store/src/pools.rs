@@ -95,6 +95,11 @@ pub struct Acceptance {
     /// a full erase of large disks wants more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleaning_deadline_seconds: Option<u64>,
+    /// Bare metal: seconds a machine may stay `deploying` — the boot into the ramdisk, the
+    /// image's download and write, the boot device and the reboot onto the disk — 1 to
+    /// 2,592,000. Default 3,600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy_deadline_seconds: Option<u64>,
 }
 
 /// One pool.

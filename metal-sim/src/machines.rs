@@ -13,11 +13,12 @@
 //! - a pending `Off` (the fake driver stores `ForceOff` and `GracefulShutdown` as `Off`) stops
 //!   it; a restart (`power_state` already `Off`, `On` pending, the VM still running) stops it
 //!   and starts it again (PXE only);
-//! - a machine marked `ignore` never boots (the "machine that never boots" case).
+//! - a machine marked `ignore` never boots (the "machine that never boots" case); a test can
+//!   change that while it runs ([`Machines::set_ignore`]).
 //!
 //! Each boot's console goes to `<dir>/<name>-<n>.log`. The answer to the PUT comes first (204),
 //! the work after it: a slow answer would slow the emulator's Redfish answers.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -76,6 +77,8 @@ struct State {
     boots: HashMap<String, u32>,
     log: Vec<(Instant, Happened)>,
     consoles: HashMap<String, Vec<PathBuf>>,
+    /// UUIDs of the machines that ignore a power-on now.
+    ignored: HashSet<String>,
 }
 
 /// The harness: the notifier endpoint and the machines' VMs (all killed on drop).
@@ -126,7 +129,7 @@ impl Ctx {
 
     /// QEMU for `m`, its console (serial, firmware and iPXE output) into `console`.
     fn spawn(&self, m: &Machine, console: &Path) -> std::io::Result<Child> {
-        let disk = self.dir.join(format!("{}.disk", m.name));
+        let disk = Machines::disk(&self.dir, &m.name);
         if !disk.exists() {
             std::fs::File::create(&disk)?.set_len(64 << 20)?;
         }
@@ -188,7 +191,7 @@ impl Ctx {
         let pxe = doc["boot_device"].as_str() == Some("Pxe");
         let mut st = self.state.lock();
         let on = |st: &mut State| {
-            if m.ignore {
+            if st.ignored.contains(uuid) {
                 st.log.push((
                     Instant::now(),
                     Happened::Ignored(uuid.to_owned(), "marked ignore".into()),
@@ -241,7 +244,14 @@ impl Machines {
             .enable_all()
             .build()
             .map_err(MachinesError::Runtime)?;
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            ignored: machines
+                .iter()
+                .filter(|m| m.ignore)
+                .map(|m| m.uuid.clone())
+                .collect(),
+            ..State::default()
+        }));
         let ctx = Arc::new(Ctx {
             qemu: qemu.to_owned(),
             machines,
@@ -284,6 +294,22 @@ impl Machines {
             state,
             runtime: Some(runtime),
         })
+    }
+
+    /// From now on the machine ignores power-ons (`true`: it "never boots") or boots again.
+    pub fn set_ignore(&self, uuid: &str, ignore: bool) {
+        let mut st = self.state.lock();
+        if ignore {
+            st.ignored.insert(uuid.to_owned());
+        } else {
+            st.ignored.remove(uuid);
+        }
+    }
+
+    /// The machine's disk: a 64 MiB raw file on its NVMe controller, made at its first boot
+    /// in the directory given to [`Machines::start`].
+    pub fn disk(dir: &Path, name: &str) -> PathBuf {
+        dir.join(format!("{name}.disk"))
     }
 
     /// Everything that happened so far, with when.

@@ -17,7 +17,7 @@
 //!   bytes as served.
 //! - [`write`]: decompression (gzip through flate2, zstd through libzstd) and the sequential
 //!   write onto `/dev/<disk>` through a [`WRITE_BUFFER_BYTES`] buffer, then fsync and
-//!   `BLKRRPART` (`bcd_probes::deploy_ioctl`); zeroing of both ends on failure.
+//!   `BLKRRPART` (`bcd_probes::erase::block`); zeroing of both ends on failure.
 //! - [`config_drive`]: a GPT partition after the image's last one, the GPT's backup moved to
 //!   the disk's real end, a vfat filesystem labelled `cidata` with `meta-data` and `user-data`.
 //!

@@ -282,7 +282,7 @@ fn reread_partitions(file: &File, device: &str) {
     if !is_block {
         return;
     }
-    if let Err(e) = bcd_probes::deploy_ioctl::reread_partition_table(file) {
+    if let Err(e) = bcd_probes::erase::block::reread_partitions(file) {
         tracing::warn!(device, error = %e, "image.write: the kernel did not re-read the partitions");
     }
 }

@@ -245,6 +245,7 @@ mod tests {
             created_at: 1,
             inspect: true,
             deployed: false,
+            deployment: None,
         }
     }
 

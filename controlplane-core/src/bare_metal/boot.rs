@@ -43,11 +43,12 @@ pub const HARDWARE_MISMATCH: &str = "HardwareMismatch";
 /// The owner of the ramdisk workflow's events and conditions.
 pub const OWNER: &str = "BareMetalWorkflow";
 
-/// The provision states a machine spends in the ramdisk: inspection, commissioning and the
-/// cleaning of a release or retire (issue 16 adds deploying and rescue next).
+/// The provision states a machine spends in the ramdisk: inspection, commissioning, the image
+/// write of a deploy and the cleaning of a release or retire (issue 16; rescue next).
 pub const RAMDISK_STATES: &[ProvisionState] = &[
     ProvisionState::Inspecting,
     ProvisionState::Commissioning,
+    ProvisionState::Deploying,
     ProvisionState::Releasing,
     ProvisionState::Retiring,
 ];
@@ -147,7 +148,8 @@ pub(crate) fn begin(
         ended_at: None,
         diag_command_id: None,
         steps_at: None,
-        clean_command_id: None,
+        work_command_id: None,
+        work_step: None,
     };
     tx.put_boot(&rec)?;
     Ok(rec)

@@ -117,6 +117,7 @@ pub(super) fn bed(profile_gpus: Option<u32>) -> Result<Bed, Box<dyn std::error::
             created_at: 1,
             inspect: true,
             deployed: false,
+            deployment: None,
         })?;
         Ok::<_, OpError>(())
     })?;

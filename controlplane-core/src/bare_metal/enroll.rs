@@ -403,6 +403,7 @@ pub fn enroll(
         created_at: now,
         inspect: req.inspect && !req.deployed,
         deployed: req.deployed,
+        deployment: None,
     })?;
     tx.record_event(&cpl_store::NewEvent {
         node_id: &node_id,

@@ -116,8 +116,8 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
     if b.used_at.is_none() || b.ended_at.is_some() || b.purpose != state.as_str() {
         return Ok(());
     }
-    if super::release::cleaning(state) {
-        return super::release::on_inventory(tx, edit, &mut b);
+    if super::work::works(state) {
+        return super::work::on_inventory(tx, edit, &mut b);
     }
     if state == ProvisionState::Commissioning {
         // A boot that began in commissioning (nodes.recover): its first report runs the steps.
@@ -204,8 +204,9 @@ pub fn on_power_final(tx: &Tx<'_>, cmd: &cpl_store::CommandRecord) -> Result<(),
         cmd.state.as_str(),
         cmd.error_message.as_deref().unwrap_or("")
     );
-    let type_ = if super::release::cleaning(edit.node.provision_state) {
-        super::release::CLEANED
+    let state = edit.node.provision_state;
+    let type_ = if super::work::works(state) {
+        super::work::names(state).1
     } else {
         INSPECTED
     };
@@ -241,7 +242,12 @@ fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
         (ProvisionState::Releasing | ProvisionState::Retiring, _) => (
             super::release::CLEANED,
             "CleaningDeadline",
-            format!("{state}: {}", super::release::overdue_reason(&b, secs)),
+            format!("{state}: {}", super::work::overdue_reason(&b, secs)),
+        ),
+        (ProvisionState::Deploying, _) => (
+            super::deploy::DEPLOYED,
+            "DeployDeadline",
+            format!("deploying: {}", super::work::overdue_reason(&b, secs)),
         ),
         (ProvisionState::Commissioning, _) => (
             COMMISSIONED,
@@ -495,18 +501,8 @@ impl BareMetal {
                         return Ok(Some(Action::Dispatch { node: b.node_id }));
                     }
                 }
-                let clean_due = super::release::cleaning(state)
-                    && b.steps_at.is_some()
-                    && b.clean_command_id.is_none()
-                    && bm.sessions.live_epoch(&b.node_id).is_some();
-                if clean_due {
-                    let pool = pool_of(tx, &node)?;
-                    let id = super::release::queue_clean(tx, &b, pool.as_ref(), state, now)?;
-                    b.clean_command_id = Some(id);
-                    tx.put_boot(&b)?;
-                    return Ok(Some(Action::Dispatch { node: b.node_id }));
-                }
-                Ok(None)
+                let next = super::work::next(tx, &bm, &mut b, &node, holder, now, timeout)?;
+                Ok(next.map(|node| Action::Dispatch { node }))
             })
             .await
     }
@@ -557,9 +553,13 @@ fn end_boot(
         queued = Some(h.clone());
         mark_expected(tx, &b.node_id, "off")?;
     }
-    let ended = matches!(state, ProvisionState::Failed | ProvisionState::Retired);
+    let ended = matches!(
+        state,
+        ProvisionState::Failed | ProvisionState::Retired | ProvisionState::Deployed
+    );
     let close = ended && bm.sessions.live_epoch(&b.node_id).is_some();
-    // A retired node's identity ended when it was retired; a failed one's ends here.
+    // A retired or deployed node's ramdisk identity ended with that move; a failed one's ends
+    // here.
     if close && state == ProvisionState::Failed {
         let mut edit = Edit::begin(tx, &b.node_id, None, OWNER)?;
         crate::ops::nodes::bump_identity(

@@ -42,11 +42,13 @@
 //! One control-plane process: the lease view is in memory beside the store. With several
 //! replicas the renewal must be written by whichever replica holds the holder's session.
 
+pub mod abort;
 pub mod address;
 pub mod assignment;
 pub mod boot;
 pub mod commission;
 pub mod credentials;
+pub mod deploy;
 pub mod enroll;
 pub mod inspect;
 pub mod lease;
@@ -54,6 +56,7 @@ pub mod power;
 pub mod release;
 pub mod site_detail;
 pub mod verify;
+pub mod work;
 
 #[cfg(test)]
 mod bare_metal_tests;
@@ -61,6 +64,8 @@ mod bare_metal_tests;
 mod boot_tests;
 #[cfg(test)]
 mod commission_tests;
+#[cfg(test)]
+mod deploy_tests;
 #[cfg(test)]
 mod release_tests;
 
@@ -122,7 +127,8 @@ pub fn on_command_final(
     verify::on_command_final(tx, cmd)?;
     inspect::on_power_final(tx, cmd)?;
     commission::on_command_final(tx, cmd)?;
-    release::on_command_final(tx, cmd)
+    release::on_command_final(tx, cmd)?;
+    deploy::on_command_final(tx, cmd)
 }
 
 /// Milliseconds of a duration, saturating.

@@ -7,8 +7,9 @@
 //!   a ramdisk still up, can present nothing that works afterwards; the verb closes its session.
 //! - `releasing` and `retiring` are ramdisk states ([`super::boot::RAMDISK_STATES`]): the
 //!   controller's pass boots the machine into the ramdisk with a one-time token as for an
-//!   inspection. The ramdisk's first inventory ([`on_inventory`]) is checked against the BMC's
-//!   identifiers again — a wrong machine is never cleaned — and marks the boot ready to clean.
+//!   inspection. The ramdisk's first inventory ([`super::work::on_inventory`]) is checked
+//!   against the BMC's identifiers again — a wrong machine is never cleaned — and marks the
+//!   boot ready to clean.
 //! - The pass then queues `disk.clean` ([`queue_clean`]) with the pool's
 //!   `acceptance.cleaning` (`metadata` by default), its deadline what is left of the state's
 //!   (`acceptance.cleaningDeadlineSeconds`, 3,600 s by default).
@@ -29,7 +30,7 @@ use bc_protocol::commands::clean::{CleanMode, CleanResult, DiskOutcome};
 use bc_protocol::{CommandName, ConditionStatus, ProvisionState};
 use cpl_store::{BootRecord, CommandRecord, CommandState, NodeRecord, Pool, Tx};
 
-use super::boot::{self, HARDWARE_MISMATCH, OWNER};
+use super::boot::OWNER;
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::{apply_transition, bump_identity, refuse_while_allocated};
@@ -98,57 +99,6 @@ pub(crate) fn start_retire(edit: &mut Edit) -> Result<(), OpError> {
         "nodes.retire: the machine is cleaned and retired; its identity ends",
     );
     booting(edit);
-    Ok(())
-}
-
-/// The ramdisk's inventory on a node in a cleaning state (in the report's transaction): the
-/// identifiers are checked against the BMC's again, then the boot is marked ready to clean.
-pub(crate) fn on_inventory(
-    tx: &Tx<'_>,
-    edit: &mut Edit,
-    b: &mut BootRecord,
-) -> Result<(), OpError> {
-    if b.steps_at.is_some() {
-        return Ok(());
-    }
-    let Some(bmc) = tx.bmc(&edit.node.id)? else {
-        return Ok(());
-    };
-    edit.act_as(OWNER);
-    let differs = boot::mismatches(&bmc, &edit.node.identifier_digests);
-    if !differs.is_empty() {
-        let why = format!(
-            "the ramdisk's inventory does not show the identifiers node {}'s BMC reported, so nothing was erased: {}",
-            edit.node.id,
-            differs.join("; ")
-        );
-        crate::conditions::apply_owned(
-            edit,
-            OWNER,
-            HARDWARE_MISMATCH,
-            ConditionStatus::True,
-            "IdentifiersDiffer",
-            why.clone(),
-        );
-        condition(
-            edit,
-            ConditionStatus::False,
-            "HardwareMismatch",
-            why.clone(),
-        );
-        return apply_transition(edit, ProvisionState::Failed, &why);
-    }
-    b.steps_at = Some(edit.now());
-    tx.put_boot(b)?;
-    edit.event(
-        "cleaningStep",
-        None,
-        Some("ready".to_owned()),
-        format!(
-            "the ramdisk joined with boot token {} and reported; disk.clean is sent next",
-            b.token_id
-        ),
-    );
     Ok(())
 }
 
@@ -264,15 +214,11 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
     if cmd.name != CommandName::DiskClean.as_str() {
         return Ok(());
     }
-    let Some(b) = tx.boot(&cmd.node_id)? else {
+    let Some((_, mut edit)) = super::work::owner_of(tx, cmd)? else {
         return Ok(());
     };
-    if b.ended_at.is_some() || b.clean_command_id.as_deref() != Some(cmd.id.as_str()) {
-        return Ok(());
-    }
-    let mut edit = Edit::report(tx, &cmd.node_id, OWNER)?;
     let state = edit.node.provision_state;
-    if !cleaning(state) || state.as_str() != b.purpose {
+    if !cleaning(state) {
         return Ok(());
     }
     if let Some(r) = &cmd.result {
@@ -314,27 +260,4 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
     }
     edit.save(tx)?;
     Ok(())
-}
-
-/// Why a node in a cleaning state outlived its deadline of `secs`, from how far boot `b` got.
-pub(crate) fn overdue_reason(b: &BootRecord, secs: u64) -> String {
-    match (b.used_at, b.steps_at, b.clean_command_id.as_deref()) {
-        (_, Some(_), Some(id)) => {
-            format!("disk.clean ({id}) did not finish within {secs}s of the state's start")
-        }
-        (Some(_), Some(_), None) => format!(
-            "the ramdisk reported but disk.clean could not be sent within {secs}s (its session is gone)"
-        ),
-        (Some(_), None, _) => {
-            format!("the ramdisk joined but did not report an inventory within {secs}s")
-        }
-        (None, _, _) if b.command_id.is_none() => format!(
-            "the machine was never powered on into the ramdisk within {secs}s: no site agent of its site held the lease"
-        ),
-        (None, _, _) => format!(
-            "the machine never booted the ramdisk within {secs}s: it was rebooted with PXE ({}), but no ramdisk joined with its boot token {}",
-            b.command_id.as_deref().unwrap_or("?"),
-            b.token_id
-        ),
-    }
 }

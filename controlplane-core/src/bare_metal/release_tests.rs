@@ -75,7 +75,7 @@ fn queue(b: &Bed) -> Result<CommandRecord, Box<dyn std::error::Error>> {
         );
         let pool = tx.pool(n.pool_id.as_deref().unwrap_or_default())?;
         let id = release::queue_clean(tx, &rec, pool.as_ref(), n.provision_state, now_ms())?;
-        rec.clean_command_id = Some(id.clone());
+        rec.work_command_id = Some(id.clone());
         tx.put_boot(&rec)?;
         tx.command(&id)?
             .ok_or(OpError::Internal("no command".into()))

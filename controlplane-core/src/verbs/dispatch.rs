@@ -145,6 +145,14 @@ impl Core {
                 .set_boot_device(b, a)
                 .await
                 .map(|c| A::NodesSetBootDevice(CommandView::from(&c))),
+            R::NodesAbort(b) => self.nodes_abort(b, a).await.map(A::NodesAbort),
+            R::NodesDeploy(b) => {
+                let id = b.node_id.to_string();
+                self.bare_metal.deploy(b, a).await?;
+                self.read(move |r| crate::query::get_node(r, &id))
+                    .await
+                    .map(A::NodesDeploy)
+            }
             R::NodesInspect(b) => {
                 let id = b.node_id.to_string();
                 self.bare_metal.inspect(b, a).await?;

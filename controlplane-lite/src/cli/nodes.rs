@@ -105,6 +105,13 @@ pub enum NodesCommand {
         #[arg(long)]
         version: Option<u64>,
     },
+    /// Abort a bare-metal workflow in flight: the node fails from its state (maintenance on),
+    /// its command in flight is cancelled and the machine powered off; `recover` starts over.
+    Abort {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
     /// Turn maintenance on or off.
     SetMaintenance {
         node_id: String,
@@ -272,6 +279,7 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
         N::Adopt { node_id, version } => plain(Method::NodesAdopt, node_id, version),
         N::Recover { node_id, version } => plain(Method::NodesRecover, node_id, version),
         N::Retire { node_id, version } => plain(Method::NodesRetire, node_id, version),
+        N::Abort { node_id, version } => plain(Method::NodesAbort, node_id, version),
         N::RevokeIdentity { node_id, version } => {
             plain(Method::NodesRevokeIdentity, node_id, version)
         }

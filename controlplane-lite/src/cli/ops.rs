@@ -133,6 +133,9 @@ pub struct AcceptanceArgs {
     /// Bare metal: how long a machine may stay releasing or retiring, e.g. `1h` (the default).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub cleaning_deadline: Option<Duration>,
+    /// Bare metal: how long a machine may stay deploying, e.g. `1h` (the default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub deploy_deadline: Option<Duration>,
 }
 
 impl AcceptanceArgs {
@@ -145,7 +148,8 @@ impl AcceptanceArgs {
             || self.commissioning_deadline.is_some()
             || self.power_off_when_ready.is_some()
             || self.cleaning.is_some()
-            || self.cleaning_deadline.is_some();
+            || self.cleaning_deadline.is_some()
+            || self.deploy_deadline.is_some();
         any.then(|| {
             json!({
                 "requireTrustedKey": self.require_trusted_key,
@@ -155,6 +159,7 @@ impl AcceptanceArgs {
                 "powerOffWhenReady": self.power_off_when_ready,
                 "cleaning": self.cleaning.map(|m| m.as_str()),
                 "cleaningDeadlineSeconds": secs(self.cleaning_deadline),
+                "deployDeadlineSeconds": secs(self.deploy_deadline),
             })
         })
     }

@@ -28,9 +28,11 @@ pub enum CleanMode {
     /// MiB of the disk and of each partition are zeroed, then the kernel re-reads the table.
     #[default]
     Metadata,
-    /// Every block: NVMe Format with Secure Erase Settings 2 (crypto) falling back to 1 (user
-    /// data) and 0, else ATA security erase, else discard of the whole device, else zeroing as
-    /// the last resort; metadata erase first and after.
+    /// Every block: an NVMe namespace is formatted with Secure Erase Settings 2 (crypto, where
+    /// the controller says it can) falling back to 1 (user data) and 0; a SATA disk gets ATA
+    /// SECURITY ERASE UNIT where the drive is not frozen; anything else (or when those cannot
+    /// run) a secure discard, else a discard checked by reading back, else zeroing
+    /// (BLKZEROOUT) as the last resort; metadata erase first and after.
     Full,
 }
 

@@ -44,28 +44,39 @@ pub fn enroll(
     name: &str,
     address: &str,
 ) -> String {
+    enroll_with(seen, cp, site, pool, name, address, &[])
+}
+
+/// [`enroll`] with more `bcctl nodes enroll` flags (`--deployed`, `--no-inspect`).
+pub fn enroll_with(
+    seen: &mut Seen,
+    cp: &ControlPlane,
+    site: &str,
+    pool: &str,
+    name: &str,
+    address: &str,
+    extra: &[&str],
+) -> String {
     let pw = cp.dir.join("bmc.password");
     std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
-    let v = seen.bcctl(
-        cp,
-        &[
-            "nodes",
-            "enroll",
-            "--site",
-            site,
-            "--pool",
-            pool,
-            "--name",
-            name,
-            "--bmc-address",
-            address,
-            "--username",
-            USER,
-            "--password-file",
-            pw.to_str().unwrap(),
-        ],
-        None,
-    );
+    let mut args = vec![
+        "nodes",
+        "enroll",
+        "--site",
+        site,
+        "--pool",
+        pool,
+        "--name",
+        name,
+        "--bmc-address",
+        address,
+        "--username",
+        USER,
+        "--password-file",
+        pw.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let v = seen.bcctl(cp, &args, None);
     v["id"].as_str().unwrap().to_owned()
 }
 
