@@ -200,6 +200,8 @@ mod config_drive_tests;
 #[cfg(test)]
 mod failure_tests;
 #[cfg(test)]
+mod loop_tests;
+#[cfg(test)]
 pub(crate) mod test_server;
 #[cfg(test)]
 pub(crate) mod test_utils;
