@@ -241,3 +241,37 @@ async fn a_compressed_image_larger_than_the_disk_fails_and_erases() {
         "nothing past the disk's end"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_gzip_is_image_write_failed_unless_its_hash_is_wrong_too() {
+    let _one = SERIAL.lock().await;
+    let mut img = vec![0u8; usize::try_from(9 * MIB).unwrap()];
+    test_server::pattern_chunk(5, &mut img);
+    let mut served = super::test_utils::gzip(&img);
+    // A flipped byte in the middle of the deflate data: the stream breaks after the decoder
+    // has written several MiB.
+    let mid = served.len() / 2;
+    served[mid] ^= 0xff;
+    let served = Arc::new(served);
+    let root = fake_root(&[("vda", 32 * MIB, "S1")]);
+    let url = serve("/img.gz", Serve::Bytes(served.clone())).await;
+
+    let e = write(
+        root.path(),
+        args(url.clone(), sha(&served), Compression::Gzip),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), CommandErrorCode::ImageWriteFailed, "{e}");
+    assert!(e.to_string().contains("does not decompress as gzip"), "{e}");
+    assert!(e.to_string().contains("zeroed"), "{e}");
+    assert!(all_zero(&read_at(&dev(root.path(), "vda"), 0, MIB)));
+
+    // The same bytes with the sha256 of the good file: the file is wrong, and that is said.
+    let good = sha(&super::test_utils::gzip(&img));
+    let e = write(root.path(), args(url, good, Compression::Gzip))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), CommandErrorCode::ChecksumMismatch, "{e}");
+    assert!(e.to_string().contains(&sha(&served)), "{e}");
+}
