@@ -151,6 +151,11 @@ impl Machine for RamdiskMachine {
             }
             CommandName::DiskClean => self.clean(run).await,
             CommandName::ImageWrite => self.image_write(run).await,
+            // The ramdisk's rescue SSH server: agent-ramdisk/src/rescue (built next).
+            CommandName::RescueStart => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                "rescue.start is not built into this ramdisk yet",
+            )),
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,

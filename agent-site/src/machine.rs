@@ -73,7 +73,8 @@ impl Machine for SiteMachine {
             CommandName::DiagNvml
             | CommandName::GpuReset
             | CommandName::DiskClean
-            | CommandName::ImageWrite => Err(CommandFailure::new(
+            | CommandName::ImageWrite
+            | CommandName::RescueStart => Err(CommandFailure::new(
                 CommandErrorCode::Unsupported,
                 format!(
                     "{} is a node agent's command; this is a site agent",

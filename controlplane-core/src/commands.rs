@@ -148,6 +148,7 @@ impl Commands {
         let workflow = match parsed {
             CommandName::DiskClean => Some("release or retire (nodes.release, nodes.retire)"),
             CommandName::ImageWrite => Some("deploy (nodes.deploy)"),
+            CommandName::RescueStart => Some("rescue (nodes.rescue)"),
             _ => None,
         };
         if let Some(workflow) = workflow {

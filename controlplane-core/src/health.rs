@@ -120,7 +120,8 @@ pub fn evidence(c: &CommandRecord) -> Option<Evidence> {
         | CommandName::BmcPower
         | CommandName::BmcSetBootDevice
         | CommandName::DiskClean
-        | CommandName::ImageWrite => None,
+        | CommandName::ImageWrite
+        | CommandName::RescueStart => None,
     }
 }
 

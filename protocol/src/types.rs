@@ -186,6 +186,8 @@ string_enum! {
         DiskClean => "disk.clean",
         /// The ramdisk's deploy: stream an image onto the root disk (deploy workflow only).
         ImageWrite => "image.write",
+        /// The ramdisk's rescue SSH server (rescue workflow only).
+        RescueStart => "rescue.start",
     }
 }
 

@@ -134,7 +134,8 @@ impl Machine for SimMachine {
             | CommandName::BmcPower
             | CommandName::BmcSetBootDevice
             | CommandName::DiskClean
-            | CommandName::ImageWrite => Err(CommandFailure::new(
+            | CommandName::ImageWrite
+            | CommandName::RescueStart => Err(CommandFailure::new(
                 CommandErrorCode::Unsupported,
                 format!(
                     "{} is not a node agent's command; this is a simulated node",

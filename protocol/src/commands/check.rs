@@ -14,6 +14,7 @@ use super::diag::DiagArgs;
 use super::inventory::InventoryRefreshArgs;
 use super::logs::CollectArgs;
 use super::reboot::{MAX_DELAY_SECONDS, RebootArgs};
+use super::rescue::{MAX_RESCUE_KEYS, RescueArgs};
 use super::reset::{ResetArgs, ResetTarget};
 
 /// Why a command's arguments break its contract.
@@ -129,6 +130,24 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
         CommandName::BmcPower => shape::<PowerArgs>(command, args).map(drop),
         CommandName::BmcSetBootDevice => shape::<BootDeviceArgs>(command, args).map(drop),
         CommandName::DiskClean => shape::<CleanArgs>(command, args).map(drop),
+        CommandName::RescueStart => {
+            let a: RescueArgs = shape(command, args)?;
+            let bad = a.ssh_keys.is_empty()
+                || a.ssh_keys.len() > MAX_RESCUE_KEYS
+                || a.ssh_keys
+                    .iter()
+                    .any(|k| k.trim().is_empty() || k.contains('\n') || !k.contains(' '));
+            if bad {
+                return Err(range(
+                    command,
+                    "sshKeys",
+                    format!(
+                        "1 to {MAX_RESCUE_KEYS} OpenSSH public keys (type, base64, comment), one line each"
+                    ),
+                ));
+            }
+            Ok(())
+        }
         CommandName::ImageWrite => {
             let a: ImageWriteArgs = shape(command, args)?;
             check_image_write(command, &a)
@@ -223,6 +242,10 @@ mod tests {
             (CommandName::DiskClean, json!({})),
             (CommandName::DiskClean, json!({"mode": "full"})),
             (
+                CommandName::RescueStart,
+                json!({"sshKeys": ["ssh-ed25519 AAAAC3Nza op@laptop"]}),
+            ),
+            (
                 CommandName::ImageWrite,
                 json!({"image": {"url": "http://10.0.2.2:1/i.raw", "sha256": "ab".repeat(32)},
                        "configDrive": {"hostname": "m1", "sshKeys": ["ssh-ed25519 AAAA x"]}}),
@@ -289,6 +312,12 @@ mod tests {
                 "-2",
             ),
             (CommandName::DiskClean, json!({"mode": "secure"}), "secure"),
+            (CommandName::RescueStart, json!({"sshKeys": []}), "sshKeys"),
+            (
+                CommandName::RescueStart,
+                json!({"sshKeys": ["ssh-ed25519 AAAA\nforced-command"]}),
+                "sshKeys",
+            ),
             (
                 CommandName::ImageWrite,
                 json!({"image": {"url": "ftp://h/i", "sha256": "ab".repeat(32)}}),

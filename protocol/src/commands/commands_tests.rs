@@ -303,7 +303,8 @@ fn command_names_and_error_codes_keep_their_spelling() {
             "bmc.power",
             "bmc.setBootDevice",
             "disk.clean",
-            "image.write"
+            "image.write",
+            "rescue.start"
         ]
     );
     for c in CommandErrorCode::ALL {

@@ -14,7 +14,8 @@
 //! [`logs`] (`logs.collect`), [`reboot`] (`node.reboot`), [`inventory`] (`inventory.refresh`);
 //! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry;
 //! [`bmc`] the site agent's BMC commands (`bmc.verify`, `bmc.power`, `bmc.setBootDevice`);
-//! [`clean`] the ramdisk's `disk.clean` and [`deploy`] its `image.write`.
+//! [`clean`] the ramdisk's `disk.clean`, [`deploy`] its `image.write` and [`rescue`] its
+//! `rescue.start`.
 //! [`CommandName`] names the commands, [`CommandErrorCode`] the codes of a failed one and
 //! [`CommandFailure`] a failure as `CommandUpdate.error` carries it; [`check_args`] holds a
 //! command's arguments against its contract (the control plane refuses a bad one at
@@ -33,6 +34,7 @@ pub mod diag;
 pub mod inventory;
 pub mod logs;
 pub mod reboot;
+pub mod rescue;
 pub mod reset;
 pub mod xid;
 
@@ -106,6 +108,9 @@ crate::string_enum! {
         NoRootDevice => "NO_ROOT_DEVICE",
         /// `image.write`: writing the disk or the config drive failed (EIO, a malformed image).
         ImageWriteFailed => "IMAGE_WRITE_FAILED",
+        /// `rescue.start`: the SSH server could not be started (missing from the image, its
+        /// keys not written, not listening).
+        RescueFailed => "RESCUE_FAILED",
     }
 }
 
