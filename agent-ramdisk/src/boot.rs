@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::cmdline::{BootParams, CmdlineError};
 use crate::hooks::RamdiskHooks;
-use crate::machine::RamdiskMachine;
+use crate::machine::{RamdiskLldp, RamdiskMachine};
 use crate::setup::{SetupConfig, SetupError};
 
 /// Outbound messages a session queues at most.
@@ -127,7 +127,14 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
         .root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
+    // Listening from now (the links are up), so the first inventory's wait overlaps the join.
+    let lldp = cfg
+        .root
+        .is_live()
+        .then(|| RamdiskLldp::start(&cfg.root, p.lldp_wait))
+        .flatten();
     let machine = Arc::new(RamdiskMachine {
+        lldp,
         ops: OpsConfig {
             reboot: RebootConfig::from_command_line(SYSCALL),
             log_file: cfg.log_file.clone(),

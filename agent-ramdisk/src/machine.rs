@@ -3,6 +3,10 @@
 //! `inventory.refresh`, `logs.collect` and `node.reboot` (reboot(2): there is no service
 //! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
@@ -10,6 +14,7 @@ use bcd_core::executor::{CommandRun, blocking, to_result};
 use bcd_core::mode::Machine;
 use bcd_core::ops::OpsConfig;
 use bcd_probes::hostroot::HostRoot;
+use bcd_probes::inventory::lldp::Watcher;
 use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
 use serde_json::Value;
 
@@ -26,6 +31,54 @@ pub struct RamdiskMachine {
     pub nvml: NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: OpsConfig,
+    /// The LLDP listener (a live root only), with how long the first inventory waits for each
+    /// link to hear an LLDPDU (`bcd.lldp_wait`).
+    pub lldp: Option<Arc<RamdiskLldp>>,
+}
+
+/// The ramdisk's LLDP listener and its one wait.
+#[derive(Debug)]
+pub struct RamdiskLldp {
+    /// Listens from the start of the boot.
+    pub watcher: Watcher,
+    /// How long the first inventory waits ([`Watcher::wait_heard`]); later ones never wait.
+    pub first_wait: Duration,
+    /// Whether that wait is done.
+    pub waited: AtomicBool,
+}
+
+impl RamdiskLldp {
+    /// Starts listening on the machine's physical, up links; `None` (logged) when the thread
+    /// cannot start.
+    pub fn start(root: &HostRoot, first_wait: Duration) -> Option<Arc<Self>> {
+        match Watcher::spawn(root.clone()) {
+            Ok(w) => Some(Arc::new(Self {
+                watcher: w,
+                first_wait,
+                waited: AtomicBool::new(false),
+            })),
+            Err(e) => {
+                tracing::warn!(error = %e, "LLDP listener not running; the inventory has no neighbours");
+                None
+            }
+        }
+    }
+
+    /// The watcher, after the first call's wait for every link to hear an LLDPDU (bounded by
+    /// `first_wait`). Blocks: call it off the async runtime.
+    fn ready(&self) -> &Watcher {
+        if !self.waited.swap(true, Ordering::AcqRel) && !self.first_wait.is_zero() {
+            let started = std::time::Instant::now();
+            let heard = self.watcher.wait_heard(self.first_wait);
+            tracing::info!(
+                links = heard.len(),
+                neighbours = heard.values().map(Vec::len).sum::<usize>(),
+                waited_ms = started.elapsed().as_millis() as u64,
+                "lldp: waited for neighbours before the first inventory"
+            );
+        }
+        &self.watcher
+    }
 }
 
 impl RamdiskMachine {
@@ -91,11 +144,14 @@ impl Machine for RamdiskMachine {
     }
 
     async fn inventory(&self) -> Result<Inventory, String> {
-        let (root, nvml) = (self.root.clone(), self.nvml.clone());
-        tokio::task::spawn_blocking(move || bcd_probes::inventory::message(&root, Some(&nvml)))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+        let (root, nvml, lldp) = (self.root.clone(), self.nvml.clone(), self.lldp.clone());
+        tokio::task::spawn_blocking(move || {
+            let watcher = lldp.as_deref().map(RamdiskLldp::ready);
+            bcd_probes::inventory::message(&root, Some(&nvml), watcher)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
     }
 
     async fn run_command(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
@@ -135,6 +191,7 @@ mod tests {
                 nvidia_smi: root.join("no-nvidia-smi"),
             },
             ops: OpsConfig::default(),
+            lldp: None,
         }
     }
 
