@@ -336,6 +336,14 @@ mod tests {
     }
 
     #[test]
+    fn lldp_is_on_unless_the_file_turns_it_off() -> Result<(), ConfigError> {
+        assert!(Config::default().lldp);
+        let c = Config::from_toml("lldp = false\n", Path::new("bcd.toml"))?;
+        assert!(!c.lldp);
+        Ok(())
+    }
+
+    #[test]
     fn unknown_key_is_an_error_with_its_line() {
         let err = Config::from_toml(
             "state_dir = \"/x\"\ncontrol_plain = \"https://a\"\n",

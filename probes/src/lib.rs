@@ -25,8 +25,9 @@
 //!
 //! # Limitations
 //! Depends on `bc-protocol` only, never on `bcd-core` (no session, no state dir, no journal) nor on
-//! any mode crate or the `bcd` binary. `unsafe` is denied everywhere but `inventory::ethtool`
-//! and `inventory::nvme` (one ioctl each, documented there).
+//! any mode crate or the `bcd` binary. `unsafe` is denied everywhere but `inventory::ethtool`,
+//! `inventory::nvme`, `inventory::ipmi`, `inventory::sgio` (one ioctl each, documented there)
+//! and `inventory::lldp::socket` (`bind` and `setsockopt` of an `AF_PACKET` socket).
 #![deny(unsafe_code)]
 
 pub mod hostroot;

@@ -264,7 +264,10 @@ fn the_command_prints_the_document_as_json() {
         let back = back.unwrap_or_default();
         assert_eq!(back.cpu.map(|c| c.threads), Some(8));
         assert_eq!(back.nics.len(), 4);
-        assert!(back.notes.iter().all(|n| n.source != "lldp"), "not asked to listen");
+        assert!(
+            back.notes.iter().all(|n| n.source != "lldp"),
+            "not asked to listen"
+        );
     }
 }
 

@@ -34,7 +34,6 @@ pub mod gpu;
 pub mod host;
 #[allow(unsafe_code)]
 pub mod ipmi;
-#[allow(unsafe_code)]
 pub mod lldp;
 pub mod message;
 pub mod nics;

@@ -7,6 +7,8 @@
 //! - The link without one has no `lldp` after the bounded wait, which lasts its bound.
 //! - With `CAP_NET_RAW` dropped (`setpriv`), the inventory still comes out, without `lldp`,
 //!   with a note and a log line that name the capability.
+//! - The background `Watcher` (node agent, ramdisk), run in the near namespace, holds the
+//!   neighbour and drops it once lldpd stops.
 //!
 //! Needs root, `ip` (iproute2), `lldpd` and `lldpcli` (lldpd), `setpriv` (util-linux): without
 //! them the test says `!!! SKIPPED` and returns, and under `CI=true` fails (`.ci/run` installs
@@ -20,6 +22,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use bc_protocol::inventory::{Inventory, Nic};
+use bcd_probes::inventory::lldp::Watcher;
 
 /// What lldpd is told to say.
 const SYSTEM_NAME: &str = "bcd-e2e-leaf";
@@ -214,7 +217,7 @@ fn lldpd_on_the_far_end_is_the_near_ends_neighbour_and_a_silent_link_has_none() 
     let ns = Namespaces::new(&tag);
     ns.veth(&heard_if, &format!("bl{tag}b"), FAR_MAC);
     ns.veth(&silent_if, &format!("bl{tag}d"), "02:bc:d0:00:00:04");
-    let _lldpd = start_lldpd(&ns.far, &format!("bl{tag}b"), tmp.path());
+    let lldpd = start_lldpd(&ns.far, &format!("bl{tag}b"), tmp.path());
     let lldpd_log = || std::fs::read_to_string(tmp.path().join("lldpd.log")).unwrap_or_default();
 
     // The speaker's link: heard, and the wait ends there (lldpd sends every second).
@@ -286,5 +289,37 @@ fn lldpd_on_the_far_end_is_the_near_ends_neighbour_and_a_silent_link_has_none() 
     assert!(
         took < Duration::from_secs(3),
         "no waiting without the capability: {took:?}"
+    );
+
+    // The node agent's and the ramdisk's background listener, started from a thread in the
+    // near namespace (its own thread inherits it): it holds the neighbour, and lets it go at
+    // once when lldpd, stopped, says goodbye (its shutdown LLDPDU has TTL 0), well before the
+    // neighbour's 10 s TTL would.
+    let near = std::fs::File::open(format!("/run/netns/{}", ns.near)).unwrap();
+    let links = vec![heard_if.clone()];
+    let watcher = std::thread::spawn(move || {
+        nix::sched::setns(&near, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        Watcher::spawn_on(links).unwrap()
+    })
+    .join()
+    .unwrap();
+    let held = watcher.wait_heard(Duration::from_secs(LONG_WAIT_S));
+    assert_eq!(
+        held.get(&heard_if).map(|n| n[0].system_name.as_deref()),
+        Some(Some(SYSTEM_NAME)),
+        "{held:?}"
+    );
+    assert!(watcher.problems().is_empty(), "{:?}", watcher.problems());
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(lldpd.0.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let stopped = Instant::now();
+    bc_e2e::eventually(
+        Duration::from_secs(3),
+        "the neighbour dropped on lldpd's shutdown LLDPDU",
+        || watcher.neighbors().is_empty().then_some(()),
+    );
+    eprintln!(
+        "lldp: neighbour gone {:?} after lldpd's SIGTERM",
+        stopped.elapsed()
     );
 }

@@ -22,6 +22,7 @@
 //! bonded in the kernel is listened on through its physical members.
 
 pub mod parse;
+#[allow(unsafe_code)]
 pub mod socket;
 pub mod table;
 

@@ -52,11 +52,22 @@ impl Watcher {
     /// are this process's network namespace's). Without `CAP_NET_RAW` the thread logs it once,
     /// keeps the reason for [`Watcher::problems`] and ends; the table stays empty.
     pub fn spawn(root: HostRoot) -> Result<Self, WatcherError> {
+        Self::start(move || super::default_interfaces(&root))
+    }
+
+    /// Starts listening on `interfaces` only (what `--lldp-interface` names), in the network
+    /// namespace of the calling thread.
+    pub fn spawn_on(interfaces: Vec<String>) -> Result<Self, WatcherError> {
+        Self::start(move || interfaces.clone())
+    }
+
+    /// Starts the thread; `links` gives the interfaces at each rescan.
+    fn start(links: impl Fn() -> Vec<String> + Send + 'static) -> Result<Self, WatcherError> {
         let shared = Arc::new(Shared::default());
         let s = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("bcd-lldp".into())
-            .spawn(move || run(&root, &s))
+            .spawn(move || run(&links, &s))
             .map_err(WatcherError::Spawn)?;
         Ok(Self {
             shared,
@@ -107,10 +118,10 @@ impl Drop for Watcher {
 }
 
 /// The thread: rescan, then poll in ticks until the next rescan, until stopped.
-fn run(root: &HostRoot, shared: &Shared) {
+fn run(links: &dyn Fn() -> Vec<String>, shared: &Shared) {
     let mut sockets = Sockets::default();
     while !shared.stop.load(Ordering::Acquire) {
-        let ifaces = super::default_interfaces(root);
+        let ifaces = links();
         let errors = {
             let mut table = shared.table.lock();
             let errors = sockets.sync(&ifaces, &mut table);
