@@ -24,7 +24,7 @@ pub const KEYS: [&str; 8] = [
     "bcd.lldp_wait",
 ];
 
-/// How long the ramdisk waits for LLDP on its links before its first inventory when the command
+/// How long the ramdisk waits for LLDP on its links before joining when the command
 /// line has no `bcd.lldp_wait`: a switch sends an LLDPDU every 30 s by default (IEEE 802.1AB
 /// `msgTxInterval`).
 pub const DEFAULT_LLDP_WAIT: Duration = Duration::from_secs(30);
@@ -72,7 +72,7 @@ pub struct BootParams {
     pub modules: Vec<String>,
     /// How long DHCP may take in all (`bcd.dhcp_timeout`, seconds).
     pub dhcp_timeout: Option<Duration>,
-    /// How long the first inventory waits for each link to hear an LLDPDU (`bcd.lldp_wait`,
+    /// How long the boot waits, before joining, for each link to hear an LLDPDU (`bcd.lldp_wait`,
     /// whole seconds, 0 to 600; [`DEFAULT_LLDP_WAIT`] when absent; 0: no wait).
     pub lldp_wait: Duration,
     /// `bcd.` keys this version does not know (a newer boot script): logged, not fatal.

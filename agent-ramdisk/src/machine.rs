@@ -4,8 +4,6 @@
 //! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
@@ -31,54 +29,9 @@ pub struct RamdiskMachine {
     pub nvml: NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: OpsConfig,
-    /// The LLDP listener (a live root only), with how long the first inventory waits for each
-    /// link to hear an LLDPDU (`bcd.lldp_wait`).
-    pub lldp: Option<Arc<RamdiskLldp>>,
-}
-
-/// The ramdisk's LLDP listener and its one wait.
-#[derive(Debug)]
-pub struct RamdiskLldp {
-    /// Listens from the start of the boot.
-    pub watcher: Watcher,
-    /// How long the first inventory waits ([`Watcher::wait_heard`]); later ones never wait.
-    pub first_wait: Duration,
-    /// Whether that wait is done.
-    pub waited: AtomicBool,
-}
-
-impl RamdiskLldp {
-    /// Starts listening on the machine's physical, up links; `None` (logged) when the thread
-    /// cannot start.
-    pub fn start(root: &HostRoot, first_wait: Duration) -> Option<Arc<Self>> {
-        match Watcher::spawn(root.clone()) {
-            Ok(w) => Some(Arc::new(Self {
-                watcher: w,
-                first_wait,
-                waited: AtomicBool::new(false),
-            })),
-            Err(e) => {
-                tracing::warn!(error = %e, "LLDP listener not running; the inventory has no neighbours");
-                None
-            }
-        }
-    }
-
-    /// The watcher, after the first call's wait for every link to hear an LLDPDU (bounded by
-    /// `first_wait`). Blocks: call it off the async runtime.
-    fn ready(&self) -> &Watcher {
-        if !self.waited.swap(true, Ordering::AcqRel) && !self.first_wait.is_zero() {
-            let started = std::time::Instant::now();
-            let heard = self.watcher.wait_heard(self.first_wait);
-            tracing::info!(
-                links = heard.len(),
-                neighbours = heard.values().map(Vec::len).sum::<usize>(),
-                waited_ms = started.elapsed().as_millis() as u64,
-                "lldp: waited for neighbours before the first inventory"
-            );
-        }
-        &self.watcher
-    }
+    /// The LLDP listener (a live root only) whose neighbours every inventory carries; the boot
+    /// waited `bcd.lldp_wait` on it before joining ([`crate::boot`]).
+    pub lldp: Option<Arc<Watcher>>,
 }
 
 impl RamdiskMachine {
@@ -146,8 +99,7 @@ impl Machine for RamdiskMachine {
     async fn inventory(&self) -> Result<Inventory, String> {
         let (root, nvml, lldp) = (self.root.clone(), self.nvml.clone(), self.lldp.clone());
         tokio::task::spawn_blocking(move || {
-            let watcher = lldp.as_deref().map(RamdiskLldp::ready);
-            bcd_probes::inventory::message(&root, Some(&nvml), watcher)
+            bcd_probes::inventory::message(&root, Some(&nvml), lldp.as_deref())
         })
         .await
         .map_err(|e| e.to_string())?

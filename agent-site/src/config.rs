@@ -79,7 +79,7 @@ pub struct SiteConfig {
     /// Kernel arguments of the site, before each boot's own. Default
     /// `console=tty0 console=ttyS0,115200n8`.
     pub boot_kernel_args: String,
-    /// How long a booted ramdisk waits, before its first inventory, for each link to hear an
+    /// How long a booted ramdisk waits, before it joins, for each link to hear an
     /// LLDPDU (`bcd.lldp_wait=<this>` on its kernel command line), seconds, 0 to 600. Default 30
     /// (a switch's default LLDP interval).
     pub ramdisk_lldp_wait_s: u32,

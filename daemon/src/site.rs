@@ -72,7 +72,7 @@ pub struct SiteArgs {
     /// The ramdisk's initramfs (default `[site] boot_initrd`).
     #[arg(long)]
     pub boot_initrd: Option<PathBuf>,
-    /// Seconds a booted ramdisk waits for LLDP on its links before its first inventory
+    /// Seconds a booted ramdisk waits for LLDP on its links before joining
     /// (`bcd.lldp_wait`; default `[site] ramdisk_lldp_wait_s`, 30).
     #[arg(long, value_name = "SECONDS")]
     pub ramdisk_lldp_wait: Option<u32>,

@@ -85,14 +85,25 @@ impl Watcher {
         self.shared.problems.lock().clone()
     }
 
+    /// True once every link listened on has heard an LLDPDU (or the listener has ended): what
+    /// [`Watcher::wait_heard`] waits for.
+    pub fn heard_all(&self) -> bool {
+        let table = self.shared.table.lock();
+        self.done(&table)
+    }
+
+    fn done(&self, table: &Table) -> bool {
+        (self.shared.scanned.load(Ordering::Acquire) && table.all_heard())
+            || self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     /// Blocks until every link listened on has heard an LLDPDU, the listener has ended, or
-    /// `timeout` has passed; returns the neighbours then. For the ramdisk's first inventory.
+    /// `timeout` has passed; returns the neighbours then. For the ramdisk, before it joins.
     pub fn wait_heard(&self, timeout: Duration) -> Neighbors {
         let deadline = Instant::now() + timeout;
         let mut table = self.shared.table.lock();
         loop {
-            let done = self.shared.scanned.load(Ordering::Acquire) && table.all_heard();
-            if done || self.thread.as_ref().is_none_or(JoinHandle::is_finished) {
+            if self.done(&table) {
                 break;
             }
             if self
