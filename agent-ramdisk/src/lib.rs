@@ -17,7 +17,13 @@
 //! - [`machine`]: the `bcd_core::mode::Machine` — the machine's real SMBIOS, hardware key and
 //!   inventory (`bcd_probes::{hwkey, inventory}`, the node agent's document), `diag.nvml` and
 //!   `gpu.reset` through `bcd_probes::nvml`, `logs.collect` and `node.reboot` through
-//!   `bcd_core::ops` (with `reboot(2)`: there is no service manager).
+//!   `bcd_core::ops` (with `reboot(2)`: there is no service manager), and `disk.clean`.
+//! - [`clean`]: `disk.clean` — every disk's metadata erased (both ends of the disk and of each
+//!   partition, then the partition table re-read), and in mode `full` every block (NVMe Format
+//!   with secure erase, falling back `ses=2 → 1 → 0`; ATA security erase; secure discard,
+//!   discard, zeroing); a
+//!   read-only or failing disk is named in the result and the others are still cleaned. Its
+//!   ioctls are `bcd_probes::erase`'s safe wrappers: this crate has no `unsafe`.
 //! - [`hooks`]: a Spec is answered "not converged" (reason `RamdiskAgent`); a revoked or refused
 //!   identity ends the boot.
 //! - [`boot`]: one boot — the per-boot identity in memory (`bcd_core::identity::MemoryIdentity`)
@@ -31,12 +37,15 @@
 //! # Limitations
 //! The ramdisk joins, reports inventory (NVMe health and NIC firmware included) and serves the
 //! commands above, which is what inspection and commissioning need (the control plane decides
-//! the steps); burn-in beyond `diag.nvml`, disk erase (NVMe format/sanitize, ATA secure erase,
-//! overwrite), image write with checksum and the BMC's address seen in-band are still to come. NIC firmware (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and
-//! only IPv4 DHCP is tried.
+//! the steps), and `disk.clean`, which release and retire need; burn-in beyond `diag.nvml`,
+//! image write with checksum and the BMC's address seen in-band are still to come. Disk erase
+//! has no NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk is discarded or zeroed),
+//! and its ATA security erase was tested against a fake drive only. NIC firmware (`ice`'s DDP package, some `bnxt_en`
+//! cards) is not in the image, and only IPv4 DHCP is tried.
 #![forbid(unsafe_code)]
 
 pub mod boot;
+pub mod clean;
 pub mod cmdline;
 pub mod hooks;
 pub mod machine;

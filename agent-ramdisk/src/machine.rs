@@ -1,10 +1,12 @@
 //! The ramdisk's [`Machine`]: the bare-metal server it booted on — its real SMBIOS, hardware key
 //! and inventory (the same document the node agent sends), and the commands a ramdisk serves:
 //! `inventory.refresh`, `logs.collect` and `node.reboot` (reboot(2): there is no service
-//! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads.
+//! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads, and
+//! `disk.clean` through [`crate::clean`].
 
 use std::sync::Arc;
 
+use bc_protocol::commands::clean::CleanArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
@@ -65,6 +67,21 @@ impl RamdiskMachine {
     }
 }
 
+impl RamdiskMachine {
+    /// `disk.clean`: every disk erased off the runtime (a full erase blocks for hours); each
+    /// disk's fate is in the result, and the command fails (`CLEAN_FAILED`) only when the disks
+    /// cannot be listed at all.
+    async fn clean(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: CleanArgs = run.args()?;
+        let root = self.root.clone();
+        let result = blocking(move || crate::clean::clean(&root, a.mode))
+            .await?
+            .map_err(|e| CommandFailure::new(CommandErrorCode::CleanFailed, e.to_string()))?;
+        tracing::info!(summary = %result.summary(), ms = result.duration_ms, "disk.clean done");
+        to_result(&result)
+    }
+}
+
 impl Machine for RamdiskMachine {
     fn mode(&self) -> Mode {
         Mode::Ramdisk
@@ -115,6 +132,12 @@ impl Machine for RamdiskMachine {
             CommandName::NodeReboot => {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
+            CommandName::DiskClean => self.clean(run).await,
+            // The ramdisk's image.write: agent-ramdisk/src/deploy (built next).
+            CommandName::ImageWrite => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                "image.write is not built into this ramdisk yet",
+            )),
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,
@@ -204,6 +227,39 @@ mod tests {
             .unwrap_err();
         assert_eq!(f.code, CommandErrorCode::Unsupported);
         assert!(f.message.contains("ramdisk agent"), "{f:?}");
+    }
+
+    #[tokio::test]
+    async fn disk_clean_reports_each_disk_and_fails_only_without_sys_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = machine(dir.path(), None);
+        let f = m
+            .run_command(&command(CommandName::DiskClean))
+            .await
+            .unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::CleanFailed, "{f:?}");
+        assert!(f.message.contains("sys/block"), "{f:?}");
+
+        let sys = dir.path().join("sys/block/vda");
+        std::fs::create_dir_all(&sys).unwrap();
+        std::fs::write(sys.join("size"), "4096\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("dev")).unwrap();
+        std::fs::write(dir.path().join("dev/vda"), vec![0xAB; 4096 * 512]).unwrap();
+        std::fs::create_dir_all(dir.path().join("sys/block/loop0")).unwrap();
+        let mut run = command(CommandName::DiskClean);
+        run.args = serde_json::json!({"mode": "full"});
+        let v = m.run_command(&run).await.unwrap();
+        assert_eq!(v["mode"], "full", "{v}");
+        assert_eq!(v["disks"].as_array().map(Vec::len), Some(1), "{v}");
+        assert_eq!(v["disks"][0]["name"], "vda");
+        assert_eq!(v["disks"][0]["outcome"], "cleaned", "{v}");
+        assert_eq!(v["disks"][0]["bytesErased"], 4096 * 512);
+        let disk = std::fs::read(dir.path().join("dev/vda")).unwrap();
+        assert!(disk.iter().all(|&b| b == 0));
+
+        run.args = serde_json::json!({"mode": "secure"});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
     }
 
     #[tokio::test]

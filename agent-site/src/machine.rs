@@ -70,7 +70,10 @@ impl Machine for SiteMachine {
             CommandName::NodeReboot => {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
-            CommandName::DiagNvml | CommandName::GpuReset => Err(CommandFailure::new(
+            CommandName::DiagNvml
+            | CommandName::GpuReset
+            | CommandName::DiskClean
+            | CommandName::ImageWrite => Err(CommandFailure::new(
                 CommandErrorCode::Unsupported,
                 format!(
                     "{} is a node agent's command; this is a site agent",

@@ -78,6 +78,8 @@ pub fn check_settings(a: &cpl_store::Acceptance) -> Result<(), OpError> {
             "commissioningDeadlineSeconds",
             a.commissioning_deadline_seconds,
         ),
+        ("cleaningDeadlineSeconds", a.cleaning_deadline_seconds),
+        ("deployDeadlineSeconds", a.deploy_deadline_seconds),
     ] {
         if let Some(s) = v
             && (s == 0 || s > MAX_DEADLINE_SECONDS)

@@ -216,6 +216,8 @@ mod tests {
                 reachable: None,
                 created_at: 1,
                 inspect: false,
+                deployed: false,
+                deployment: None,
             })?;
             let doc = |ip: &str| {
                 format!(

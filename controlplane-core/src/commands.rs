@@ -45,6 +45,12 @@ pub enum CommandError {
     },
     #[error("args must be a JSON object")]
     BadArgs,
+    /// A command only a workflow sends (`disk.clean`: `nodes.release`, `nodes.retire`).
+    #[error("{name} is sent only by the {workflow} workflow, never through commands.create")]
+    WorkflowOnly {
+        name: &'static str,
+        workflow: &'static str,
+    },
     /// The arguments break the command's typed contract (`bc_protocol::commands`).
     #[error(transparent)]
     InvalidArgs(#[from] bc_protocol::commands::ArgsError),
@@ -65,7 +71,9 @@ impl CommandError {
             CommandError::UnknownName(_) | CommandError::BadArgs | CommandError::InvalidArgs(_) => {
                 ErrorCode::InvalidArgument
             }
-            CommandError::NotAllowed { .. } => ErrorCode::PermissionDenied,
+            CommandError::NotAllowed { .. } | CommandError::WorkflowOnly { .. } => {
+                ErrorCode::PermissionDenied
+            }
             CommandError::AlreadyOver { .. } | CommandError::NotCordoned { .. } => {
                 ErrorCode::InvalidState
             }
@@ -87,7 +95,9 @@ impl From<CommandError> for OpError {
             CommandError::UnknownName(_) | CommandError::BadArgs | CommandError::InvalidArgs(_) => {
                 OpError::InvalidArgument(message)
             }
-            CommandError::NotAllowed { .. } => OpError::PermissionDenied(message),
+            CommandError::NotAllowed { .. } | CommandError::WorkflowOnly { .. } => {
+                OpError::PermissionDenied(message)
+            }
             CommandError::NotCordoned { .. } | CommandError::AlreadyOver { .. } => {
                 OpError::InvalidState(message)
             }
@@ -135,6 +145,17 @@ impl Commands {
         actor: &str,
     ) -> Result<CommandRecord, CommandError> {
         let parsed: CommandName = name.parse()?;
+        let workflow = match parsed {
+            CommandName::DiskClean => Some("release or retire (nodes.release, nodes.retire)"),
+            CommandName::ImageWrite => Some("deploy (nodes.deploy)"),
+            _ => None,
+        };
+        if let Some(workflow) = workflow {
+            return Err(CommandError::WorkflowOnly {
+                name: parsed.as_str(),
+                workflow,
+            });
+        }
         let mut args = args;
         let Some(obj) = args.as_object_mut() else {
             return Err(CommandError::BadArgs);

@@ -118,7 +118,9 @@ pub fn evidence(c: &CommandRecord) -> Option<Evidence> {
         | CommandName::NodeReboot
         | CommandName::BmcVerify
         | CommandName::BmcPower
-        | CommandName::BmcSetBootDevice => None,
+        | CommandName::BmcSetBootDevice
+        | CommandName::DiskClean
+        | CommandName::ImageWrite => None,
     }
 }
 

@@ -5,8 +5,10 @@
 //! commissioning -> ready -> deploying -> deployed -> releasing -> ready`, and `retiring -> retired`
 //! (from `ready`, and from `adopted`: an adopted server is retired like any other).
 //! The edges the diagram leaves out are in the table too: every workflow state can go to `failed`,
-//! `failed` can recover (only back to the state it failed from, kept in `failedFrom`), and
-//! `deployed` can enter `rescue` (and leave it back to `deployed`).
+//! `failed` can recover (only back to the state it failed from, kept in `failedFrom`) or be
+//! retired whatever it failed in, `deployed` can enter `rescue` (and leave it back to
+//! `deployed`) or be retired (the retire workflow cleans it first), and an enrollment of a
+//! machine that already runs its OS goes `enrolling -> deployed` (issue 16).
 
 use bc_protocol::ProvisionState::{self, *};
 
@@ -30,12 +32,12 @@ pub const WORKFLOW_STATES: &[ProvisionState] = &[
 pub const PROVISION_STATE_TABLE: &[(ProvisionState, &[ProvisionState])] = &[
     (Adopting, &[Adopted, Failed]),
     (Adopted, &[Retiring]),
-    (Enrolling, &[Inspecting, Failed]),
+    (Enrolling, &[Inspecting, Deployed, Failed]),
     (Inspecting, &[Commissioning, Failed]),
     (Commissioning, &[Ready, Failed]),
     (Ready, &[Deploying, Inspecting, Retiring]),
     (Deploying, &[Deployed, Failed]),
-    (Deployed, &[Releasing, Rescue]),
+    (Deployed, &[Releasing, Rescue, Retiring]),
     (Releasing, &[Ready, Failed]),
     (Rescue, &[Deployed, Failed]),
     (Failed, WORKFLOW_STATES),
@@ -65,7 +67,8 @@ pub struct Transition {
 }
 
 /// Checks `from -> to` against [`PROVISION_STATE_TABLE`]. `failed_from` is the node's current
-/// `failedFrom`; a move out of `failed` is legal only back to it.
+/// `failedFrom`; a move out of `failed` is legal only back to it, or to `retiring` (a machine
+/// that failed in any workflow can still be retired).
 ///
 /// Errors: [`OpError::InvalidTransition`] naming `from` and `to`.
 pub fn transition(
@@ -74,7 +77,7 @@ pub fn transition(
     to: ProvisionState,
 ) -> Result<Transition, OpError> {
     let listed = targets(from).contains(&to);
-    let legal = listed && (from != Failed || failed_from == Some(to));
+    let legal = listed && (from != Failed || failed_from == Some(to) || to == Retiring);
     if !legal {
         return Err(OpError::InvalidTransition { from, to });
     }
@@ -111,6 +114,8 @@ mod tests {
         // Issue 18 item 9: an adopted node is retired like any other.
         (Adopted, Retiring),
         (Enrolling, Inspecting),
+        // Issue 16 item 6: a machine that already runs its OS is enrolled as deployed.
+        (Enrolling, Deployed),
         (Inspecting, Commissioning),
         (Commissioning, Ready),
         (Ready, Deploying),
@@ -119,6 +124,7 @@ mod tests {
         (Deploying, Deployed),
         (Deployed, Releasing),
         (Deployed, Rescue),
+        (Deployed, Retiring),
         (Rescue, Deployed),
         (Releasing, Ready),
         (Retiring, Retired),
@@ -154,7 +160,7 @@ mod tests {
             assert!(t.maintenance_on);
             for &to in ProvisionState::ALL {
                 let r = transition(Failed, Some(w), to);
-                if to == w {
+                if to == w || to == Retiring {
                     let back = r.unwrap_or_else(|e| panic!("recover to {w}: {e}"));
                     assert_eq!(back.failed_from, None);
                     assert!(!back.maintenance_on);
@@ -173,9 +179,14 @@ mod tests {
     }
 
     #[test]
-    fn failed_without_failed_from_cannot_move() {
+    fn failed_without_failed_from_can_only_be_retired() {
         for &to in ProvisionState::ALL {
-            is_invalid(transition(Failed, None, to), Failed, to);
+            let r = transition(Failed, None, to);
+            if to == Retiring {
+                assert!(r.is_ok(), "failed -> retiring: {r:?}");
+            } else {
+                is_invalid(r, Failed, to);
+            }
         }
     }
 
@@ -202,7 +213,10 @@ mod tests {
                 .unwrap_or_else(|| panic!("docs/node-model.md has no row for {from}"));
             let names: Vec<&str> = to.iter().map(|s| s.as_str()).collect();
             let want = if *from == Failed {
-                format!("failedFrom only (one of: {})", names.join(", "))
+                format!(
+                    "failedFrom (one of: {}), or retiring whatever it failed in",
+                    names.join(", ")
+                )
             } else if names.is_empty() {
                 "—".to_owned()
             } else {

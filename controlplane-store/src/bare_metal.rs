@@ -60,11 +60,18 @@ pub struct BmcRecord {
     /// Whether the node goes on to `inspecting` by itself once the BMC is verified
     /// (`nodes.enroll`'s `inspect`, issue 15).
     pub inspect: bool,
+    /// Enrolled as a machine that already runs its OS (`nodes.enroll`'s `deployed`, issue 16):
+    /// a verified BMC moves the node `enrolling -> deployed`, with no network boot.
+    pub deployed: bool,
+    /// `nodes.deploy`'s image, root-device hints and config drive (camelCase JSON, as the
+    /// ramdisk's `image.write` takes them), kept so `nodes.recover` deploys the same again.
+    pub deployment: Option<serde_json::Value>,
 }
 
 const BMC_COLUMNS: &str = "b.node_id, b.address, b.tls, b.credentials, b.candidate, b.cert_sha256, \
     b.facts, b.identifiers, b.macs, b.verified_at, b.verify_command_id, b.verify_started_at, \
-    b.last_error, b.power_expected, b.power_expected_at, b.reachable, b.created_at, b.inspect";
+    b.last_error, b.power_expected, b.power_expected_at, b.reachable, b.created_at, b.inspect, \
+    b.deployed, b.deployment";
 
 fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
     let facts: Option<String> = r.get(6)?;
@@ -89,6 +96,11 @@ fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
         reachable: r.get(15)?,
         created_at: r.get(16)?,
         inspect: r.get(17)?,
+        deployed: r.get(18)?,
+        deployment: r
+            .get::<_, Option<String>>(19)?
+            .map(|d| from_json("node_bmcs.deployment", &d))
+            .transpose()?,
     })
 }
 
@@ -142,8 +154,8 @@ impl Tx<'_> {
         self.sqlite().execute(
             "INSERT INTO node_bmcs (node_id, address, tls, credentials, candidate, cert_sha256, \
              facts, identifiers, macs, verified_at, verify_command_id, verify_started_at, \
-             last_error, power_expected, power_expected_at, reachable, created_at, inspect) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) \
+             last_error, power_expected, power_expected_at, reachable, created_at, inspect, deployed, deployment) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) \
              ON CONFLICT (node_id) DO UPDATE SET address = excluded.address, tls = excluded.tls, \
              credentials = excluded.credentials, candidate = excluded.candidate, \
              cert_sha256 = excluded.cert_sha256, facts = excluded.facts, \
@@ -152,7 +164,8 @@ impl Tx<'_> {
              verify_started_at = excluded.verify_started_at, last_error = excluded.last_error, \
              power_expected = excluded.power_expected, \
              power_expected_at = excluded.power_expected_at, reachable = excluded.reachable, \
-             inspect = excluded.inspect",
+             inspect = excluded.inspect, deployed = excluded.deployed, \
+             deployment = excluded.deployment",
             params![
                 b.node_id,
                 b.address,
@@ -171,7 +184,9 @@ impl Tx<'_> {
                 b.power_expected_at,
                 b.reachable,
                 b.created_at,
-                b.inspect
+                b.inspect,
+                b.deployed,
+                b.deployment.as_ref().map(to_json)
             ],
         )?;
         Ok(())
@@ -352,6 +367,8 @@ mod tests {
                 reachable: None,
                 created_at: 1,
                 inspect: true,
+                deployed: false,
+                deployment: Some(serde_json::json!({"image": {"url": "http://x/i"}})),
             };
             tx.put_bmc(&b)?;
             assert_eq!(tx.bmc("node_m")?.as_ref(), Some(&b));

@@ -40,10 +40,17 @@ pub struct BootRecord {
     /// When commissioning's inventory steps ran on this boot's report (a boot that began in
     /// `commissioning`, after `nodes.recover`, runs them on its first inventory).
     pub steps_at: Option<i64>,
+    /// The workflow's command in flight (issue 16): release/retire's `disk.clean`, deploy's
+    /// `image.write`, then its `bmc.setBootDevice` and `bmc.power`.
+    pub work_command_id: Option<String>,
+    /// The workflow's last finished step on this boot (deploy: `imageWritten`,
+    /// `bootDeviceSet`).
+    pub work_step: Option<String>,
 }
 
 const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
-    expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at";
+    expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, work_command_id, \
+    work_step";
 
 fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
     Ok(BootRecord {
@@ -60,6 +67,8 @@ fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
         ended_at: r.get(10)?,
         diag_command_id: r.get(11)?,
         steps_at: r.get(12)?,
+        work_command_id: r.get(13)?,
+        work_step: r.get(14)?,
     })
 }
 
@@ -69,15 +78,17 @@ impl Tx<'_> {
     pub fn put_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
         self.sqlite().execute(
             "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
-             created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+             created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, \
+             work_command_id, work_step) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
              ON CONFLICT (node_id) DO UPDATE SET token_id = excluded.token_id, \
              secret_sha256 = excluded.secret_sha256, sealed = excluded.sealed, \
              purpose = excluded.purpose, created_at = excluded.created_at, \
              expires_at = excluded.expires_at, used_at = excluded.used_at, \
              phase_started_at = excluded.phase_started_at, command_id = excluded.command_id, \
              ended_at = excluded.ended_at, diag_command_id = excluded.diag_command_id, \
-             steps_at = excluded.steps_at",
+             steps_at = excluded.steps_at, work_command_id = excluded.work_command_id, \
+             work_step = excluded.work_step",
             params![
                 b.node_id,
                 b.token_id,
@@ -91,7 +102,9 @@ impl Tx<'_> {
                 b.command_id,
                 b.ended_at,
                 b.diag_command_id,
-                b.steps_at
+                b.steps_at,
+                b.work_command_id,
+                b.work_step
             ],
         )?;
         Ok(())
@@ -173,6 +186,8 @@ mod tests {
             ended_at: None,
             diag_command_id: None,
             steps_at: None,
+            work_command_id: None,
+            work_step: None,
         }
     }
 

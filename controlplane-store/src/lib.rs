@@ -253,6 +253,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M006_SESSIONS_AND_ACCEPTANCE),
         M::up(migrations::M007_BARE_METAL),
         M::up(migrations::M008_BOOTS),
+        M::up(migrations::M009_WORKFLOWS),
     ])
 }
 

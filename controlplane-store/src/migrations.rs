@@ -334,3 +334,14 @@ CREATE TABLE node_boots (
 -- Whether a verified enrollment goes on to `inspecting` by itself (nodes.enroll's `inspect`).
 ALTER TABLE node_bmcs ADD COLUMN inspect INTEGER NOT NULL DEFAULT 0;
 "#;
+
+/// Issue 16: deploy, release, retire and adopting a running machine. The workflow's command in
+/// flight on the boot and the last step it finished; the deploy asked for; whether an
+/// enrollment is of a machine that already runs its OS (`nodes.enroll`'s `deployed`, Metal3's
+/// `externallyProvisioned`).
+pub const M009_WORKFLOWS: &str = r#"
+ALTER TABLE node_boots ADD COLUMN work_command_id TEXT; -- disk.clean, image.write, bmc.* in flight
+ALTER TABLE node_boots ADD COLUMN work_step TEXT;       -- the workflow's last finished step
+ALTER TABLE node_bmcs ADD COLUMN deployed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE node_bmcs ADD COLUMN deployment TEXT;       -- nodes.deploy's image and config, JSON
+"#;

@@ -86,6 +86,20 @@ pub struct Acceptance {
     /// `true`); `false` leaves it running the ramdisk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_off_when_ready: Option<bool>,
+    /// Bare metal (issue 16): how much of every disk the ramdisk erases on release and retire,
+    /// `metadata` (default: partition tables and signatures) or `full` (every block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleaning: Option<bc_protocol::commands::clean::CleanMode>,
+    /// Bare metal: seconds a machine may stay `releasing` or `retiring` — the reboot into the
+    /// ramdisk, its join, the cleaning and the checks after it — 1 to 2,592,000. Default 3,600;
+    /// a full erase of large disks wants more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleaning_deadline_seconds: Option<u64>,
+    /// Bare metal: seconds a machine may stay `deploying` — the boot into the ramdisk, the
+    /// image's download and write, the boot device and the reboot onto the disk — 1 to
+    /// 2,592,000. Default 3,600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy_deadline_seconds: Option<u64>,
 }
 
 /// One pool.

@@ -13,6 +13,8 @@
 //!   key and the inventory need.
 //! - [`hwkey`]: the hardware key and its per-identifier digests (DESIGN.md "Hardware key").
 //! - [`inventory`]: the inventory document (`bc_protocol::inventory`) from its collectors.
+//! - [`erase`]: the ioctls that erase a disk (re-read partitions, discard, zero out, NVMe
+//!   Format NVM), for the ramdisk's `disk.clean`.
 //! - [`nvml`]: NVML through nvml-wrapper — GPU inventory, `diag.nvml`, `gpu.reset`, the XID watch
 //!   (NVML events or `/dev/kmsg`); results are `bc_protocol::commands` types.
 //! - Each of `hwkey`, `inventory` and `nvml` has a `cli` module: the flags and output of
@@ -25,11 +27,13 @@
 //!
 //! # Limitations
 //! Depends on `bc-protocol` only, never on `bcd-core` (no session, no state dir, no journal) nor on
-//! any mode crate or the `bcd` binary. `unsafe` is denied everywhere but `inventory::ethtool`,
-//! `inventory::nvme`, `inventory::ipmi`, `inventory::sgio` (one ioctl each, documented there)
-//! and `inventory::lldp::socket` (`bind` and `setsockopt` of an `AF_PACKET` socket).
+//! any mode crate or the `bcd` binary. `unsafe` is denied everywhere but the ioctl modules
+//! (`inventory::{ethtool, ipmi, nvme, sgio}`, `erase::{block, nvme_format}`) and
+//! `inventory::lldp::socket` (`bind` and `setsockopt` of an `AF_PACKET` socket), each call
+//! documented there.
 #![deny(unsafe_code)]
 
+pub mod erase;
 pub mod hostroot;
 pub mod hwkey;
 pub mod inventory;

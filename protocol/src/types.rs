@@ -182,6 +182,10 @@ string_enum! {
         BmcVerify => "bmc.verify",
         BmcPower => "bmc.power",
         BmcSetBootDevice => "bmc.setBootDevice",
+        /// The ramdisk's cleaning of every disk (release and retire workflows only).
+        DiskClean => "disk.clean",
+        /// The ramdisk's deploy: stream an image onto the root disk (deploy workflow only).
+        ImageWrite => "image.write",
     }
 }
 

@@ -244,6 +244,8 @@ mod tests {
             reachable: None,
             created_at: 1,
             inspect: true,
+            deployed: false,
+            deployment: None,
         }
     }
 

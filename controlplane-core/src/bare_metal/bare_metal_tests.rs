@@ -145,6 +145,11 @@ impl World {
     }
 
     fn enroll(&self, password: &str) -> Result<String, OpError> {
+        self.enroll_as(password, false)
+    }
+
+    /// `deployed`: the machine runs its OS already (`nodes.enroll {deployed: true}`).
+    fn enroll_as(&self, password: &str, deployed: bool) -> Result<String, OpError> {
         let req = EnrollRequest {
             site_id: SITE.into(),
             pool_id: None,
@@ -158,6 +163,7 @@ impl World {
             },
             macs: None,
             inspect: false,
+            deployed,
         };
         let key = Arc::clone(&self.bm.key);
         let n = self
@@ -603,5 +609,47 @@ async fn a_site_without_a_holder_queues_the_verification_until_its_deadline() ->
     let c = condition(&n, "BmcVerified").ok_or("condition")?;
     assert_eq!(c.reason, "NoSiteAgent");
     assert_eq!(n.connectivity, Connectivity::Disconnected);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_machine_enrolled_as_deployed_keeps_its_os_and_is_never_booted() -> TestResult {
+    let w = world()?;
+    let now = now_ms();
+    w.agent("node_sa", now)?;
+    w.bm.sweep_leases(now, false).await?;
+    let node = w.enroll_as("pa55-w0rd-one", true)?;
+    w.bm.issue_verifications(SITE).await;
+    let cmds = w.sessions.commands("node_sa");
+    assert_eq!(cmds.len(), 1, "bmc.verify only");
+    w.bm.commands
+        .update(
+            "node_sa",
+            succeeded(&cmds[0].id, serde_json::to_value(facts())?),
+        )
+        .await;
+    let n = w.node(&node)?;
+    assert_eq!(n.provision_state, ProvisionState::Deployed);
+    assert_eq!(
+        n.power,
+        Power::On,
+        "its power is managed from the BMC's answer"
+    );
+    let moves: Vec<String> = w
+        .events(&node)?
+        .into_iter()
+        .filter(|e| e.kind == "provisionState")
+        .map(|e| e.message)
+        .collect();
+    assert!(
+        moves
+            .iter()
+            .any(|m| m.contains("enrolled as already deployed")),
+        "{moves:?}"
+    );
+    // No boot is begun and nothing is powered: the machine is not in a ramdisk state.
+    w.bm.boot_pass(now_ms()).await;
+    assert!(w.store.read_blocking(|r| r.boot(&node))?.is_none());
+    assert_eq!(w.sessions.commands("node_sa").len(), 1);
     Ok(())
 }

@@ -43,10 +43,15 @@ pub const HARDWARE_MISMATCH: &str = "HardwareMismatch";
 /// The owner of the ramdisk workflow's events and conditions.
 pub const OWNER: &str = "BareMetalWorkflow";
 
-/// The provision states a machine spends in the ramdisk (issue 16 adds cleaning, deploying and
-/// rescue).
-pub const RAMDISK_STATES: &[ProvisionState] =
-    &[ProvisionState::Inspecting, ProvisionState::Commissioning];
+/// The provision states a machine spends in the ramdisk: inspection, commissioning, the image
+/// write of a deploy and the cleaning of a release or retire (issue 16; rescue next).
+pub const RAMDISK_STATES: &[ProvisionState] = &[
+    ProvisionState::Inspecting,
+    ProvisionState::Commissioning,
+    ProvisionState::Deploying,
+    ProvisionState::Releasing,
+    ProvisionState::Retiring,
+];
 
 /// Whether a node in `s` runs the ramdisk.
 pub fn in_ramdisk(s: ProvisionState) -> bool {
@@ -143,6 +148,8 @@ pub(crate) fn begin(
         ended_at: None,
         diag_command_id: None,
         steps_at: None,
+        work_command_id: None,
+        work_step: None,
     };
     tx.put_boot(&rec)?;
     Ok(rec)

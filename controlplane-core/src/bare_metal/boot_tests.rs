@@ -116,6 +116,8 @@ pub(super) fn bed(profile_gpus: Option<u32>) -> Result<Bed, Box<dyn std::error::
             reachable: Some(true),
             created_at: 1,
             inspect: true,
+            deployed: false,
+            deployment: None,
         })?;
         Ok::<_, OpError>(())
     })?;

@@ -323,6 +323,34 @@ pub(crate) fn run_steps(tx: &Tx<'_>, edit: &mut Edit, b: &mut BootRecord) -> Res
     pass(edit, format!("{} step(s) passed", results.len()))
 }
 
+/// After a clean release (issue 16): the inventory's steps once more on the ramdisk's report →
+/// `ready`, or `failed` naming the step. `gpuDiag` is not re-run.
+pub(crate) fn recheck(tx: &Tx<'_>, edit: &mut Edit, cleaned: &str) -> Result<(), OpError> {
+    let pool = match &edit.node.pool_id {
+        Some(p) => tx.pool(p)?,
+        None => None,
+    };
+    let results = inventory_steps(&edit.node, pool.as_ref());
+    let failed = record(edit, &results);
+    if !failed.is_empty() {
+        return fail(edit, &failed);
+    }
+    condition(
+        edit,
+        ConditionStatus::True,
+        "AllStepsPassed",
+        format!(
+            "{} step(s) passed again after the release's cleaning",
+            results.len()
+        ),
+    );
+    apply_transition(
+        edit,
+        ProvisionState::Ready,
+        &format!("released: {cleaned}; commissioning's checks passed again"),
+    )
+}
+
 /// The `diag.nvml` arguments of `pool`'s profile.
 pub fn diag_args(pool: Option<&Pool>) -> Value {
     let p = pool.map(|p| &p.hardware_profile);

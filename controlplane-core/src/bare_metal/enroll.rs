@@ -126,6 +126,12 @@ pub struct EnrollRequest {
     /// `false` keeps it `enrolling` (verified) until `nodes.inspect`.
     #[serde(default = "default_inspect")]
     pub inspect: bool,
+    /// The machine already runs its OS and keeps it (Metal3's `externallyProvisioned`, issue
+    /// 16): once the BMC is verified the node goes `enrolling -> deployed` with no network boot
+    /// and no inspection; its power is managed, and `nodes.release` cleans it into `ready`.
+    /// Default `false`.
+    #[serde(default)]
+    pub deployed: bool,
 }
 
 fn default_inspect() -> bool {
@@ -395,7 +401,9 @@ pub fn enroll(
         power_expected_at: None,
         reachable: None,
         created_at: now,
-        inspect: req.inspect,
+        inspect: req.inspect && !req.deployed,
+        deployed: req.deployed,
+        deployment: None,
     })?;
     tx.record_event(&cpl_store::NewEvent {
         node_id: &node_id,

@@ -68,6 +68,10 @@ pub fn deadline(pool: Option<&Pool>, s: ProvisionState) -> Duration {
         ProvisionState::Commissioning => a
             .commissioning_deadline_seconds
             .map_or(DEFAULT_COMMISSIONING_DEADLINE, Duration::from_secs),
+        ProvisionState::Releasing | ProvisionState::Retiring => a.cleaning_deadline_seconds.map_or(
+            super::release::DEFAULT_CLEANING_DEADLINE,
+            Duration::from_secs,
+        ),
         _ => a
             .inspection_deadline_seconds
             .map_or(DEFAULT_INSPECTION_DEADLINE, Duration::from_secs),
@@ -111,6 +115,9 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
     };
     if b.used_at.is_none() || b.ended_at.is_some() || b.purpose != state.as_str() {
         return Ok(());
+    }
+    if super::work::works(state) {
+        return super::work::on_inventory(tx, edit, &mut b);
     }
     if state == ProvisionState::Commissioning {
         // A boot that began in commissioning (nodes.recover): its first report runs the steps.
@@ -197,9 +204,15 @@ pub fn on_power_final(tx: &Tx<'_>, cmd: &cpl_store::CommandRecord) -> Result<(),
         cmd.state.as_str(),
         cmd.error_message.as_deref().unwrap_or("")
     );
+    let state = edit.node.provision_state;
+    let type_ = if super::work::works(state) {
+        super::work::names(state).1
+    } else {
+        INSPECTED
+    };
     condition(
         &mut edit,
-        INSPECTED,
+        type_,
         ConditionStatus::False,
         "PowerOnFailed",
         why.clone(),
@@ -226,6 +239,16 @@ fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
     }
     let secs = limit.as_secs();
     let (type_, reason, why) = match (state, b.used_at) {
+        (ProvisionState::Releasing | ProvisionState::Retiring, _) => (
+            super::release::CLEANED,
+            "CleaningDeadline",
+            format!("{state}: {}", super::work::overdue_reason(&b, secs)),
+        ),
+        (ProvisionState::Deploying, _) => (
+            super::deploy::DEPLOYED,
+            "DeployDeadline",
+            format!("deploying: {}", super::work::overdue_reason(&b, secs)),
+        ),
         (ProvisionState::Commissioning, _) => (
             COMMISSIONED,
             "CommissioningDeadline",
@@ -278,8 +301,9 @@ enum Action {
         holder: Option<String>,
         close: Option<String>,
     },
-    /// Commissioning's `diag.nvml` was queued for the ramdisk: dispatch it.
-    Diag { node: String },
+    /// A command was queued for the ramdisk (commissioning's `diag.nvml`, cleaning's
+    /// `disk.clean`): dispatch it.
+    Dispatch { node: String },
 }
 
 impl BareMetal {
@@ -394,7 +418,7 @@ impl BareMetal {
                         self.sessions.close(
                             &node,
                             bc_protocol::pb::GoodbyeReason::Revoked,
-                            "the node failed in the ramdisk",
+                            "the node failed in the ramdisk, or was retired",
                         );
                     }
                     self.push_site(&site).await;
@@ -402,7 +426,7 @@ impl BareMetal {
                         self.commands.dispatch(&h, false).await;
                     }
                 }
-                Ok(Some(Action::Diag { node })) => {
+                Ok(Some(Action::Dispatch { node })) => {
                     self.commands.dispatch(&node, false).await;
                 }
                 Ok(None) => {}
@@ -474,10 +498,11 @@ impl BareMetal {
                             super::commission::queue_diag(tx, &b.node_id, pool.as_ref(), timeout)?;
                         b.diag_command_id = Some(id);
                         tx.put_boot(&b)?;
-                        return Ok(Some(Action::Diag { node: b.node_id }));
+                        return Ok(Some(Action::Dispatch { node: b.node_id }));
                     }
                 }
-                Ok(None)
+                let next = super::work::next(tx, &bm, &mut b, &node, holder, now, timeout)?;
+                Ok(next.map(|node| Action::Dispatch { node }))
             })
             .await
     }
@@ -503,7 +528,7 @@ fn end_boot(
             .as_ref()
             .and_then(|p| p.acceptance.power_off_when_ready)
             .unwrap_or(true),
-        ProvisionState::Failed => true,
+        ProvisionState::Failed | ProvisionState::Retired => true,
         _ => false,
     };
     if off && holder.is_none() {
@@ -528,8 +553,14 @@ fn end_boot(
         queued = Some(h.clone());
         mark_expected(tx, &b.node_id, "off")?;
     }
-    let close = state == ProvisionState::Failed && bm.sessions.live_epoch(&b.node_id).is_some();
-    if close {
+    let ended = matches!(
+        state,
+        ProvisionState::Failed | ProvisionState::Retired | ProvisionState::Deployed
+    );
+    let close = ended && bm.sessions.live_epoch(&b.node_id).is_some();
+    // A retired or deployed node's ramdisk identity ended with that move; a failed one's ends
+    // here.
+    if close && state == ProvisionState::Failed {
         let mut edit = Edit::begin(tx, &b.node_id, None, OWNER)?;
         crate::ops::nodes::bump_identity(
             &mut edit,

@@ -32,23 +32,31 @@
 //!   token, sends the holder its boot plan and `bmc.power` with PXE; the ramdisk joins with the
 //!   token only if the machine shows the BMC's identifiers; its inventory ends the inspection and
 //!   commissioning's steps decide `ready` (powered off) or `failed`; every state has a deadline.
+//! - **Release and retire** ([`release`], issue 16): `deployed -> releasing -> ready` and
+//!   `retiring -> retired` boot the ramdisk the same way and clean every disk (`disk.clean`);
+//!   an enrollment with `deployed: true` adopts a machine that runs its OS (`enrolling ->
+//!   deployed`).
 //! - [`BareMetal`] is the service the gateway, the verbs and the controller share.
 //!
 //! # Limitations
 //! One control-plane process: the lease view is in memory beside the store. With several
 //! replicas the renewal must be written by whichever replica holds the holder's session.
 
+pub mod abort;
 pub mod address;
 pub mod assignment;
 pub mod boot;
 pub mod commission;
 pub mod credentials;
+pub mod deploy;
 pub mod enroll;
 pub mod inspect;
 pub mod lease;
 pub mod power;
+pub mod release;
 pub mod site_detail;
 pub mod verify;
+pub mod work;
 
 #[cfg(test)]
 mod bare_metal_tests;
@@ -56,6 +64,10 @@ mod bare_metal_tests;
 mod boot_tests;
 #[cfg(test)]
 mod commission_tests;
+#[cfg(test)]
+mod deploy_tests;
+#[cfg(test)]
+mod release_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,14 +118,17 @@ impl Default for BareMetalConfig {
 /// (an agent's result, an expiry, a `LEASE_LOST`, a cancel): a `bmc.*` command's
 /// ([`verify::on_command_final`]), the power-on of a ramdisk boot
 /// ([`inspect::on_power_final`]), commissioning's `diag.nvml`
-/// ([`commission::on_command_final`]).
+/// ([`commission::on_command_final`]), release and retire's `disk.clean`
+/// ([`release::on_command_final`]).
 pub fn on_command_final(
     tx: &cpl_store::Tx<'_>,
     cmd: &cpl_store::CommandRecord,
 ) -> Result<(), crate::error::OpError> {
     verify::on_command_final(tx, cmd)?;
     inspect::on_power_final(tx, cmd)?;
-    commission::on_command_final(tx, cmd)
+    commission::on_command_final(tx, cmd)?;
+    release::on_command_final(tx, cmd)?;
+    deploy::on_command_final(tx, cmd)
 }
 
 /// Milliseconds of a duration, saturating.

@@ -305,7 +305,15 @@ fn verify_result(
                 "the BMC answered the verification".to_owned(),
             );
             set_power(edit, power_of(f.power), "read at the BMC's verification");
-            if bmc.inspect {
+            if bmc.deployed {
+                // A machine that runs its OS already (Metal3's externallyProvisioned): no PXE,
+                // no inspection; its power is managed from here on.
+                apply_transition(
+                    edit,
+                    ProvisionState::Deployed,
+                    "the BMC is verified; the machine was enrolled as already deployed (its OS is kept, nothing is booted)",
+                )?;
+            } else if bmc.inspect {
                 super::inspect::start(
                     edit,
                     "the BMC is verified; the machine boots the ramdisk for inspection",

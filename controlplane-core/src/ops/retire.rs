@@ -1,7 +1,10 @@
 //! `nodes.retire`: takes a node out of service for good (spec "Provision states": `retiring ->
-//! retired`). An adopted node — a server you already run, with no bare-metal teardown to wait
-//! for — goes `adopted -> retiring -> retired` in one save; a node in `ready` goes to `retiring`,
-//! where the bare-metal retire workflow (not built yet) takes over. Any other state is
+//! retired`). A node with no BMC — an adopted server you already run, or one that failed while
+//! adopting — has no bare-metal teardown to wait for: it goes `-> retiring -> retired` in one
+//! save. A machine enrolled through its BMC (`ready`, `deployed` or `failed`) goes to
+//! `retiring`, where the retire workflow boots the ramdisk and cleans its disks
+//! (`bare_metal::release`). Either way the node's identity ends (`identityGeneration + 1`): a
+//! retired node holds none, so its old certificate is refused. Any other state is
 //! `INVALID_STATE` from the one provision table.
 
 use bc_protocol::ProvisionState;
@@ -9,7 +12,7 @@ use cpl_store::{NodeRecord, Tx};
 
 use crate::edit::Edit;
 use crate::error::OpError;
-use crate::ops::nodes::{apply_transition, refuse_while_allocated};
+use crate::ops::nodes::{apply_transition, bump_identity, refuse_while_allocated};
 
 /// `nodes.retire`. Refused (`INVALID_STATE`) while the node holds allocations.
 pub fn retire(
@@ -20,15 +23,17 @@ pub fn retire(
 ) -> Result<NodeRecord, OpError> {
     let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
     refuse_while_allocated(tx, node_id, "drain it before retiring it")?;
-    let from = edit.node.provision_state;
-    apply_transition(&mut edit, ProvisionState::Retiring, "nodes.retire")?;
-    if from == ProvisionState::Adopted {
-        apply_transition(
-            &mut edit,
-            ProvisionState::Retired,
-            "nodes.retire: an adopted node has nothing to tear down",
-        )?;
+    if tx.bmc(node_id)?.is_some() {
+        crate::bare_metal::release::start_retire(&mut edit)?;
+        return edit.save(tx);
     }
+    apply_transition(&mut edit, ProvisionState::Retiring, "nodes.retire")?;
+    apply_transition(
+        &mut edit,
+        ProvisionState::Retired,
+        "nodes.retire: a node without a BMC has nothing to tear down",
+    )?;
+    bump_identity(&mut edit, "nodes.retire: a retired node holds no identity");
     edit.save(tx)
 }
 

@@ -99,10 +99,18 @@ impl Core {
                 .await
                 .map(A::NodesAdopt),
             R::NodesRecover(b) => self.nodes_recover(b, a).await.map(A::NodesRecover),
-            R::NodesRetire(b) => self
-                .node_verb(b, a, ops::retire::retire)
-                .await
-                .map(A::NodesRetire),
+            R::NodesRetire(b) => {
+                let d = self.node_verb(b, a, ops::retire::retire).await?;
+                self.end_revoked_session(&d.id).await;
+                Ok(A::NodesRetire(d))
+            }
+            R::NodesRelease(b) => {
+                let d = self
+                    .node_verb(b, a, crate::bare_metal::release::release)
+                    .await?;
+                self.end_revoked_session(&d.id).await;
+                Ok(A::NodesRelease(d))
+            }
             R::NodesSetMaintenance(b) => self
                 .nodes_set_maintenance(b, a)
                 .await
@@ -137,6 +145,14 @@ impl Core {
                 .set_boot_device(b, a)
                 .await
                 .map(|c| A::NodesSetBootDevice(CommandView::from(&c))),
+            R::NodesAbort(b) => self.nodes_abort(b, a).await.map(A::NodesAbort),
+            R::NodesDeploy(b) => {
+                let id = b.node_id.to_string();
+                self.bare_metal.deploy(b, a).await?;
+                self.read(move |r| crate::query::get_node(r, &id))
+                    .await
+                    .map(A::NodesDeploy)
+            }
             R::NodesInspect(b) => {
                 let id = b.node_id.to_string();
                 self.bare_metal.inspect(b, a).await?;

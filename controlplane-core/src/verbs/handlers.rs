@@ -231,6 +231,29 @@ impl Core {
         Ok(d)
     }
 
+    /// `nodes.abort`, then the workflow's commands in flight are cancelled (a command over by
+    /// then is left as it ended).
+    pub(super) async fn nodes_abort(
+        &self,
+        b: NodeMutation,
+        actor: &str,
+    ) -> Result<NodeDetail, OpError> {
+        let actor = actor.to_owned();
+        let (id, cancel) = self
+            .write(move |tx| {
+                let (n, cancel) =
+                    crate::bare_metal::abort::abort(tx, &b.node_id, b.version, &actor)?;
+                Ok::<_, OpError>((n.id, cancel))
+            })
+            .await?;
+        for c in cancel {
+            if let Err(e) = self.bare_metal.commands.cancel(&c).await {
+                tracing::info!(command_id = %c, error = %e, "nodes.abort: command not cancelled");
+            }
+        }
+        self.read(move |r| query::get_node(r, &id)).await
+    }
+
     /// `nodes.updateBmcCredentials`: answered once the BMC accepted (or refused) the new pair.
     pub(super) async fn nodes_update_bmc_credentials(
         &self,

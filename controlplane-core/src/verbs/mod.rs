@@ -21,6 +21,7 @@ pub use dispatch::{
 };
 pub use types::*;
 
+use crate::bare_metal::deploy::DeployRequest;
 use crate::bare_metal::enroll::EnrollRequest;
 use crate::bare_metal::inspect::InspectRequest;
 use crate::bare_metal::power::{BootDeviceRequest, PowerRequest, UpdateBmcCredentialsRequest};
@@ -139,7 +140,7 @@ verbs! {
     NodesRemoveLabels => "nodes.removeLabels", RemoveLabelsRequest, NodeDetail, "Remove labels from a node.";
     NodesAdopt => "nodes.adopt", NodeMutation, NodeDetail, "Accept an adopting node by hand (`adopting -> adopted`).";
     NodesRecover => "nodes.recover", NodeMutation, NodeDetail, "Move a failed node back to failedFrom.";
-    NodesRetire => "nodes.retire", NodeMutation, NodeDetail, "Retire a node (`-> retiring`; an adopted node, with nothing to tear down, on to `retired`).";
+    NodesRetire => "nodes.retire", NodeMutation, NodeDetail, "Retire a node for good; its identity ends. A node without a BMC goes on to `retired` at once; a machine enrolled through its BMC (`ready`, `deployed` or `failed`) boots the ramdisk, which cleans every disk (`retiring -> retired`, powered off).";
     NodesSetMaintenance => "nodes.setMaintenance", MaintenanceRequest, NodeDetail, "Turn maintenance on (with a reason) or off.";
     NodesRevokeIdentity => "nodes.revokeIdentity", NodeMutation, NodeDetail, "identityGeneration + 1: the node's certificates stop working and its session closes.";
     NodesDelete => "nodes.delete", NodeMutation, NodeDetail, "Delete the node (refused while it holds allocations).";
@@ -151,6 +152,9 @@ verbs! {
     NodesEnroll => "nodes.enroll", EnrollRequest, NodeDetail, "Enroll a bare-metal machine through its BMC: the node starts in `enrolling`, the site's lease holder verifies the BMC (the password is write-only), and, unless `inspect: false`, the machine boots the ramdisk for inspection and commissioning (`inspecting -> commissioning -> ready`).";
     NodesPower => "nodes.power", PowerRequest, CommandView, "Power a bare-metal node on, off, softOff or reboot through its BMC (a `bmc.power` command on the site's lease holder).";
     NodesSetBootDevice => "nodes.setBootDevice", BootDeviceRequest, CommandView, "Set the device a bare-metal node boots from next (pxe or disk; persistent or once) through its BMC.";
+    NodesRelease => "nodes.release", NodeMutation, NodeDetail, "Release a deployed bare-metal machine (`deployed -> releasing -> ready`): its identity ends at once, it boots the ramdisk, which cleans every disk as the pool's `acceptance.cleaning` says (metadata by default), and commissioning's checks run again.";
+    NodesAbort => "nodes.abort", NodeMutation, NodeDetail, "Abort a bare-metal workflow in flight (enrolling, inspecting, commissioning, deploying, releasing, retiring): the node is `failed` (failedFrom that state, maintenance on), its command in flight cancelled, the machine powered off; `nodes.recover` starts the state over.";
+    NodesDeploy => "nodes.deploy", DeployRequest, NodeDetail, "Deploy an image onto a ready bare-metal machine (`ready -> deploying -> deployed`): it boots the ramdisk, which streams the image onto the disk the root-device hints pick (else the smallest that fits) while hashing it, verifies its SHA-256 and writes a cloud-init NoCloud config drive; the BMC then boots it from disk, persistently.";
     NodesInspect => "nodes.inspect", InspectRequest, NodeDetail, "Inspect a bare-metal machine again (`ready`, or a verified `enrolling` node enrolled with `inspect: false`): it boots the ramdisk with a one-time boot token, is checked against its BMC's identifiers and commissioned back to `ready`.";
     NodesUpdateBmcCredentials => "nodes.updateBmcCredentials", UpdateBmcCredentialsRequest, NodeDetail, "Rotate a node's BMC credentials: the new pair replaces the old one only once the BMC accepted it (the password is write-only).";
     PoolsCreate => "pools.create", NewPool, Pool, "Create a pool.";

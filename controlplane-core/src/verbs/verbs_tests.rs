@@ -253,6 +253,16 @@ fn command_verbs_refuse_with_their_codes() -> Result<(), Box<dyn std::error::Err
         Some(bc_protocol::ErrorCode::InvalidArgument),
         "the command name is checked before the node"
     );
+    // Erasing every disk is the release/retire workflow's, never an operator's command.
+    let clean = code(call(
+        &store,
+        "commands.create",
+        json!({"nodeId": "node_x", "name": "disk.clean", "args": {"mode": "full"}}),
+    ));
+    assert!(
+        matches!(&clean, Some((bc_protocol::ErrorCode::PermissionDenied, m)) if m.contains("nodes.release")),
+        "{clean:?}"
+    );
     assert_eq!(
         call(&store, "commands.list", json!({}))?,
         json!({"commands": []})

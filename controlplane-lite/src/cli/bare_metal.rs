@@ -89,6 +89,27 @@ pub enum BareMetalCommand {
         /// Stop at `enrolling` once the BMC is verified (inspect later with `nodes inspect`).
         #[arg(long)]
         no_inspect: bool,
+        /// The machine already runs the OS it keeps (Metal3's externallyProvisioned): once the
+        /// BMC is verified it is `deployed`, with no network boot and no inspection.
+        #[arg(long, conflicts_with = "no_inspect")]
+        deployed: bool,
+    },
+    /// Deploy an image onto a ready machine: it boots the ramdisk, which streams the image onto
+    /// the root disk while hashing it and writes a cloud-init config drive; then it boots from
+    /// its disk → `deployed`.
+    Deploy {
+        node_id: String,
+        #[command(flatten)]
+        deploy: Box<DeployArgs>,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Release a deployed machine: its identity ends, it boots the ramdisk, every disk is
+    /// cleaned (the pool's `--cleaning`) and commissioning checks it again → `ready`.
+    Release {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
     },
     /// Inspect a bare-metal machine (again): it boots the ramdisk with a one-time boot token,
     /// is checked against its BMC's identifiers and commissioned back to `ready`.
@@ -127,6 +148,80 @@ pub enum BareMetalCommand {
     },
 }
 
+/// `nodes deploy`'s image, root-device hints and config drive.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeployArgs {
+    /// The image's http:// or https:// URL.
+    #[arg(long)]
+    pub image_url: String,
+    /// The SHA-256 of the file as served (64 lowercase hex digits).
+    #[arg(long)]
+    pub image_sha256: String,
+    /// raw or qcow2.
+    #[arg(long, default_value = "raw")]
+    pub image_format: String,
+    /// none, gzip or zstd.
+    #[arg(long, default_value = "none")]
+    pub image_compression: String,
+    /// Root-device hint: the disk's serial.
+    #[arg(long)]
+    pub root_serial: Option<String>,
+    /// Root-device hint: the disk's WWN.
+    #[arg(long)]
+    pub root_wwn: Option<String>,
+    /// Root-device hint: the kernel name or a /dev/disk/by-* name.
+    #[arg(long)]
+    pub root_name: Option<String>,
+    /// Root-device hint: at least this many bytes.
+    #[arg(long)]
+    pub root_min_size: Option<u64>,
+    /// The config drive's hostname (a config drive is written when given).
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// An OpenSSH public key for the config drive; repeatable.
+    #[arg(long = "ssh-key")]
+    pub ssh_keys: Vec<String>,
+    /// A file whose content is the config drive's user-data.
+    #[arg(long)]
+    pub user_data_file: Option<PathBuf>,
+}
+
+impl DeployArgs {
+    /// The `nodes.deploy` body without the node and version.
+    fn json(&self) -> anyhow::Result<Value> {
+        let hints = [
+            self.root_serial.is_some(),
+            self.root_wwn.is_some(),
+            self.root_name.is_some(),
+            self.root_min_size.is_some(),
+        ];
+        let root = hints.iter().any(|h| *h).then(|| {
+            json!({"serial": self.root_serial, "wwn": self.root_wwn,
+                   "name": self.root_name, "minSizeBytes": self.root_min_size})
+        });
+        let user_data = match &self.user_data_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))?,
+            ),
+            None => None,
+        };
+        let drive = self
+            .hostname
+            .as_ref()
+            .map(|h| json!({"hostname": h, "sshKeys": self.ssh_keys, "userData": user_data}));
+        if drive.is_none() && (!self.ssh_keys.is_empty() || user_data.is_some()) {
+            bail!("--ssh-key and --user-data-file go on the config drive: give --hostname too");
+        }
+        Ok(json!({
+            "image": {"url": self.image_url, "sha256": self.image_sha256,
+                      "format": self.image_format, "compression": self.image_compression},
+            "rootDevice": root,
+            "configDrive": drive,
+        }))
+    }
+}
+
 /// Runs a bare-metal node subcommand.
 pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()> {
     let c = args.client()?;
@@ -141,6 +236,7 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
             tls,
             macs,
             no_inspect,
+            deployed,
         } => {
             let secret = read_password(&password)?;
             let body = json!({
@@ -150,12 +246,24 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
                 "bmc": {"address": bmc_address, "username": username, "password": secret, "tls": tls},
                 "macs": (!macs.is_empty()).then_some(macs),
                 "inspect": !no_inspect,
+                "deployed": deployed,
             });
             let v: Value = c.call(Method::NodesEnroll, &body).await?;
             print(args, &v, render::object)
         }
         BareMetalCommand::Inspect { node_id, version } => {
             mutate(args, &c, Method::NodesInspect, &node_id, version, json!({})).await
+        }
+        BareMetalCommand::Deploy {
+            node_id,
+            deploy,
+            version,
+        } => {
+            let extra = deploy.json()?;
+            mutate(args, &c, Method::NodesDeploy, &node_id, version, extra).await
+        }
+        BareMetalCommand::Release { node_id, version } => {
+            mutate(args, &c, Method::NodesRelease, &node_id, version, json!({})).await
         }
         BareMetalCommand::Power {
             node_id,

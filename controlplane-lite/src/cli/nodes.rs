@@ -98,8 +98,16 @@ pub enum NodesCommand {
         #[arg(long)]
         version: Option<u64>,
     },
-    /// Retire a node (an adopted node goes on to `retired` at once).
+    /// Retire a node for good: its identity ends; a node without a BMC goes on to `retired` at
+    /// once, a machine enrolled through its BMC is cleaned in the ramdisk first.
     Retire {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Abort a bare-metal workflow in flight: the node fails from its state (maintenance on),
+    /// its command in flight is cancelled and the machine powered off; `recover` starts over.
+    Abort {
         node_id: String,
         #[arg(long)]
         version: Option<u64>,
@@ -271,6 +279,7 @@ fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u6
         N::Adopt { node_id, version } => plain(Method::NodesAdopt, node_id, version),
         N::Recover { node_id, version } => plain(Method::NodesRecover, node_id, version),
         N::Retire { node_id, version } => plain(Method::NodesRetire, node_id, version),
+        N::Abort { node_id, version } => plain(Method::NodesAbort, node_id, version),
         N::RevokeIdentity { node_id, version } => {
             plain(Method::NodesRevokeIdentity, node_id, version)
         }

@@ -126,6 +126,16 @@ pub struct AcceptanceArgs {
     /// Bare metal: whether the site agent powers a ready machine off (default true).
     #[arg(long)]
     pub power_off_when_ready: Option<bool>,
+    /// Bare metal: how much of every disk release and retire erase: metadata (partition tables
+    /// and signatures, the default) or full (every block).
+    #[arg(long)]
+    pub cleaning: Option<bc_protocol::commands::clean::CleanMode>,
+    /// Bare metal: how long a machine may stay releasing or retiring, e.g. `1h` (the default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub cleaning_deadline: Option<Duration>,
+    /// Bare metal: how long a machine may stay deploying, e.g. `1h` (the default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub deploy_deadline: Option<Duration>,
 }
 
 impl AcceptanceArgs {
@@ -136,7 +146,10 @@ impl AcceptanceArgs {
             || self.acceptance_deadline.is_some()
             || self.inspection_deadline.is_some()
             || self.commissioning_deadline.is_some()
-            || self.power_off_when_ready.is_some();
+            || self.power_off_when_ready.is_some()
+            || self.cleaning.is_some()
+            || self.cleaning_deadline.is_some()
+            || self.deploy_deadline.is_some();
         any.then(|| {
             json!({
                 "requireTrustedKey": self.require_trusted_key,
@@ -144,6 +157,9 @@ impl AcceptanceArgs {
                 "inspectionDeadlineSeconds": secs(self.inspection_deadline),
                 "commissioningDeadlineSeconds": secs(self.commissioning_deadline),
                 "powerOffWhenReady": self.power_off_when_ready,
+                "cleaning": self.cleaning.map(|m| m.as_str()),
+                "cleaningDeadlineSeconds": secs(self.cleaning_deadline),
+                "deployDeadlineSeconds": secs(self.deploy_deadline),
             })
         })
     }

@@ -115,6 +115,14 @@ impl Machine for NodeMachine {
                     ),
                 ))
             }
+            // Erasing every disk of a running OS is never a node agent's business.
+            CommandName::DiskClean | CommandName::ImageWrite => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                format!(
+                    "{} runs only in the ramdisk (the bare-metal workflows); this is a node agent",
+                    run.name
+                ),
+            )),
         }
     }
 }

@@ -130,15 +130,17 @@ impl Machine for SimMachine {
             | CommandName::GpuReset
             | CommandName::LogsCollect
             | CommandName::NodeReboot => Ok(json!({})),
-            CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
-                Err(CommandFailure::new(
-                    CommandErrorCode::Unsupported,
-                    format!(
-                        "{} is a site agent's command; this is a simulated node",
-                        run.name
-                    ),
-                ))
-            }
+            CommandName::BmcVerify
+            | CommandName::BmcPower
+            | CommandName::BmcSetBootDevice
+            | CommandName::DiskClean
+            | CommandName::ImageWrite => Err(CommandFailure::new(
+                CommandErrorCode::Unsupported,
+                format!(
+                    "{} is not a node agent's command; this is a simulated node",
+                    run.name
+                ),
+            )),
         }
     }
 }

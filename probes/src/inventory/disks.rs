@@ -102,12 +102,7 @@ fn block_disk(root: &HostRoot, name: String, udev: &blockdev::DevDiskNames) -> D
         .read_parsed::<u64>(format!("{base}/size"))
         .unwrap_or(0)
         .saturating_mul(512);
-    // NVMe: the controller's `serial`; virtio-blk: the disk's own `serial` (the
-    // VIRTIO_BLK_T_GET_ID string); SCSI: VPD page 0x80.
-    let serial = root
-        .read_trimmed(format!("{base}/device/serial"))
-        .or_else(|| root.read_trimmed(format!("{base}/serial")))
-        .or_else(|| vpd_serial(root, &base));
+    let serial = serial(root, &base);
     let wwn = root
         .read_trimmed(format!("{base}/wwid"))
         .or_else(|| root.read_trimmed(format!("{base}/device/wwid")))
@@ -148,6 +143,15 @@ fn block_disk(root: &HostRoot, name: String, udev: &blockdev::DevDiskNames) -> D
         // Filled afterwards, one read per NVMe controller (`super::nvme::fill_health`).
         health: None,
     }
+}
+
+/// The serial number of the disk at `base` (`/sys/block/sda`): NVMe, the controller's
+/// `device/serial`; virtio-blk, the disk's own `serial` (the VIRTIO_BLK_T_GET_ID string); SCSI,
+/// the unit serial number of VPD page 0x80 (`device/vpd_pg80`).
+pub fn serial(root: &HostRoot, base: &str) -> Option<String> {
+    root.read_trimmed(format!("{base}/device/serial"))
+        .or_else(|| root.read_trimmed(format!("{base}/serial")))
+        .or_else(|| vpd_serial(root, base))
 }
 
 /// The unit serial number of SCSI VPD page 0x80 (its page length honoured, see [`super::vpd`]).

@@ -13,7 +13,8 @@
 //! Bounded: one command per controller per inventory (namespaces of one controller share its
 //! answer), each with a 5 s command timeout instead of the kernel's 60 s admin default.
 //!
-//! This module, [`super::ethtool`] and [`super::ipmi`] are the crate's only `unsafe`.
+//! This module, [`super::ethtool`], [`super::ipmi`], [`super::sgio`] and [`crate::erase`] are
+//! the crate's only `unsafe`; [`admin_command`] is also what `erase` sends NVMe Format with.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -67,25 +68,25 @@ pub enum NvmeError {
 /// `struct nvme_passthru_cmd` (alias `nvme_admin_cmd`), `linux/nvme_ioctl.h`: 72 bytes.
 #[repr(C)]
 #[derive(Debug, Default)]
-struct NvmeAdminCmd {
-    opcode: u8,
-    flags: u8,
-    rsvd1: u16,
-    nsid: u32,
-    cdw2: u32,
-    cdw3: u32,
-    metadata: u64,
-    addr: u64,
-    metadata_len: u32,
-    data_len: u32,
-    cdw10: u32,
-    cdw11: u32,
-    cdw12: u32,
-    cdw13: u32,
-    cdw14: u32,
-    cdw15: u32,
-    timeout_ms: u32,
-    result: u32,
+pub(crate) struct NvmeAdminCmd {
+    pub(crate) opcode: u8,
+    pub(crate) flags: u8,
+    pub(crate) rsvd1: u16,
+    pub(crate) nsid: u32,
+    pub(crate) cdw2: u32,
+    pub(crate) cdw3: u32,
+    pub(crate) metadata: u64,
+    pub(crate) addr: u64,
+    pub(crate) metadata_len: u32,
+    pub(crate) data_len: u32,
+    pub(crate) cdw10: u32,
+    pub(crate) cdw11: u32,
+    pub(crate) cdw12: u32,
+    pub(crate) cdw13: u32,
+    pub(crate) cdw14: u32,
+    pub(crate) cdw15: u32,
+    pub(crate) timeout_ms: u32,
+    pub(crate) result: u32,
 }
 
 /// The page buffer, page-aligned so that the kernel maps it for DMA without a bounce copy.
@@ -124,30 +125,51 @@ pub fn read_smart_log(root: &HostRoot, ctrl: &str) -> Result<[u8; PAGE_BYTES], N
         return Err(NvmeError::NotCharDevice(shown));
     }
     let mut buf = PageBuf([0; PAGE_BYTES]);
-    let mut cmd = NvmeAdminCmd {
+    let cmd = NvmeAdminCmd {
         opcode: OPC_GET_LOG_PAGE,
         nsid: NSID_ALL,
-        addr: buf.0.as_mut_ptr() as u64,
-        data_len: PAGE_BYTES as u32,
         cdw10: get_log_page_cdw10(LID_SMART, PAGE_BYTES),
         timeout_ms: TIMEOUT_MS,
         ..NvmeAdminCmd::default()
     };
-    // SAFETY: `file` is an open character device for the whole call; `cmd` is a valid `struct
-    // nvme_admin_cmd` (72 bytes, `repr(C)`, the size the request number encodes) whose `addr`
-    // points to `buf`, 512 writable bytes (`data_len`), and whose metadata pointer is null with
-    // length 0. The kernel writes at most `data_len` bytes there and `result` in `cmd`; both
-    // outlive the call and nothing else touches them meanwhile.
-    let res = unsafe { nvme_ioctl_admin_cmd(file.as_raw_fd(), &mut cmd) };
-    match res {
-        Ok(0) => Ok(buf.0),
-        Ok(status) => Err(NvmeError::Status {
+    match admin_command(&file, cmd, Some(&mut buf.0)) {
+        Ok((0, _)) => Ok(buf.0),
+        Ok((status, _)) => Err(NvmeError::Status {
             path: shown,
             status,
         }),
         Err(Errno::EACCES | Errno::EPERM) => Err(NvmeError::Permission(shown)),
         Err(errno) => Err(NvmeError::Ioctl { path: shown, errno }),
     }
+}
+
+/// Sends admin command `cmd` through `NVME_IOCTL_ADMIN_CMD` on `file` (a controller's character
+/// device or a namespace's block device: the kernel's `nvme_ns_ioctl` passes admin commands on
+/// to the controller), with `data` as its data buffer (the controller reads or writes at most its
+/// length; `cmd.addr` and `cmd.data_len` are set from it, no metadata buffer). Returns the
+/// ioctl's value (0, or the NVMe Status Field the command completed with: status code type
+/// << 8 | status code, plus More and DNR bits) and the completion's Dword 0 (`result`).
+pub(crate) fn admin_command(
+    file: &std::fs::File,
+    mut cmd: NvmeAdminCmd,
+    data: Option<&mut [u8]>,
+) -> Result<(i32, u32), Errno> {
+    let (addr, len) = match data {
+        Some(d) => (d.as_mut_ptr() as u64, u32::try_from(d.len()).unwrap_or(0)),
+        None => (0, 0),
+    };
+    cmd.addr = addr;
+    cmd.data_len = len;
+    cmd.metadata = 0;
+    cmd.metadata_len = 0;
+    // SAFETY: `file` is open for the whole call; `cmd` is a valid `struct nvme_admin_cmd` (72
+    // bytes, `repr(C)`, the size the request number encodes) whose `addr` is either null with
+    // `data_len` 0 or points to `data`, a slice borrowed mutably for this call with `data_len`
+    // (its length, or 0 when it does not fit a u32) writable bytes, and whose metadata pointer
+    // is null with length 0. The kernel reads or writes at most `data_len` bytes there and
+    // writes `result` in `cmd`; both outlive the call and nothing else touches them meanwhile.
+    let res = unsafe { nvme_ioctl_admin_cmd(file.as_raw_fd(), &mut cmd) }?;
+    Ok((res, cmd.result))
 }
 
 /// `nvme` followed by digits: a controller's name (`/sys/class/nvme/<name>`, `/dev/<name>`).

@@ -3,8 +3,9 @@
 //! disks ([`super::ata_smart`]): SATA disks behind libata or a SAS HBA answer ATA PASS-THROUGH
 //! (16) (SAT-4 §12.2.2), SAS disks LOG SENSE (SPC-5 §6.7).
 //!
-//! Read-only commands only (SMART READ DATA, SMART RETURN STATUS, LOG SENSE), each with a
-//! [`TIMEOUT_MS`] timeout. The kernel lets `SG_IO` on a block device through for read-only
+//! [`command`] sends read-only commands only (SMART READ DATA, SMART RETURN STATUS, LOG SENSE),
+//! each with a [`TIMEOUT_MS`] timeout; [`send`], on a device the caller opened, any command
+//! with a data phase either way and its own timeout (`crate::erase::ata_security`). The kernel lets `SG_IO` on a block device through for read-only
 //! opens only for commands it knows as safe; as root (`CAP_SYS_RAWIO`) all go through.
 
 use std::fs::OpenOptions;
@@ -19,8 +20,9 @@ use crate::hostroot::HostRoot;
 pub const TIMEOUT_MS: u32 = 10_000;
 /// `SG_IO` (`include/scsi/sg.h`).
 const SG_IO: u64 = 0x2285;
-/// `SG_DXFER_NONE` and `SG_DXFER_FROM_DEV`.
+/// `SG_DXFER_NONE`, `SG_DXFER_TO_DEV` and `SG_DXFER_FROM_DEV`.
 const DXFER_NONE: i32 = -1;
+const DXFER_TO_DEV: i32 = -2;
 const DXFER_FROM_DEV: i32 = -3;
 /// Sense buffer, bytes (descriptor-format sense with an ATA Status Return descriptor is 22).
 const SENSE_BYTES: usize = 32;
@@ -110,27 +112,57 @@ pub fn command(root: &HostRoot, name: &str, cdb: &[u8], data_len: usize) -> Resu
     if !is_blk.unwrap_or(false) {
         return Err(SgError::NotBlockDevice(shown));
     }
-    let mut data = vec![0u8; data_len];
+    let data = if data_len == 0 {
+        Data::None
+    } else {
+        Data::In(data_len)
+    };
+    send(&file, &shown, cdb, data, TIMEOUT_MS)
+}
+
+/// The data phase of a command.
+#[derive(Debug, Clone, Copy)]
+pub enum Data<'a> {
+    /// None.
+    None,
+    /// From the device, at most this many bytes.
+    In(usize),
+    /// To the device, these bytes.
+    Out(&'a [u8]),
+}
+
+/// Sends `cdb` on `file` (an open block device; `shown` names it in errors) with `data` as its
+/// data phase, waiting at most `timeout_ms`. Errors and replies as for [`command`].
+pub fn send(
+    file: &std::fs::File,
+    shown: &str,
+    cdb: &[u8],
+    data: Data<'_>,
+    timeout_ms: u32,
+) -> Result<Reply, SgError> {
+    let (direction, mut buf) = match data {
+        Data::None => (DXFER_NONE, Vec::new()),
+        Data::In(n) => (DXFER_FROM_DEV, vec![0u8; n]),
+        // A copy the kernel may read through a `*mut` without the caller's slice being aliased.
+        Data::Out(b) => (DXFER_TO_DEV, b.to_vec()),
+    };
+    let data_len = buf.len();
     let mut sense = [0u8; SENSE_BYTES];
     let mut hdr = SgIoHdr {
         interface_id: i32::from(b'S'),
-        dxfer_direction: if data_len == 0 {
-            DXFER_NONE
-        } else {
-            DXFER_FROM_DEV
-        },
-        cmd_len: cdb.len() as u8,
+        dxfer_direction: direction,
+        cmd_len: u8::try_from(cdb.len()).unwrap_or(u8::MAX),
         mx_sb_len: SENSE_BYTES as u8,
         iovec_count: 0,
-        dxfer_len: data_len as u32,
+        dxfer_len: u32::try_from(data_len).unwrap_or(0),
         dxferp: if data_len == 0 {
             std::ptr::null_mut()
         } else {
-            data.as_mut_ptr()
+            buf.as_mut_ptr()
         },
         cmdp: cdb.as_ptr(),
         sbp: sense.as_mut_ptr(),
-        timeout: TIMEOUT_MS,
+        timeout: timeout_ms,
         flags: 0,
         pack_id: 0,
         usr_ptr: std::ptr::null_mut(),
@@ -144,29 +176,44 @@ pub fn command(root: &HostRoot, name: &str, cdb: &[u8], data_len: usize) -> Resu
         duration: 0,
         info: 0,
     };
-    // SAFETY: `file` is an open block device for the whole call; `hdr` is a `struct sg_io_hdr`
-    // (`repr(C)`) whose pointers name `cdb` (cmd_len bytes), `sense` (mx_sb_len bytes) and
-    // `data` (dxfer_len bytes, or null with 0), all alive and unaliased until it returns; the
-    // kernel writes only within those lengths and into `hdr`.
+    if cdb.len() > usize::from(u8::MAX) || u32::try_from(data_len).is_err() {
+        return Err(SgError::Ioctl {
+            path: shown.to_owned(),
+            errno: Errno::EINVAL,
+        });
+    }
+    // SAFETY: `file` is open for the whole call; `hdr` is a `struct sg_io_hdr` (`repr(C)`)
+    // whose pointers name `cdb` (cmd_len bytes, checked above to fit), `sense` (mx_sb_len
+    // bytes) and `buf` (dxfer_len bytes, or null with 0), all alive and unaliased until it
+    // returns; the kernel reads or writes only within those lengths and writes into `hdr`.
     match unsafe { sg_io(file.as_raw_fd(), &mut hdr) } {
         Ok(_) => {}
-        Err(Errno::EACCES | Errno::EPERM) => return Err(SgError::Permission(shown)),
-        Err(errno) => return Err(SgError::Ioctl { path: shown, errno }),
+        Err(Errno::EACCES | Errno::EPERM) => return Err(SgError::Permission(shown.to_owned())),
+        Err(errno) => {
+            return Err(SgError::Ioctl {
+                path: shown.to_owned(),
+                errno,
+            });
+        }
     }
     // DID_OK and no driver error other than DRIVER_SENSE (0x08: sense data is there).
     if hdr.host_status != 0 || (hdr.driver_status & !0x08) != 0 {
         return Err(SgError::Transport {
-            path: shown,
+            path: shown.to_owned(),
             host: hdr.host_status,
             driver: hdr.driver_status,
         });
     }
-    let got = data_len.saturating_sub(usize::try_from(hdr.resid).unwrap_or(0));
-    data.truncate(got);
+    if direction == DXFER_FROM_DEV {
+        let got = data_len.saturating_sub(usize::try_from(hdr.resid).unwrap_or(0));
+        buf.truncate(got);
+    } else {
+        buf.clear();
+    }
     Ok(Reply {
         status: hdr.status,
         sense: sense[..usize::from(hdr.sb_len_wr).min(SENSE_BYTES)].to_vec(),
-        data,
+        data: buf,
     })
 }
 

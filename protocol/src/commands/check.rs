@@ -8,6 +8,8 @@ use serde_json::Value;
 
 use super::CommandName;
 use super::bmc::{BootDeviceArgs, PowerArgs, VerifyArgs};
+use super::clean::CleanArgs;
+use super::deploy::{ImageWriteArgs, MAX_SSH_KEYS, MAX_URL_LEN, MAX_USER_DATA_BYTES};
 use super::diag::DiagArgs;
 use super::inventory::InventoryRefreshArgs;
 use super::logs::CollectArgs;
@@ -55,12 +57,70 @@ fn since_parses(s: &str) -> bool {
     humantime::parse_duration(s).is_ok() || chrono::DateTime::parse_from_rfc3339(s).is_ok()
 }
 
+/// `image.write`'s ranges: an http(s) URL, a SHA-256 of 64 hex digits, a config drive with a
+/// hostname and bounded keys and user data.
+fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), ArgsError> {
+    let url = &a.image.url;
+    if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > MAX_URL_LEN {
+        return Err(range(
+            command,
+            "image.url",
+            format!("must be an http:// or https:// URL of at most {MAX_URL_LEN} bytes"),
+        ));
+    }
+    let h = &a.image.sha256;
+    if h.len() != 64
+        || !h
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(range(
+            command,
+            "image.sha256",
+            "must be 64 lowercase hex digits",
+        ));
+    }
+    if let Some(c) = &a.config_drive {
+        let ok_host = !c.hostname.is_empty()
+            && c.hostname.len() <= 253
+            && c.hostname
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if !ok_host {
+            return Err(range(
+                command,
+                "configDrive.hostname",
+                "must be a host name (letters, digits, '-', '.'; at most 253)",
+            ));
+        }
+        if c.ssh_keys.len() > MAX_SSH_KEYS || c.ssh_keys.iter().any(|k| k.contains('\n')) {
+            return Err(range(
+                command,
+                "configDrive.sshKeys",
+                format!("at most {MAX_SSH_KEYS} keys, one line each"),
+            ));
+        }
+        if c.user_data
+            .as_ref()
+            .is_some_and(|u| u.len() > MAX_USER_DATA_BYTES)
+        {
+            return Err(range(
+                command,
+                "configDrive.userData",
+                format!("at most {MAX_USER_DATA_BYTES} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks `args` (without the control plane's own `force`) against the contract of `command`:
 /// `logs.collect` ([`CollectArgs`]: `maxBytes` over 0, `since` a duration or an RFC 3339 time),
 /// `gpu.reset` ([`ResetArgs`]: `gpus` is `"all"` or a non-empty list), `node.reboot`
 /// ([`RebootArgs`]: `delaySeconds` at most [`MAX_DELAY_SECONDS`]), `diag.nvml` ([`DiagArgs`]),
 /// `inventory.refresh` ([`InventoryRefreshArgs`]) and the site agent's `bmc.verify`
-/// ([`VerifyArgs`]), `bmc.power` ([`PowerArgs`]) and `bmc.setBootDevice` ([`BootDeviceArgs`]).
+/// ([`VerifyArgs`]), `bmc.power` ([`PowerArgs`]) and `bmc.setBootDevice` ([`BootDeviceArgs`]),
+/// and the ramdisk's `disk.clean` ([`CleanArgs`]).
 pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
     match command {
         CommandName::InventoryRefresh => shape::<InventoryRefreshArgs>(command, args).map(drop),
@@ -68,6 +128,11 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
         CommandName::BmcVerify => shape::<VerifyArgs>(command, args).map(drop),
         CommandName::BmcPower => shape::<PowerArgs>(command, args).map(drop),
         CommandName::BmcSetBootDevice => shape::<BootDeviceArgs>(command, args).map(drop),
+        CommandName::DiskClean => shape::<CleanArgs>(command, args).map(drop),
+        CommandName::ImageWrite => {
+            let a: ImageWriteArgs = shape(command, args)?;
+            check_image_write(command, &a)
+        }
         CommandName::LogsCollect => {
             let a: CollectArgs = shape(command, args)?;
             if a.max_bytes == Some(0) {
@@ -155,6 +220,13 @@ mod tests {
                 CommandName::BmcSetBootDevice,
                 json!({"nodeId": "node_1", "leaseEpoch": 3, "device": "pxe", "persistent": true}),
             ),
+            (CommandName::DiskClean, json!({})),
+            (CommandName::DiskClean, json!({"mode": "full"})),
+            (
+                CommandName::ImageWrite,
+                json!({"image": {"url": "http://10.0.2.2:1/i.raw", "sha256": "ab".repeat(32)},
+                       "configDrive": {"hostname": "m1", "sshKeys": ["ssh-ed25519 AAAA x"]}}),
+            ),
         ];
         for (c, a) in ok {
             assert!(
@@ -215,6 +287,23 @@ mod tests {
                 CommandName::DiagNvml,
                 json!({"expectedGpus": {"count": -2}}),
                 "-2",
+            ),
+            (CommandName::DiskClean, json!({"mode": "secure"}), "secure"),
+            (
+                CommandName::ImageWrite,
+                json!({"image": {"url": "ftp://h/i", "sha256": "ab".repeat(32)}}),
+                "image.url",
+            ),
+            (
+                CommandName::ImageWrite,
+                json!({"image": {"url": "http://h/i", "sha256": "AB".repeat(32)}}),
+                "image.sha256",
+            ),
+            (
+                CommandName::ImageWrite,
+                json!({"image": {"url": "http://h/i", "sha256": "ab".repeat(32)},
+                       "configDrive": {"hostname": "bad host"}}),
+                "configDrive.hostname",
             ),
         ];
         for (c, a, what) in bad {

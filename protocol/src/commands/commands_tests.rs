@@ -301,7 +301,9 @@ fn command_names_and_error_codes_keep_their_spelling() {
             "node.reboot",
             "bmc.verify",
             "bmc.power",
-            "bmc.setBootDevice"
+            "bmc.setBootDevice",
+            "disk.clean",
+            "image.write"
         ]
     );
     for c in CommandErrorCode::ALL {

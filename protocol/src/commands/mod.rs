@@ -13,7 +13,8 @@
 //! One module per command, named after it: [`diag`] (`diag.nvml`), [`reset`] (`gpu.reset`),
 //! [`logs`] (`logs.collect`), [`reboot`] (`node.reboot`), [`inventory`] (`inventory.refresh`);
 //! [`xid`] holds the XID event and the recommended actions both `diag.nvml` and the event carry;
-//! [`bmc`] the site agent's BMC commands (`bmc.verify`, `bmc.power`, `bmc.setBootDevice`).
+//! [`bmc`] the site agent's BMC commands (`bmc.verify`, `bmc.power`, `bmc.setBootDevice`);
+//! [`clean`] the ramdisk's `disk.clean` and [`deploy`] its `image.write`.
 //! [`CommandName`] names the commands, [`CommandErrorCode`] the codes of a failed one and
 //! [`CommandFailure`] a failure as `CommandUpdate.error` carries it; [`check_args`] holds a
 //! command's arguments against its contract (the control plane refuses a bad one at
@@ -26,6 +27,8 @@
 
 pub mod bmc;
 mod check;
+pub mod clean;
+pub mod deploy;
 pub mod diag;
 pub mod inventory;
 pub mod logs;
@@ -90,6 +93,19 @@ crate::string_enum! {
         BmcNotASystem => "BMC_NOT_A_SYSTEM",
         /// `bmc.*`: the BMC answered with an error (5xx, a malformed body, an action it refused).
         BmcError => "BMC_ERROR",
+        /// `disk.clean`: the machine's disks could not be listed at all (no `/sys/block`);
+        /// a disk that fails is reported in the result, not here.
+        CleanFailed => "CLEAN_FAILED",
+        /// `image.write`: the image could not be fetched (refused, unreachable, an HTTP error,
+        /// cut short); the disk's first and last MiB are zeroed.
+        ImageUnreachable => "IMAGE_UNREACHABLE",
+        /// `image.write`: the file's SHA-256 is not the one asked for; the disk's first and
+        /// last MiB are zeroed.
+        ChecksumMismatch => "CHECKSUM_MISMATCH",
+        /// `image.write`: no disk matches the root-device hints, or none is large enough.
+        NoRootDevice => "NO_ROOT_DEVICE",
+        /// `image.write`: writing the disk or the config drive failed (EIO, a malformed image).
+        ImageWriteFailed => "IMAGE_WRITE_FAILED",
     }
 }
 
