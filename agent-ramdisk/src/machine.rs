@@ -4,6 +4,8 @@
 //! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads,
 //! `disk.clean` through [`crate::clean`] and `image.write` through [`crate::deploy`].
 
+use std::sync::Arc;
+
 use bc_protocol::commands::clean::CleanArgs;
 use bc_protocol::commands::deploy::ImageWriteArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
@@ -13,6 +15,7 @@ use bcd_core::executor::{CommandRun, blocking, to_result};
 use bcd_core::mode::Machine;
 use bcd_core::ops::OpsConfig;
 use bcd_probes::hostroot::HostRoot;
+use bcd_probes::inventory::lldp::Watcher;
 use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
 use serde_json::Value;
 
@@ -29,6 +32,9 @@ pub struct RamdiskMachine {
     pub nvml: NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: OpsConfig,
+    /// The LLDP listener (a live root only) whose neighbours every inventory carries; the boot
+    /// waited `bcd.lldp_wait` on it before joining ([`crate::boot`]).
+    pub lldp: Option<Arc<Watcher>>,
 }
 
 impl RamdiskMachine {
@@ -133,11 +139,13 @@ impl Machine for RamdiskMachine {
     }
 
     async fn inventory(&self) -> Result<Inventory, String> {
-        let (root, nvml) = (self.root.clone(), self.nvml.clone());
-        tokio::task::spawn_blocking(move || bcd_probes::inventory::message(&root, Some(&nvml)))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+        let (root, nvml, lldp) = (self.root.clone(), self.nvml.clone(), self.lldp.clone());
+        tokio::task::spawn_blocking(move || {
+            bcd_probes::inventory::message(&root, Some(&nvml), lldp.as_deref())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
     }
 
     async fn run_command(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
@@ -184,6 +192,7 @@ mod tests {
                 nvidia_smi: root.join("no-nvidia-smi"),
             },
             ops: OpsConfig::default(),
+            lldp: None,
         }
     }
 
