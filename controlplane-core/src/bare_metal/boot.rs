@@ -156,6 +156,17 @@ pub(crate) fn begin(
     Ok(rec)
 }
 
+/// Ends `node_id`'s boot if one is open, so the controller's next pass begins a fresh one: a
+/// state re-entered through `failed` (`nodes.recover`, a new `nodes.deploy`) must not wait on
+/// the boot that failed, whose power-on already went out.
+pub(crate) fn end_open(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<(), OpError> {
+    if let Some(mut b) = tx.boot(node_id)?.filter(|b| b.ended_at.is_none()) {
+        b.ended_at = Some(now);
+        tx.put_boot(&b)?;
+    }
+    Ok(())
+}
+
 /// The kernel arguments of `boot`: `bcd.url=… bcd.pin=… bcd.token=… bcd.node=…`. Holds the
 /// token in clear: only for the site agent's assignment, never for a log.
 pub fn kernel_args(

@@ -105,6 +105,7 @@ impl BareMetal {
                 )?;
                 bmc.deployment = Some(json);
                 tx.put_bmc(&bmc)?;
+                super::boot::end_open(tx, &req.node_id, edit.now())?;
                 condition(
                     &mut edit,
                     ConditionStatus::False,

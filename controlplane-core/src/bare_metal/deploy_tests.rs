@@ -358,6 +358,24 @@ async fn the_deploy_deadline_fails_a_machine_that_never_reports() -> TestResult 
     let c = cond(&n, DEPLOYED).ok_or("no Deployed")?;
     assert_eq!(c.reason, "DeployDeadline");
     assert!(c.message.contains("never powered on"), "{}", c.message);
+    // Recovered at once, before a pass ended the failed boot: the next pass begins a new
+    // boot rather than waiting on the one that failed.
+    let failed_boot = b
+        .store
+        .read_blocking(|r| r.boot(&b.node))?
+        .ok_or("no boot")?;
+    b.store
+        .write_blocking(|tx| super::enroll::recover(tx, &b.node, n.version, "operator:t"))?;
+    bm.boot_pass(now_ms()).await;
+    let fresh = b
+        .store
+        .read_blocking(|r| r.boot(&b.node))?
+        .ok_or("no boot")?;
+    assert_ne!(fresh.token_id, failed_boot.token_id);
+    assert_eq!(
+        (fresh.purpose.as_str(), fresh.ended_at),
+        ("deploying", None)
+    );
     Ok(())
 }
 

@@ -452,6 +452,7 @@ pub fn recover(
 ) -> Result<NodeRecord, OpError> {
     let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
     crate::ops::nodes::recover_in(&mut edit)?;
+    super::boot::end_open(tx, node_id, edit.now())?;
     if edit.node.provision_state == ProvisionState::Enrolling
         && let Some(mut b) = tx.bmc(node_id)?
     {

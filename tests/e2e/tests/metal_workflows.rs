@@ -195,6 +195,8 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
             image.kernel.to_str().unwrap(),
             "--boot-initrd",
             image.initrd.to_str().unwrap(),
+            "--ramdisk-lldp-wait",
+            "2",
         ],
     );
     eventually(WAIT, "the site agent holding the lease", || {
@@ -350,6 +352,29 @@ fn serve(dir: &Path, port: u16) -> Served {
     Served(child)
 }
 
+/// `bcctl pools update` of the rig's pool with a new deploy deadline (and its name, version).
+fn set_deploy_deadline(seen: &mut Seen, rig: &Rig<'_>, deadline: &str) {
+    let p = seen.ok(rig.cp, "pools.get", json!({"poolId": rig.pool}));
+    let version = p["version"].as_u64().unwrap().to_string();
+    let name = p["name"].as_str().unwrap().to_owned();
+    let v = seen.bcctl(
+        rig.cp,
+        &[
+            "pools",
+            "update",
+            rig.pool,
+            "--version",
+            &version,
+            "--name",
+            &name,
+            "--deploy-deadline",
+            deadline,
+        ],
+        None,
+    );
+    assert!(v["acceptance"]["deployDeadlineSeconds"].is_u64(), "{v:#}");
+}
+
 fn sha256_hex(file: &Path) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(std::fs::read(file).unwrap()))
@@ -432,11 +457,7 @@ fn deploy(
     );
 
     // The machine never boots: the pool's deploy deadline fails it.
-    seen.bcctl(
-        cp,
-        &["pools", "update", rig.pool, "--deploy-deadline", "20s"],
-        None,
-    );
+    set_deploy_deadline(seen, rig, "20s");
     machines.set_ignore(&w.uuid, true);
     let deploy_args = [
         "nodes",
@@ -464,11 +485,7 @@ fn deploy(
     );
 
     // The harness lets it boot; nodes.recover deploys the same image again.
-    seen.bcctl(
-        cp,
-        &["pools", "update", rig.pool, "--deploy-deadline", "15m"],
-        None,
-    );
+    set_deploy_deadline(seen, rig, "15m");
     machines.set_ignore(&w.uuid, false);
     let started = Instant::now();
     let v = seen.bcctl(cp, &["nodes", "recover", &w_id], None);
