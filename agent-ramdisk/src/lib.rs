@@ -49,6 +49,7 @@ pub mod clean;
 pub mod cmdline;
 pub mod hooks;
 pub mod machine;
+pub mod rescue;
 pub mod setup;
 
 pub use boot::{BootConfig, BootError, read_params, run};

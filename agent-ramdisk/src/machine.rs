@@ -5,6 +5,7 @@
 //! `disk.clean` through [`crate::clean`].
 
 use bc_protocol::commands::clean::CleanArgs;
+use bc_protocol::commands::rescue::RescueArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
@@ -14,6 +15,8 @@ use bcd_core::ops::OpsConfig;
 use bcd_probes::hostroot::HostRoot;
 use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
 use serde_json::Value;
+
+use crate::rescue::Rescue;
 
 /// The machine the ramdisk booted on.
 #[derive(Debug)]
@@ -28,6 +31,8 @@ pub struct RamdiskMachine {
     pub nvml: NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: OpsConfig,
+    /// rescue.start's SSH server: where dropbear is, and the one running.
+    pub rescue: Rescue,
 }
 
 impl RamdiskMachine {
@@ -72,6 +77,18 @@ impl RamdiskMachine {
             .await?
             .map_err(|e| CommandFailure::new(CommandErrorCode::CleanFailed, e.to_string()))?;
         tracing::info!(summary = %result.summary(), ms = result.duration_ms, "disk.clean done");
+        to_result(&result)
+    }
+
+    /// `rescue.start`: root's keys written and dropbear listening ([`crate::rescue`]); any
+    /// failure is `RESCUE_FAILED` with what failed.
+    async fn rescue(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: RescueArgs = run.args()?;
+        let result = self
+            .rescue
+            .start(&self.root, &a.ssh_keys)
+            .await
+            .map_err(|e| CommandFailure::new(CommandErrorCode::RescueFailed, e.to_string()))?;
         to_result(&result)
     }
 }
@@ -125,12 +142,8 @@ impl Machine for RamdiskMachine {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
             CommandName::DiskClean => self.clean(run).await,
+            CommandName::RescueStart => self.rescue(run).await,
             // The ramdisk's image.write: agent-ramdisk/src/deploy (built next).
-            // The ramdisk's rescue SSH server: agent-ramdisk/src/rescue (built next).
-            CommandName::RescueStart => Err(CommandFailure::new(
-                CommandErrorCode::Unsupported,
-                "rescue.start is not built into this ramdisk yet",
-            )),
             CommandName::ImageWrite => Err(CommandFailure::new(
                 CommandErrorCode::Unsupported,
                 "image.write is not built into this ramdisk yet",
@@ -163,6 +176,10 @@ mod tests {
                 nvidia_smi: root.join("no-nvidia-smi"),
             },
             ops: OpsConfig::default(),
+            rescue: Rescue::new(crate::rescue::RescueConfig {
+                dropbear: root.join("no-dropbear"),
+                ..Default::default()
+            }),
         }
     }
 
@@ -256,6 +273,23 @@ mod tests {
         run.args = serde_json::json!({"mode": "secure"});
         let f = m.run_command(&run).await.unwrap_err();
         assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
+    }
+
+    #[tokio::test]
+    async fn rescue_failures_are_rescue_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = machine(dir.path(), None);
+        let mut run = command(CommandName::RescueStart);
+        run.args = serde_json::json!({"sshKeys": ["ssh-ed25519 AAAAC3Nza op@laptop"]});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::RescueFailed, "{f:?}");
+        assert!(f.message.contains("sshKeys[0]"), "{f:?}");
+        run.args = serde_json::json!({"sshKeys": [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW a"
+        ]});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::RescueFailed, "{f:?}");
+        assert!(f.message.contains("no-dropbear is missing"), "{f:?}");
     }
 
     #[tokio::test]
