@@ -80,6 +80,7 @@ pub fn check_settings(a: &cpl_store::Acceptance) -> Result<(), OpError> {
         ),
         ("cleaningDeadlineSeconds", a.cleaning_deadline_seconds),
         ("deployDeadlineSeconds", a.deploy_deadline_seconds),
+        ("rescueDeadlineSeconds", a.rescue_deadline_seconds),
     ] {
         if let Some(s) = v
             && (s == 0 || s > MAX_DEADLINE_SECONDS)

@@ -218,6 +218,7 @@ mod tests {
                 inspect: false,
                 deployed: false,
                 deployment: None,
+                rescue: None,
             })?;
             let doc = |ip: &str| {
                 format!(

@@ -88,6 +88,28 @@ pub fn transition(
     })
 }
 
+/// The table as a Mermaid state diagram (`stateDiagram-v2`), one line per edge in the table's
+/// order; `failed`'s edges are labelled with what makes them legal. `docs/bare-metal.md` holds
+/// this text between its `provision-state-diagram` markers (a test keeps them equal).
+pub fn state_diagram() -> String {
+    let mut out = String::from("stateDiagram-v2\n");
+    out.push_str("    [*] --> adopting: a server you run joins\n");
+    out.push_str("    [*] --> enrolling: nodes.enroll\n");
+    for (from, tos) in PROVISION_STATE_TABLE {
+        for to in *tos {
+            let label = match (*from, *to) {
+                (Failed, Retiring) => ": nodes.retire",
+                (Failed, _) => ": nodes.recover (failedFrom)",
+                (_, Failed) => "",
+                _ => "",
+            };
+            out.push_str(&format!("    {from} --> {to}{label}\n"));
+        }
+    }
+    out.push_str("    retired --> [*]: nodes.delete\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +221,33 @@ mod tests {
             e.map(|e| e.code()),
             Some(bc_protocol::ErrorCode::InvalidState)
         );
+    }
+
+    /// `docs/bare-metal.md`'s diagram is the table's: with `BC_UPDATE_DOCS=1` the test writes
+    /// it there instead of failing.
+    #[test]
+    fn the_docs_state_diagram_is_generated_from_the_table() -> Result<(), std::io::Error> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/bare-metal.md");
+        let doc = std::fs::read_to_string(path)?;
+        let (begin, end) = (
+            "<!-- provision-state-diagram:begin (generated: cargo test -p cpl-core state_diagram with BC_UPDATE_DOCS=1) -->\n```mermaid\n",
+            "```\n<!-- provision-state-diagram:end -->",
+        );
+        let (Some(b), Some(e)) = (doc.find(begin), doc.find(end)) else {
+            panic!("docs/bare-metal.md has no provision-state-diagram markers");
+        };
+        let have = &doc[b + begin.len()..e];
+        let want = state_diagram();
+        if have != want {
+            if std::env::var("BC_UPDATE_DOCS").as_deref() == Ok("1") {
+                let new = format!("{}{want}{}", &doc[..b + begin.len()], &doc[e..]);
+                return std::fs::write(path, new);
+            }
+            panic!("docs/bare-metal.md's state diagram is stale; run with BC_UPDATE_DOCS=1:\n{want}");
+        }
+        assert!(want.contains("    failed --> retiring: nodes.retire\n"));
+        assert!(want.contains("    deployed --> rescue\n"));
+        Ok(())
     }
 
     #[test]

@@ -66,12 +66,14 @@ pub struct BmcRecord {
     /// `nodes.deploy`'s image, root-device hints and config drive (camelCase JSON, as the
     /// ramdisk's `image.write` takes them), kept so `nodes.recover` deploys the same again.
     pub deployment: Option<serde_json::Value>,
+    /// `nodes.rescue`'s arguments for the ramdisk's `rescue.start` (`{"sshKeys": [...]}`).
+    pub rescue: Option<serde_json::Value>,
 }
 
 const BMC_COLUMNS: &str = "b.node_id, b.address, b.tls, b.credentials, b.candidate, b.cert_sha256, \
     b.facts, b.identifiers, b.macs, b.verified_at, b.verify_command_id, b.verify_started_at, \
     b.last_error, b.power_expected, b.power_expected_at, b.reachable, b.created_at, b.inspect, \
-    b.deployed, b.deployment";
+    b.deployed, b.deployment, b.rescue";
 
 fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
     let facts: Option<String> = r.get(6)?;
@@ -100,6 +102,10 @@ fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
         deployment: r
             .get::<_, Option<String>>(19)?
             .map(|d| from_json("node_bmcs.deployment", &d))
+            .transpose()?,
+        rescue: r
+            .get::<_, Option<String>>(20)?
+            .map(|d| from_json("node_bmcs.rescue", &d))
             .transpose()?,
     })
 }
@@ -154,8 +160,8 @@ impl Tx<'_> {
         self.sqlite().execute(
             "INSERT INTO node_bmcs (node_id, address, tls, credentials, candidate, cert_sha256, \
              facts, identifiers, macs, verified_at, verify_command_id, verify_started_at, \
-             last_error, power_expected, power_expected_at, reachable, created_at, inspect, deployed, deployment) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) \
+             last_error, power_expected, power_expected_at, reachable, created_at, inspect, deployed, deployment, rescue) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) \
              ON CONFLICT (node_id) DO UPDATE SET address = excluded.address, tls = excluded.tls, \
              credentials = excluded.credentials, candidate = excluded.candidate, \
              cert_sha256 = excluded.cert_sha256, facts = excluded.facts, \
@@ -165,7 +171,7 @@ impl Tx<'_> {
              power_expected = excluded.power_expected, \
              power_expected_at = excluded.power_expected_at, reachable = excluded.reachable, \
              inspect = excluded.inspect, deployed = excluded.deployed, \
-             deployment = excluded.deployment",
+             deployment = excluded.deployment, rescue = excluded.rescue",
             params![
                 b.node_id,
                 b.address,
@@ -186,7 +192,8 @@ impl Tx<'_> {
                 b.created_at,
                 b.inspect,
                 b.deployed,
-                b.deployment.as_ref().map(to_json)
+                b.deployment.as_ref().map(to_json),
+                b.rescue.as_ref().map(to_json)
             ],
         )?;
         Ok(())
@@ -369,6 +376,7 @@ mod tests {
                 inspect: true,
                 deployed: false,
                 deployment: Some(serde_json::json!({"image": {"url": "http://x/i"}})),
+                rescue: None,
             };
             tx.put_bmc(&b)?;
             assert_eq!(tx.bmc("node_m")?.as_ref(), Some(&b));

@@ -344,4 +344,5 @@ ALTER TABLE node_boots ADD COLUMN work_command_id TEXT; -- disk.clean, image.wri
 ALTER TABLE node_boots ADD COLUMN work_step TEXT;       -- the workflow's last finished step
 ALTER TABLE node_bmcs ADD COLUMN deployed INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE node_bmcs ADD COLUMN deployment TEXT;       -- nodes.deploy's image and config, JSON
+ALTER TABLE node_bmcs ADD COLUMN rescue TEXT;           -- nodes.rescue's keys, JSON
 "#;

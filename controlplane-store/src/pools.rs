@@ -100,6 +100,10 @@ pub struct Acceptance {
     /// 2,592,000. Default 3,600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deploy_deadline_seconds: Option<u64>,
+    /// Bare metal: seconds a machine in `rescue` may take to boot the ramdisk and start its SSH
+    /// server, 1 to 2,592,000 (once it listens, a rescue has no deadline). Default 1,800.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rescue_deadline_seconds: Option<u64>,
 }
 
 /// One pool.

@@ -20,6 +20,7 @@ pub fn condition_of(s: ProvisionState) -> Option<&'static str> {
         ProvisionState::Commissioning => super::commission::COMMISSIONED,
         ProvisionState::Deploying => super::deploy::DEPLOYED,
         ProvisionState::Releasing | ProvisionState::Retiring => super::release::CLEANED,
+        ProvisionState::Rescue => super::rescue::RESCUED,
         _ => return None,
     })
 }

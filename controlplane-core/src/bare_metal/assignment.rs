@@ -246,6 +246,7 @@ mod tests {
             inspect: true,
             deployed: false,
             deployment: None,
+            rescue: None,
         }
     }
 

@@ -44,11 +44,12 @@ pub const HARDWARE_MISMATCH: &str = "HardwareMismatch";
 pub const OWNER: &str = "BareMetalWorkflow";
 
 /// The provision states a machine spends in the ramdisk: inspection, commissioning, the image
-/// write of a deploy and the cleaning of a release or retire (issue 16; rescue next).
+/// write of a deploy, a rescue and the cleaning of a release or retire (issue 16).
 pub const RAMDISK_STATES: &[ProvisionState] = &[
     ProvisionState::Inspecting,
     ProvisionState::Commissioning,
     ProvisionState::Deploying,
+    ProvisionState::Rescue,
     ProvisionState::Releasing,
     ProvisionState::Retiring,
 ];

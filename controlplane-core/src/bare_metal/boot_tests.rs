@@ -118,6 +118,7 @@ pub(super) fn bed(profile_gpus: Option<u32>) -> Result<Bed, Box<dyn std::error::
             inspect: true,
             deployed: false,
             deployment: None,
+            rescue: None,
         })?;
         Ok::<_, OpError>(())
     })?;

@@ -404,6 +404,7 @@ pub fn enroll(
         inspect: req.inspect && !req.deployed,
         deployed: req.deployed,
         deployment: None,
+        rescue: None,
     })?;
     tx.record_event(&cpl_store::NewEvent {
         node_id: &node_id,

@@ -72,6 +72,12 @@ pub fn deadline(pool: Option<&Pool>, s: ProvisionState) -> Duration {
             super::release::DEFAULT_CLEANING_DEADLINE,
             Duration::from_secs,
         ),
+        ProvisionState::Deploying => a
+            .deploy_deadline_seconds
+            .map_or(super::deploy::DEFAULT_DEPLOY_DEADLINE, Duration::from_secs),
+        ProvisionState::Rescue => a
+            .rescue_deadline_seconds
+            .map_or(super::rescue::DEFAULT_RESCUE_DEADLINE, Duration::from_secs),
         _ => a
             .inspection_deadline_seconds
             .map_or(DEFAULT_INSPECTION_DEADLINE, Duration::from_secs),
@@ -232,6 +238,10 @@ fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
     if !in_ramdisk(state) || state.as_str() != b.purpose {
         return Ok(false);
     }
+    // A rescue whose SSH server is up lasts as long as the operator needs it.
+    if b.work_step.as_deref() == Some(super::rescue::RESCUE_READY) {
+        return Ok(false);
+    }
     let pool = pool_of(tx, &edit.node)?;
     let limit = deadline(pool.as_ref(), state);
     if now < b.phase_started_at.saturating_add(ms(limit)) {
@@ -243,6 +253,11 @@ fn fail_overdue(tx: &Tx<'_>, node_id: &str, now: i64) -> Result<bool, OpError> {
             super::release::CLEANED,
             "CleaningDeadline",
             format!("{state}: {}", super::work::overdue_reason(&b, secs)),
+        ),
+        (ProvisionState::Rescue, _) => (
+            super::rescue::RESCUED,
+            "RescueDeadline",
+            format!("rescue: {}", super::work::overdue_reason(&b, secs)),
         ),
         (ProvisionState::Deploying, _) => (
             super::deploy::DEPLOYED,

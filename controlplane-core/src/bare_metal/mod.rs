@@ -54,6 +54,7 @@ pub mod inspect;
 pub mod lease;
 pub mod power;
 pub mod release;
+pub mod rescue;
 pub mod site_detail;
 pub mod verify;
 pub mod work;
@@ -128,7 +129,8 @@ pub fn on_command_final(
     inspect::on_power_final(tx, cmd)?;
     commission::on_command_final(tx, cmd)?;
     release::on_command_final(tx, cmd)?;
-    deploy::on_command_final(tx, cmd)
+    deploy::on_command_final(tx, cmd)?;
+    rescue::on_command_final(tx, cmd)
 }
 
 /// Milliseconds of a duration, saturating.

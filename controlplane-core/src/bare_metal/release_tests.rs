@@ -368,3 +368,69 @@ async fn the_cleaning_deadline_fails_a_release_saying_how_far_it_got() -> TestRe
     assert!(c.message.contains("no site agent"), "{}", c.message);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_rescue_starts_ssh_with_the_keys_and_then_has_no_deadline() -> TestResult {
+    let b = deployed()?;
+    let bm = controller(&b);
+    let req = |keys: Value| -> Result<super::rescue::RescueRequest, serde_json::Error> {
+        serde_json::from_value(json!({"nodeId": b.node, "sshKeys": keys}))
+    };
+    let bad = bm.rescue(req(json!([]))?, "operator:t").await;
+    assert!(
+        matches!(&bad, Err(OpError::InvalidArgument(m)) if m.contains("sshKeys")),
+        "{bad:?}"
+    );
+    let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq op@laptop";
+    let n = bm.rescue(req(json!([key]))?, "operator:t").await?;
+    assert_eq!(n.provision_state, ProvisionState::Rescue);
+    boot_and_join(&b)?;
+    assert_eq!(
+        b.report(INVENTORY.as_bytes())?,
+        Some(ProvisionState::Rescue)
+    );
+    let cmd = b.store.write_blocking(|tx| {
+        let mut rec = tx
+            .boot(&b.node)?
+            .ok_or(OpError::Internal("no boot".into()))?;
+        assert!(rec.steps_at.is_some());
+        let id = super::rescue::queue_start(tx, &rec, now_ms(), 60_000)?;
+        rec.work_command_id = Some(id.clone());
+        tx.put_boot(&rec)?;
+        tx.command(&id)?
+            .ok_or(OpError::Internal("no command".into()))
+    })?;
+    assert_eq!(cmd.name, "rescue.start");
+    assert_eq!(cmd.args, json!({"sshKeys": [key]}));
+    let result = json!({"port": 22, "hostKeyFingerprints": ["SHA256:abc"],
+                        "addresses": ["10.0.2.15/24"], "authorizedKeys": 1});
+    let mut done = cmd.clone();
+    done.state = CommandState::Succeeded;
+    done.result = Some(result);
+    b.store
+        .write_blocking(|tx| super::on_command_final(tx, &done))?;
+    let n = b.node()?;
+    assert_eq!(n.provision_state, ProvisionState::Rescue);
+    let c = cond(&n, super::rescue::RESCUED).ok_or("no Rescued")?;
+    assert_eq!(
+        (c.status, c.reason.as_str()),
+        (ConditionStatus::True, "SshReady")
+    );
+    assert!(
+        c.message.contains("10.0.2.15, port 22") && c.message.contains("SHA256:abc"),
+        "{}",
+        c.message
+    );
+    // Up: no deadline any more.
+    bm.boot_pass(now_ms() + 7_200_000).await;
+    assert_eq!(b.node()?.provision_state, ProvisionState::Rescue);
+    // Unrescue needs a site agent holding the lease to reboot the machine.
+    let un: super::rescue::UnrescueRequest = serde_json::from_value(json!({"nodeId": b.node}))?;
+    let r = bm.unrescue(un, "operator:t").await;
+    assert!(
+        matches!(&r, Err(OpError::InvalidState(m)) if m.contains("holds its lease")),
+        "{r:?}"
+    );
+    assert_eq!(b.node()?.provision_state, ProvisionState::Rescue);
+    Ok(())
+}

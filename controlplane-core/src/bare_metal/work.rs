@@ -1,5 +1,6 @@
 //! The work a ramdisk does after inspection (issue 16): release and retire's cleaning
-//! ([`super::release`]) and deploy's image write and boot from disk ([`super::deploy`]). What
+//! ([`super::release`]), deploy's image write and boot from disk ([`super::deploy`]) and
+//! rescue's SSH server ([`super::rescue`]). What
 //! they share lives here: the ramdisk's first report that makes a boot ready for work, the
 //! controller's next step on a boot, and what a deadline names.
 //!
@@ -15,22 +16,22 @@ use cpl_store::{BootRecord, NodeRecord, Tx};
 
 use super::boot::{self, HARDWARE_MISMATCH, OWNER};
 use super::verify::queue;
-use super::{BareMetal, deploy, release};
+use super::{BareMetal, deploy, release, rescue};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
 
 /// The ramdisk states whose work follows the ramdisk's first report.
 pub fn works(s: ProvisionState) -> bool {
-    release::cleaning(s) || s == ProvisionState::Deploying
+    release::cleaning(s) || matches!(s, ProvisionState::Deploying | ProvisionState::Rescue)
 }
 
 /// The event kind and condition type of `s`'s work.
 pub fn names(s: ProvisionState) -> (&'static str, &'static str) {
-    if s == ProvisionState::Deploying {
-        ("deployStep", deploy::DEPLOYED)
-    } else {
-        ("cleaningStep", release::CLEANED)
+    match s {
+        ProvisionState::Deploying => ("deployStep", deploy::DEPLOYED),
+        ProvisionState::Rescue => ("rescueStep", rescue::RESCUED),
+        _ => ("cleaningStep", release::CLEANED),
     }
 }
 
@@ -86,10 +87,10 @@ pub(crate) fn on_inventory(
     }
     b.steps_at = Some(edit.now());
     tx.put_boot(b)?;
-    let next = if edit.node.provision_state == ProvisionState::Deploying {
-        "image.write"
-    } else {
-        "disk.clean"
+    let next = match edit.node.provision_state {
+        ProvisionState::Deploying => "image.write",
+        ProvisionState::Rescue => "rescue.start",
+        _ => "disk.clean",
     };
     event(
         edit,
@@ -126,6 +127,10 @@ pub(crate) fn next(
     let (id, dispatch) = match (state, b.work_step.as_deref()) {
         (ProvisionState::Releasing | ProvisionState::Retiring, None) if live => {
             let id = release::queue_clean(tx, b, pool.as_ref(), state, now)?;
+            (id, b.node_id.clone())
+        }
+        (ProvisionState::Rescue, None) if live => {
+            let id = rescue::queue_start(tx, b, now, timeout)?;
             (id, b.node_id.clone())
         }
         (ProvisionState::Deploying, None) if live => {

@@ -153,6 +153,21 @@ impl Core {
                     .await
                     .map(A::NodesDeploy)
             }
+            R::NodesRescue(b) => {
+                let id = b.node_id.to_string();
+                self.bare_metal.rescue(b, a).await?;
+                self.read(move |r| crate::query::get_node(r, &id))
+                    .await
+                    .map(A::NodesRescue)
+            }
+            R::NodesUnrescue(b) => {
+                let id = b.node_id.to_string();
+                self.bare_metal.unrescue(b, a).await?;
+                self.end_revoked_session(&id).await;
+                self.read(move |r| crate::query::get_node(r, &id))
+                    .await
+                    .map(A::NodesUnrescue)
+            }
             R::NodesInspect(b) => {
                 let id = b.node_id.to_string();
                 self.bare_metal.inspect(b, a).await?;

@@ -25,6 +25,7 @@ use crate::bare_metal::deploy::DeployRequest;
 use crate::bare_metal::enroll::EnrollRequest;
 use crate::bare_metal::inspect::InspectRequest;
 use crate::bare_metal::power::{BootDeviceRequest, PowerRequest, UpdateBmcCredentialsRequest};
+use crate::bare_metal::rescue::{RescueRequest, UnrescueRequest};
 use crate::bare_metal::site_detail::SiteDetail;
 use crate::detail::NodeDetail;
 use crate::error::OpError;
@@ -155,6 +156,8 @@ verbs! {
     NodesRelease => "nodes.release", NodeMutation, NodeDetail, "Release a deployed bare-metal machine (`deployed -> releasing -> ready`): its identity ends at once, it boots the ramdisk, which cleans every disk as the pool's `acceptance.cleaning` says (metadata by default), and commissioning's checks run again.";
     NodesAbort => "nodes.abort", NodeMutation, NodeDetail, "Abort a bare-metal workflow in flight (enrolling, inspecting, commissioning, deploying, releasing, retiring): the node is `failed` (failedFrom that state, maintenance on), its command in flight cancelled, the machine powered off; `nodes.recover` starts the state over.";
     NodesDeploy => "nodes.deploy", DeployRequest, NodeDetail, "Deploy an image onto a ready bare-metal machine (`ready -> deploying -> deployed`): it boots the ramdisk, which streams the image onto the disk the root-device hints pick (else the smallest that fits) while hashing it, verifies its SHA-256 and writes a cloud-init NoCloud config drive; the BMC then boots it from disk, persistently.";
+    NodesRescue => "nodes.rescue", RescueRequest, NodeDetail, "Rescue a deployed bare-metal machine (`deployed -> rescue`): it boots the ramdisk, which starts an SSH server that accepts only the given keys (the `Rescued` condition says where and its host keys).";
+    NodesUnrescue => "nodes.unrescue", UnrescueRequest, NodeDetail, "End a rescue (`rescue -> deployed`): the rescue ramdisk's identity ends and the BMC reboots the machine from its disk.";
     NodesInspect => "nodes.inspect", InspectRequest, NodeDetail, "Inspect a bare-metal machine again (`ready`, or a verified `enrolling` node enrolled with `inspect: false`): it boots the ramdisk with a one-time boot token, is checked against its BMC's identifiers and commissioned back to `ready`.";
     NodesUpdateBmcCredentials => "nodes.updateBmcCredentials", UpdateBmcCredentialsRequest, NodeDetail, "Rotate a node's BMC credentials: the new pair replaces the old one only once the BMC accepted it (the password is write-only).";
     PoolsCreate => "pools.create", NewPool, Pool, "Create a pool.";

@@ -104,6 +104,22 @@ pub enum BareMetalCommand {
         #[arg(long)]
         version: Option<u64>,
     },
+    /// Rescue a deployed machine: it boots the ramdisk, whose SSH server accepts only the given
+    /// keys (the node's `Rescued` condition says where).
+    Rescue {
+        node_id: String,
+        /// An OpenSSH public key the rescue accepts; repeatable, at least one.
+        #[arg(long = "ssh-key", required = true)]
+        ssh_keys: Vec<String>,
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// End a rescue: the machine reboots from its disk → `deployed`.
+    Unrescue {
+        node_id: String,
+        #[arg(long)]
+        version: Option<u64>,
+    },
     /// Release a deployed machine: its identity ends, it boots the ramdisk, every disk is
     /// cleaned (the pool's `--cleaning`) and commissioning checks it again → `ready`.
     Release {
@@ -261,6 +277,25 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
         } => {
             let extra = deploy.json()?;
             mutate(args, &c, Method::NodesDeploy, &node_id, version, extra).await
+        }
+        BareMetalCommand::Rescue {
+            node_id,
+            ssh_keys,
+            version,
+        } => {
+            let extra = json!({"sshKeys": ssh_keys});
+            mutate(args, &c, Method::NodesRescue, &node_id, version, extra).await
+        }
+        BareMetalCommand::Unrescue { node_id, version } => {
+            mutate(
+                args,
+                &c,
+                Method::NodesUnrescue,
+                &node_id,
+                version,
+                json!({}),
+            )
+            .await
         }
         BareMetalCommand::Release { node_id, version } => {
             mutate(args, &c, Method::NodesRelease, &node_id, version, json!({})).await

@@ -136,6 +136,10 @@ pub struct AcceptanceArgs {
     /// Bare metal: how long a machine may stay deploying, e.g. `1h` (the default).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub deploy_deadline: Option<Duration>,
+    /// Bare metal: how long a rescue may take to boot and start its SSH server, e.g. `30m`
+    /// (the default).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub rescue_deadline: Option<Duration>,
 }
 
 impl AcceptanceArgs {
@@ -149,7 +153,8 @@ impl AcceptanceArgs {
             || self.power_off_when_ready.is_some()
             || self.cleaning.is_some()
             || self.cleaning_deadline.is_some()
-            || self.deploy_deadline.is_some();
+            || self.deploy_deadline.is_some()
+            || self.rescue_deadline.is_some();
         any.then(|| {
             json!({
                 "requireTrustedKey": self.require_trusted_key,
@@ -160,6 +165,7 @@ impl AcceptanceArgs {
                 "cleaning": self.cleaning.map(|m| m.as_str()),
                 "cleaningDeadlineSeconds": secs(self.cleaning_deadline),
                 "deployDeadlineSeconds": secs(self.deploy_deadline),
+                "rescueDeadlineSeconds": secs(self.rescue_deadline),
             })
         })
     }
