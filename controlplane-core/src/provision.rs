@@ -243,7 +243,9 @@ mod tests {
                 let new = format!("{}{want}{}", &doc[..b + begin.len()], &doc[e..]);
                 return std::fs::write(path, new);
             }
-            panic!("docs/bare-metal.md's state diagram is stale; run with BC_UPDATE_DOCS=1:\n{want}");
+            panic!(
+                "docs/bare-metal.md's state diagram is stale; run with BC_UPDATE_DOCS=1:\n{want}"
+            );
         }
         assert!(want.contains("    failed --> retiring: nodes.retire\n"));
         assert!(want.contains("    deployed --> rescue\n"));
