@@ -12,13 +12,17 @@
 //! The ramdisk is a mode of the session core (`bcd-core`) over the hardware probes
 //! (`bcd-probes`), without the node agent:
 //! - [`cmdline`]: the settings from `/proc/cmdline`, split by the kernel's quoting rules.
+//! - [`deploy`]: `image.write` — the image streamed over HTTP(S) onto the root disk chosen by
+//!   the hints (else the smallest that fits) through one 4 MiB buffer, hashed as served,
+//!   gunzipped or unzstd'ed on the way, both ends of the disk zeroed on any failure after the
+//!   first write; then a NoCloud config drive (a GPT partition, vfat `cidata`).
 //! - [`setup`]: early boot — drivers (`modprobe`), the NICs in `/sys/class/net`, a DHCP lease
 //!   (busybox `udhcpc`); bounded, and every failure says what was tried.
 //! - [`machine`]: the `bcd_core::mode::Machine` — the machine's real SMBIOS, hardware key and
 //!   inventory (`bcd_probes::{hwkey, inventory}`, the node agent's document), `diag.nvml` and
 //!   `gpu.reset` through `bcd_probes::nvml`, `logs.collect` and `node.reboot` through
-//!   `bcd_core::ops` (with `reboot(2)`: there is no service manager), `disk.clean` and
-//!   `rescue.start`.
+//!   `bcd_core::ops` (with `reboot(2)`: there is no service manager), `disk.clean`,
+//!   `image.write` and `rescue.start`.
 //! - [`clean`]: `disk.clean` — every disk's metadata erased (both ends of the disk and of each
 //!   partition, then the partition table re-read), and in mode `full` every block (NVMe Format
 //!   with secure erase, falling back `ses=2 → 1 → 0`; ATA security erase; secure discard,
@@ -43,10 +47,11 @@
 //! # Limitations
 //! The ramdisk joins, reports inventory (NVMe health and NIC firmware included) and serves the
 //! commands above, which is what inspection and commissioning need (the control plane decides
-//! the steps), `disk.clean`, which release and retire need, and `rescue.start`; burn-in beyond
-//! `diag.nvml`, image write with checksum and the BMC's address seen in-band are still to come.
-//! Disk erase has no NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk is discarded or
-//! zeroed), and its ATA security erase was tested against a fake drive only. NIC firmware
+//! the steps), `disk.clean`, which release and retire need, `image.write`, which deploying
+//! needs, and `rescue.start`; burn-in beyond `diag.nvml` and the BMC's address seen in-band are
+//! still to come. Disk erase has no NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk
+//! is discarded or zeroed), and its ATA security erase was tested against a fake drive only.
+//! `image.write` takes raw, gzip and zstd images, not qcow2 (see [`deploy`]). NIC firmware
 //! (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and only IPv4 DHCP is tried.
 //! The rescue's dropbear has no RSA host key (ed25519 and ECDSA only), and a rescue ends only by
 //! `nodes.unrescue` (no idle timeout).
@@ -55,6 +60,7 @@
 pub mod boot;
 pub mod clean;
 pub mod cmdline;
+pub mod deploy;
 pub mod hooks;
 pub mod machine;
 pub mod rescue;

@@ -1,10 +1,12 @@
 //! The ramdisk's [`Machine`]: the bare-metal server it booted on — its real SMBIOS, hardware key
 //! and inventory (the same document the node agent sends), and the commands a ramdisk serves:
 //! `inventory.refresh`, `logs.collect` and `node.reboot` (reboot(2): there is no service
-//! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads, and
-//! `disk.clean` through [`crate::clean`].
+//! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads,
+//! `disk.clean` through [`crate::clean`], `image.write` through [`crate::deploy`] and
+//! `rescue.start` through [`crate::rescue`].
 
 use bc_protocol::commands::clean::CleanArgs;
+use bc_protocol::commands::deploy::ImageWriteArgs;
 use bc_protocol::commands::rescue::RescueArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
@@ -80,6 +82,30 @@ impl RamdiskMachine {
         to_result(&result)
     }
 
+    /// `image.write`: the image streamed onto the root disk, verified, with its config drive
+    /// (see [`crate::deploy`]).
+    async fn image_write(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        // The control plane checked these at queue time; checked again so that a malformed
+        // sha256 or URL is refused before the disk is touched, not after the whole image.
+        bc_protocol::commands::check_args(run.name, &run.args)
+            .map_err(|e| CommandFailure::new(CommandErrorCode::InvalidArgument, e.to_string()))?;
+        let a: ImageWriteArgs = run.args()?;
+        let result = crate::deploy::image_write(&self.root, a)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "image.write failed");
+                e.to_failure()
+            })?;
+        tracing::info!(
+            device = %result.device,
+            because = %result.chosen_because,
+            written_bytes = result.written_bytes,
+            duration_ms = result.duration_ms,
+            "image.write done"
+        );
+        to_result(&result)
+    }
+
     /// `rescue.start`: root's keys written and dropbear listening ([`crate::rescue`]); any
     /// failure is `RESCUE_FAILED` with what failed.
     async fn rescue(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
@@ -142,12 +168,8 @@ impl Machine for RamdiskMachine {
                 bcd_core::ops::reboot::handle(&self.ops.reboot, &self.boot_id, run).await
             }
             CommandName::DiskClean => self.clean(run).await,
+            CommandName::ImageWrite => self.image_write(run).await,
             CommandName::RescueStart => self.rescue(run).await,
-            // The ramdisk's image.write: agent-ramdisk/src/deploy (built next).
-            CommandName::ImageWrite => Err(CommandFailure::new(
-                CommandErrorCode::Unsupported,
-                "image.write is not built into this ramdisk yet",
-            )),
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,
@@ -229,6 +251,41 @@ mod tests {
         reset.args = serde_json::json!({"gpus": "all"});
         let f = m.run_command(&reset).await.unwrap_err();
         assert_eq!(f.code, CommandErrorCode::NvmlUnavailable, "{f:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn image_write_is_served_with_its_result_or_its_code() {
+        use crate::deploy::test_server::{Serve, pattern_sha256};
+        use crate::deploy::test_utils::{MIB, SERIAL, args, dev, fake_root, read_at, serve};
+        let _one = SERIAL.lock().await;
+        let root = fake_root(&[("sda", 8 * MIB, "S1")]);
+        let m = machine(root.path(), None);
+        let mut run = command(CommandName::ImageWrite);
+        run.args = serde_json::json!({"image": {"url": "http://127.0.0.1:1/x"}});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
+        run.args = serde_json::json!({"image": {"url": "http://127.0.0.1:1/x", "sha256": "abc"}});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
+        assert!(f.message.contains("sha256"), "{f:?}");
+
+        let url = serve("/img", Serve::Pattern(MIB + 5)).await;
+        let a = args(url, pattern_sha256(MIB + 5), Default::default());
+        run.args = serde_json::to_value(&a).unwrap();
+        let v = m.run_command(&run).await.unwrap();
+        assert_eq!(v["device"], "sda", "{v}");
+        assert_eq!(
+            v["chosenBecause"], "smallest disk that fits (sda, of 1)",
+            "{v}"
+        );
+        assert_eq!(v["writtenBytes"], MIB + 5, "{v}");
+        assert_eq!(v["sha256"], a.image.sha256.as_str(), "{v}");
+        assert!(v.get("configDrivePartition").is_none(), "{v}");
+        assert_ne!(read_at(&dev(root.path(), "sda"), 0, 1), [0]);
+
+        run.args["image"]["sha256"] = "00".repeat(32).into();
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::ChecksumMismatch, "{f:?}");
     }
 
     #[tokio::test]

@@ -7,6 +7,12 @@
 //!   both GPT headers and the partitions' first MiB are zero, the data in the middle is still
 //!   there (metadata mode). `nodes retire` cleans again → `retired`, powered off, not
 //!   schedulable, its identity ended.
+//! - Machine w is inspected to `ready`, then deployed with a raw image the test makes (a GPT and
+//!   a marker) and serves over HTTP (Python's `http.server`): a wrong SHA-256 → `failed`
+//!   (`ChecksumMismatch`), the disk's first MiB not the image's; the machine ignoring its
+//!   power-on → the pool's deploy deadline fails it; `nodes recover` once the harness lets it
+//!   boot → `deployed`: the VM's disk holds the image and a `cidata` config drive with the
+//!   hostname and the key, and the BMC boots the disk, persistently.
 //!
 //! Skipped loudly without QEMU, a kernel or sushy-emulator; a failure under `CI=true`. Times are
 //! printed (docs/benchmarks.md), never asserted.
@@ -104,7 +110,8 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
         return;
     }
     let x = machine("x", 11, "SER-X-0011", false);
-    let systems = [system(&x, "SER-X-0011")];
+    let w = machine("w", 12, "SER-W-0012", false);
+    let systems = [system(&x, "SER-X-0011"), system(&w, "SER-W-0012")];
     let (_, bcd) = ramdisk::bins();
     let tmp = tempfile::tempdir().unwrap();
     let image = ramdisk::build_image(&tools, bcd, &tmp.path().join("image"));
@@ -116,7 +123,7 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
     write_at(&x_disk, 30 * MIB, TENANT_DATA);
     let machines = Machines::start(
         &tools.qemu,
-        vec![x.clone()],
+        vec![x.clone(), w.clone()],
         &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
         tmp.path(),
     )
@@ -290,5 +297,261 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
     until_off(&machines, &sushy, &rt, &x.uuid);
     assert_eq!(moves(&mut seen, &cp, &x_id)[4..], ["retiring", "retired"]);
 
+    let rig = Rig {
+        cp: &cp,
+        machines: &machines,
+        sushy: &sushy,
+        rt: &rt,
+        pool: &pool,
+        dir: tmp.path(),
+    };
+    deploy(&mut seen, &rig, &site, &w, &dump(&w.uuid));
     drop(agent);
+}
+
+/// What the deploy part runs on.
+struct Rig<'a> {
+    cp: &'a ControlPlane,
+    machines: &'a Machines,
+    sushy: &'a Sushy,
+    rt: &'a tokio::runtime::Runtime,
+    pool: &'a str,
+    dir: &'a Path,
+}
+
+/// In the deployed image's first partition.
+const IMAGE_MARKER: &[u8] = b"BCD-DEPLOYED-IMAGE-MARKER";
+const SSH_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcdE2eTestKeyOnlyForTheConfigDrive e2e@metal";
+
+/// A static file server on loopback (Python's `http.server`), killed on drop.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(dir: &Path, port: u16) -> Served {
+    let child = Command::new("python3")
+        .args(["-m", "http.server", "--bind", "127.0.0.1"])
+        .arg(port.to_string())
+        .arg("--directory")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 -m http.server");
+    eventually(WAIT, "the image server", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    Served(child)
+}
+
+fn sha256_hex(file: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(std::fs::read(file).unwrap()))
+}
+
+fn deploy(
+    seen: &mut Seen,
+    rig: &Rig<'_>,
+    site: &str,
+    w: &bc_metal_sim::machines::Machine,
+    dump: &dyn Fn() -> String,
+) {
+    let (cp, machines) = (rig.cp, rig.machines);
+    let w_id = enroll_with(
+        seen,
+        cp,
+        site,
+        rig.pool,
+        "w",
+        &rig.sushy.address(&w.uuid),
+        &[],
+    );
+    until_state(seen, cp, &w_id, "ready", dump);
+    until_off(machines, rig.sushy, rig.rt, &w.uuid);
+    let w_disk = Machines::disk(rig.dir, &w.name);
+    // The image: 8 MiB with a GPT whose one partition (1 MiB from 1 MiB) holds the marker.
+    let served = rig.dir.join("images");
+    std::fs::create_dir_all(&served).unwrap();
+    let img = served.join("disk.raw");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(8 * MIB)
+        .unwrap();
+    let mut sf = Command::new("sfdisk")
+        .args(["--quiet", "--no-reread", "--no-tell-kernel"])
+        .arg(&img)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("sfdisk");
+    {
+        use std::io::Write as _;
+        sf.stdin
+            .take()
+            .unwrap()
+            .write_all(b"label: gpt\nstart=2048, size=2048\n")
+            .unwrap();
+    }
+    assert!(sf.wait().unwrap().success());
+    write_at(&img, MIB + 4096, IMAGE_MARKER);
+    let sha = sha256_hex(&img);
+    let port = free_tcp_port();
+    let _server = serve(&served, port);
+    let url = format!("http://10.0.2.2:{port}/disk.raw");
+
+    // A wrong SHA-256: failed, and what is on the disk does not boot.
+    let bad = "00".repeat(32);
+    let v = seen.bcctl(
+        cp,
+        &[
+            "nodes",
+            "deploy",
+            &w_id,
+            "--image-url",
+            &url,
+            "--image-sha256",
+            &bad,
+        ],
+        None,
+    );
+    assert_eq!(v["provisionState"], "deploying", "{v:#}");
+    let n = until_state(seen, cp, &w_id, "failed", dump);
+    let c = condition(&n, "Deployed").unwrap();
+    assert_eq!(c["reason"], "ChecksumMismatch", "{n:#}");
+    assert_eq!(n["failedFrom"], "deploying", "{n:#}");
+    until_off(machines, rig.sushy, rig.rt, &w.uuid);
+    assert!(
+        zero(&read_at(&w_disk, 0, MIB as usize)),
+        "after a checksum mismatch the disk's first MiB is not the image's"
+    );
+
+    // The machine never boots: the pool's deploy deadline fails it.
+    seen.bcctl(
+        cp,
+        &["pools", "update", rig.pool, "--deploy-deadline", "20s"],
+        None,
+    );
+    machines.set_ignore(&w.uuid, true);
+    let deploy_args = [
+        "nodes",
+        "deploy",
+        &w_id,
+        "--image-url",
+        &url,
+        "--image-sha256",
+        &sha,
+        "--root-serial",
+        "NVME-w",
+        "--hostname",
+        "web-1",
+        "--ssh-key",
+        SSH_KEY,
+    ];
+    let v = seen.bcctl(cp, &deploy_args, None);
+    assert_eq!(v["provisionState"], "deploying", "{v:#}");
+    let n = until_state(seen, cp, &w_id, "failed", dump);
+    let c = condition(&n, "Deployed").unwrap();
+    assert_eq!(c["reason"], "DeployDeadline", "{n:#}");
+    assert!(
+        c["message"].as_str().unwrap().contains("never booted"),
+        "{c:#}"
+    );
+
+    // The harness lets it boot; nodes.recover deploys the same image again.
+    seen.bcctl(
+        cp,
+        &["pools", "update", rig.pool, "--deploy-deadline", "15m"],
+        None,
+    );
+    machines.set_ignore(&w.uuid, false);
+    let started = Instant::now();
+    let v = seen.bcctl(cp, &["nodes", "recover", &w_id], None);
+    assert_eq!(v["provisionState"], "deploying", "{v:#}");
+    let n = until_state(seen, cp, &w_id, "deployed", dump);
+    let deployed_in = started.elapsed();
+    assert_eq!(
+        condition(&n, "Deployed").unwrap()["status"],
+        "true",
+        "{n:#}"
+    );
+    let deploy_steps = steps(seen, cp, &w_id, "deployStep");
+    let written = deploy_steps
+        .iter()
+        .rfind(|s| s.starts_with("imageWritten"))
+        .unwrap_or_else(|| panic!("no imageWritten: {deploy_steps:#?}"))
+        .clone();
+    assert!(
+        written.contains("nvme0n1") && written.contains(&sha),
+        "{written}"
+    );
+    for step in ["bootDeviceSet", "rebooted"] {
+        assert!(
+            deploy_steps.iter().any(|s| s.starts_with(step)),
+            "{step}: {deploy_steps:#?}"
+        );
+    }
+    // Rebooted onto its disk, which the harness does not boot: the VM stops.
+    eventually(WAIT, "machine w's VM stopped after the reboot", || {
+        (!machines.running(&w.uuid)).then_some(())
+    });
+    let disk = std::fs::read(&w_disk).unwrap();
+    assert_eq!(&disk[512..520], b"EFI PART", "the image's GPT");
+    let at = (MIB + 4096) as usize;
+    assert_eq!(
+        &disk[at..at + IMAGE_MARKER.len()],
+        IMAGE_MARKER,
+        "the image's bytes"
+    );
+    let find = |needle: &[u8]| disk.windows(needle.len()).position(|w| w == needle);
+    let host = find(b"local-hostname: web-1").expect("the config drive's meta-data");
+    assert!(
+        host as u64 >= 8 * MIB,
+        "the config drive is after the image: {host}"
+    );
+    assert!(
+        find(SSH_KEY.as_bytes()).is_some(),
+        "the key on the config drive"
+    );
+    assert!(
+        find(b"CIDATA").or_else(|| find(b"cidata")).is_some(),
+        "the config drive's label"
+    );
+    // The BMC boots the disk from now on.
+    let sys = rig.rt.block_on(rig.sushy.system(&w.uuid));
+    assert_eq!(sys["Boot"]["BootSourceOverrideTarget"], "Hdd", "{sys:#}");
+    let site_agent = seen.ok(cp, "sites.get", json!({"siteId": site}))["lease"]["holderNodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cmds = seen.ok(
+        cp,
+        "commands.list",
+        json!({"nodeId": site_agent, "limit": 500}),
+    );
+    let boot_device = cmds["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "bmc.setBootDevice" && c["subjectNodeId"] == w_id.as_str())
+        .unwrap_or_else(|| panic!("no bmc.setBootDevice: {cmds:#}"))
+        .clone();
+    assert_eq!(
+        (
+            &boot_device["args"]["device"],
+            &boot_device["args"]["persistent"],
+            &boot_device["state"]
+        ),
+        (&json!("disk"), &json!(true), &json!("succeeded")),
+        "{boot_device:#}"
+    );
+    eprintln!(
+        "metal_workflows: deploy of w (recover -> deployed, one TCG boot, 8 MiB raw image + config drive): {:.1} s; {written}",
+        deployed_in.as_secs_f64()
+    );
 }
