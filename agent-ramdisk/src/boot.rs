@@ -1,5 +1,6 @@
 //! One boot of the ramdisk, start to end: the settings from the kernel command line
-//! ([`crate::cmdline`]), early boot ([`crate::setup`]), then the session core's lifecycle with
+//! ([`crate::cmdline`]), early boot ([`crate::setup`]), the LLDP listener and its bounded wait
+//! (`bcd.lldp_wait`), then the session core's lifecycle with
 //! the [`RamdiskMachine`], an identity in memory and a journal in memory. Nothing is written to
 //! disk: the key and certificate die with the boot.
 
@@ -16,6 +17,7 @@ use bcd_core::mode::TokenSource;
 use bcd_core::ops::OpsConfig;
 use bcd_core::ops::reboot::{RebootConfig, SYSCALL};
 use bcd_probes::hostroot::HostRoot;
+use bcd_probes::inventory::lldp::Watcher;
 use bcd_probes::nvml::NvmlConfig;
 use tokio::sync::watch;
 
@@ -130,7 +132,9 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
         .root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
+    let lldp = start_lldp(&cfg.root, p.lldp_wait, stop.clone()).await;
     let machine = Arc::new(RamdiskMachine {
+        lldp,
         ops: OpsConfig {
             reboot: RebootConfig::from_command_line(SYSCALL),
             log_file: cfg.log_file.clone(),
@@ -174,6 +178,62 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
         Err(LifecycleError::Join(e @ JoinError::Refused(_))) => Err(BootError::TokenRefused(e)),
         Err(e) => Err(BootError::Lifecycle(e)),
     }
+}
+
+/// The longest one blocking piece of the LLDP wait.
+const LLDP_WAIT_SLICE: Duration = Duration::from_millis(500);
+
+/// Starts the LLDP listener on a live root and waits up to `wait` (`bcd.lldp_wait`) for every
+/// physical, up link to hear an LLDPDU, or for `stop`. The wait is before the join, so that the
+/// first inventory has the neighbours and no session (heartbeats) waits on the wire; later
+/// inventories carry what the listener holds then. `None` (logged) when the thread cannot start.
+async fn start_lldp(
+    root: &HostRoot,
+    wait: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Option<Arc<Watcher>> {
+    if !root.is_live() {
+        return None;
+    }
+    let watcher = match Watcher::spawn(root.clone()) {
+        Ok(w) => Arc::new(w),
+        Err(e) => {
+            tracing::warn!(error = %e, "LLDP listener not running; the inventory has no neighbours");
+            return None;
+        }
+    };
+    if wait.is_zero() {
+        return Some(watcher);
+    }
+    let started = std::time::Instant::now();
+    let deadline = started + wait;
+    // In slices, so that a stop leaves no blocking wait behind for longer than one.
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || watcher.heard_all() {
+            break;
+        }
+        let w = Arc::clone(&watcher);
+        let slice = left.min(LLDP_WAIT_SLICE);
+        tokio::select! {
+            r = tokio::task::spawn_blocking(move || w.wait_heard(slice)) => if let Err(e) = r {
+                tracing::warn!(error = %e, "lldp: the wait failed; joining without it");
+                break;
+            },
+            Ok(_) = stop.wait_for(|s| *s) => {
+                tracing::info!("lldp: wait cut short by a stop");
+                break;
+            }
+        }
+    }
+    let heard = watcher.neighbors();
+    tracing::info!(
+        links = heard.len(),
+        neighbours = heard.values().map(Vec::len).sum::<usize>(),
+        waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "lldp: waited for neighbours before joining"
+    );
+    Some(watcher)
 }
 
 /// Turns `to` true once `from` does.

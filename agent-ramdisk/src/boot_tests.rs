@@ -131,3 +131,39 @@ fn a_missing_cmdline_file_is_named() {
     let err = read_params(Path::new("/nonexistent/cmdline")).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/cmdline"), "{err}");
 }
+
+#[tokio::test]
+async fn the_lldp_wait_is_only_on_a_live_root_and_a_stop_cuts_it_short() {
+    let (_tx, stop) = watch::channel(false);
+    let fixture = tempfile::tempdir().unwrap();
+    assert!(
+        start_lldp(
+            &HostRoot::new(fixture.path()),
+            Duration::from_secs(60),
+            stop
+        )
+        .await
+        .is_none(),
+        "a root prefix's links are not this namespace's"
+    );
+    // On this machine: however many physical, up links it has, a stop ends the wait at once.
+    let (_tx, stop) = watch::channel(true);
+    let started = std::time::Instant::now();
+    let w = start_lldp(&HostRoot::default(), Duration::from_secs(60), stop).await;
+    assert!(w.is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Without a stop, the wait ends at its bound at the latest (no LLDP speaker here).
+    let (_tx, stop) = watch::channel(false);
+    let started = std::time::Instant::now();
+    let w = start_lldp(&HostRoot::default(), Duration::from_secs(1), stop).await;
+    assert!(w.is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}

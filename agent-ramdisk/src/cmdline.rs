@@ -4,7 +4,7 @@
 //! `bcd.url=https://10.0.2.2:7443 bcd.pin=sha256:<64 hex> bcd.token=<token> bcd.node=<node id>`
 //!
 //! and optionally `bcd.log=<tracing filter>`, `bcd.modules=a,b,c` (modules to load besides the
-//! defaults) and `bcd.dhcp_timeout=<seconds>`. Words are split as the kernel splits them
+//! defaults), `bcd.dhcp_timeout=<seconds>` and `bcd.lldp_wait=<seconds>`. Words are split as the kernel splits them
 //! (`next_arg()` in the kernel's `lib/cmdline.c`): on whitespace outside double quotes, with the
 //! quotes around a value (`key="a b"`) or a whole word (`"key=a b"`) removed. Everything after a
 //! lone `--` is for init, not for us.
@@ -13,7 +13,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// Every `bcd.` key this module reads; another `bcd.` key is reported, not refused.
-pub const KEYS: [&str; 7] = [
+pub const KEYS: [&str; 8] = [
     "bcd.url",
     "bcd.pin",
     "bcd.token",
@@ -21,7 +21,15 @@ pub const KEYS: [&str; 7] = [
     "bcd.log",
     "bcd.modules",
     "bcd.dhcp_timeout",
+    "bcd.lldp_wait",
 ];
+
+/// How long the ramdisk waits for LLDP on its links before joining when the command
+/// line has no `bcd.lldp_wait`: a switch sends an LLDPDU every 30 s by default (IEEE 802.1AB
+/// `msgTxInterval`).
+pub const DEFAULT_LLDP_WAIT: Duration = Duration::from_secs(30);
+/// The longest `bcd.lldp_wait`, seconds.
+pub const MAX_LLDP_WAIT_S: u64 = 600;
 
 /// Why the command line cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -64,6 +72,9 @@ pub struct BootParams {
     pub modules: Vec<String>,
     /// How long DHCP may take in all (`bcd.dhcp_timeout`, seconds).
     pub dhcp_timeout: Option<Duration>,
+    /// How long the boot waits, before joining, for each link to hear an LLDPDU (`bcd.lldp_wait`,
+    /// whole seconds, 0 to 600; [`DEFAULT_LLDP_WAIT`] when absent; 0: no wait).
+    pub lldp_wait: Duration,
     /// `bcd.` keys this version does not know (a newer boot script): logged, not fatal.
     pub unknown: Vec<String>,
 }
@@ -78,6 +89,7 @@ impl fmt::Debug for BootParams {
             .field("log", &self.log)
             .field("modules", &self.modules)
             .field("dhcp_timeout", &self.dhcp_timeout)
+            .field("lldp_wait", &self.lldp_wait)
             .field("unknown", &self.unknown)
             .finish()
     }
@@ -188,6 +200,7 @@ pub fn parse(cmdline: &str) -> Result<BootParams, CmdlineError> {
         log: get("bcd.log"),
         modules: modules(get("bcd.modules"))?,
         dhcp_timeout: dhcp_timeout(get("bcd.dhcp_timeout"))?,
+        lldp_wait: lldp_wait(get("bcd.lldp_wait"))?,
         unknown,
     })
 }
@@ -242,6 +255,21 @@ fn dhcp_timeout(value: Option<String>) -> Result<Option<Duration>, CmdlineError>
             key: "bcd.dhcp_timeout",
             value,
             why: "expected whole seconds from 1 to 3600",
+        }),
+    }
+}
+
+/// `bcd.lldp_wait=<seconds>`, 0 to [`MAX_LLDP_WAIT_S`].
+fn lldp_wait(value: Option<String>) -> Result<Duration, CmdlineError> {
+    let Some(value) = value else {
+        return Ok(DEFAULT_LLDP_WAIT);
+    };
+    match value.parse::<u64>() {
+        Ok(s) if s <= MAX_LLDP_WAIT_S => Ok(Duration::from_secs(s)),
+        _ => Err(CmdlineError::Malformed {
+            key: "bcd.lldp_wait",
+            value,
+            why: "expected whole seconds from 0 to 600",
         }),
     }
 }

@@ -14,7 +14,7 @@ fn line(extra: &str) -> String {
 #[test]
 fn the_boot_scripts_line_gives_every_setting() {
     let p = parse(&line(
-        "bcd.log=debug bcd.modules=tg3,r8169 bcd.dhcp_timeout=90\n",
+        "bcd.log=debug bcd.modules=tg3,r8169 bcd.dhcp_timeout=90 bcd.lldp_wait=2\n",
     ))
     .unwrap();
     assert_eq!(p.url, "https://10.0.2.2:7443");
@@ -24,6 +24,7 @@ fn the_boot_scripts_line_gives_every_setting() {
     assert_eq!(p.log.as_deref(), Some("debug"));
     assert_eq!(p.modules, ["tg3", "r8169"]);
     assert_eq!(p.dhcp_timeout, Some(Duration::from_secs(90)));
+    assert_eq!(p.lldp_wait, Duration::from_secs(2));
     assert!(p.unknown.is_empty());
     assert!(
         !format!("{p:?}").contains("abc.def"),
@@ -39,6 +40,8 @@ fn optional_settings_default_to_none() {
     .unwrap();
     assert_eq!((p.node, p.log, p.dhcp_timeout), (None, None, None));
     assert!(p.modules.is_empty());
+    assert_eq!(p.lldp_wait, DEFAULT_LLDP_WAIT);
+    assert_eq!(DEFAULT_LLDP_WAIT, Duration::from_secs(30));
 }
 
 #[test]
@@ -155,6 +158,25 @@ fn modules_and_dhcp_timeout_are_checked() {
                 }
             ),
             "{bad}"
+        );
+    }
+}
+
+#[test]
+fn lldp_wait_is_whole_seconds_up_to_ten_minutes() {
+    let p = parse(&line("bcd.lldp_wait=0")).unwrap();
+    assert_eq!(p.lldp_wait, Duration::ZERO, "0: no wait");
+    let p = parse(&line("bcd.lldp_wait=600")).unwrap();
+    assert_eq!(p.lldp_wait, Duration::from_secs(600));
+    for bad in ["-1", "1.5", "abc", "601"] {
+        let err = parse(&line(&format!("bcd.lldp_wait={bad}"))).unwrap_err();
+        assert_eq!(
+            err,
+            CmdlineError::Malformed {
+                key: "bcd.lldp_wait",
+                value: bad.to_owned(),
+                why: "expected whole seconds from 0 to 600",
+            }
         );
     }
 }

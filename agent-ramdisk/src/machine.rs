@@ -5,6 +5,8 @@
 //! `disk.clean` through [`crate::clean`], `image.write` through [`crate::deploy`] and
 //! `rescue.start` through [`crate::rescue`].
 
+use std::sync::Arc;
+
 use bc_protocol::commands::clean::CleanArgs;
 use bc_protocol::commands::deploy::ImageWriteArgs;
 use bc_protocol::commands::rescue::RescueArgs;
@@ -15,6 +17,7 @@ use bcd_core::executor::{CommandRun, blocking, to_result};
 use bcd_core::mode::Machine;
 use bcd_core::ops::OpsConfig;
 use bcd_probes::hostroot::HostRoot;
+use bcd_probes::inventory::lldp::Watcher;
 use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
 use serde_json::Value;
 
@@ -35,6 +38,9 @@ pub struct RamdiskMachine {
     pub ops: OpsConfig,
     /// rescue.start's SSH server: where dropbear is, and the one running.
     pub rescue: Rescue,
+    /// The LLDP listener (a live root only) whose neighbours every inventory carries; the boot
+    /// waited `bcd.lldp_wait` on it before joining ([`crate::boot`]).
+    pub lldp: Option<Arc<Watcher>>,
 }
 
 impl RamdiskMachine {
@@ -151,11 +157,13 @@ impl Machine for RamdiskMachine {
     }
 
     async fn inventory(&self) -> Result<Inventory, String> {
-        let (root, nvml) = (self.root.clone(), self.nvml.clone());
-        tokio::task::spawn_blocking(move || bcd_probes::inventory::message(&root, Some(&nvml)))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())
+        let (root, nvml, lldp) = (self.root.clone(), self.nvml.clone(), self.lldp.clone());
+        tokio::task::spawn_blocking(move || {
+            bcd_probes::inventory::message(&root, Some(&nvml), lldp.as_deref())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
     }
 
     async fn run_command(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
@@ -202,6 +210,7 @@ mod tests {
                 dropbear: root.join("no-dropbear"),
                 ..Default::default()
             }),
+            lldp: None,
         }
     }
 

@@ -78,6 +78,8 @@ pub struct BootFiles {
     pub initrd: PathBuf,
     /// Kernel arguments of the site (consoles, …), before the boot's own.
     pub kernel_args: String,
+    /// `bcd.lldp_wait` of every ramdisk boot (`[site] ramdisk_lldp_wait_s`), seconds.
+    pub lldp_wait_s: u32,
 }
 
 /// How a request was answered, the label of `bcd_site_boot_requests_total`.
@@ -193,10 +195,11 @@ pub fn script(entry: &BootEntry, files: &BootFiles) -> (Outcome, String) {
         Some(r) => (
             Outcome::Ramdisk,
             format!(
-                "#!ipxe\necho bcd: {node} boots the ramdisk ({purpose})\nkernel /ramdisk/vmlinuz initrd=initrd {site} {args}\ninitrd --name initrd /ramdisk/initrd\nboot\n",
+                "#!ipxe\necho bcd: {node} boots the ramdisk ({purpose})\nkernel /ramdisk/vmlinuz initrd=initrd {site} bcd.lldp_wait={lldp} {args}\ninitrd --name initrd /ramdisk/initrd\nboot\n",
                 node = entry.node_id,
                 purpose = r.purpose,
                 site = files.kernel_args,
+                lldp = files.lldp_wait_s,
                 args = r.kernel_args,
             ),
         ),
@@ -348,6 +351,7 @@ mod tests {
             kernel: "/k".into(),
             initrd: "/i".into(),
             kernel_args: DEFAULT_KERNEL_ARGS.into(),
+            lldp_wait_s: 30,
         }
     }
 
@@ -383,6 +387,7 @@ mod tests {
             .unwrap_or_default();
         assert!(kernel.contains(DEFAULT_KERNEL_ARGS), "{kernel}");
         assert!(kernel.contains("bcd.token=boot_x.s"), "{kernel}");
+        assert!(kernel.contains(" bcd.lldp_wait=30 "), "{kernel}");
         assert!(s.contains("initrd --name initrd /ramdisk/initrd"), "{s}");
         let (o, s) = script(&entry(false), &files());
         assert_eq!(o, Outcome::Disk);

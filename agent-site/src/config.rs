@@ -79,7 +79,14 @@ pub struct SiteConfig {
     /// Kernel arguments of the site, before each boot's own. Default
     /// `console=tty0 console=ttyS0,115200n8`.
     pub boot_kernel_args: String,
+    /// How long a booted ramdisk waits, before it joins, for each link to hear an
+    /// LLDPDU (`bcd.lldp_wait=<this>` on its kernel command line), seconds, 0 to 600. Default 30
+    /// (a switch's default LLDP interval).
+    pub ramdisk_lldp_wait_s: u32,
 }
+
+/// The longest `ramdisk_lldp_wait_s` (the ramdisk's own limit of `bcd.lldp_wait`).
+pub const MAX_RAMDISK_LLDP_WAIT_S: u32 = 600;
 
 impl Default for SiteConfig {
     fn default() -> Self {
@@ -102,6 +109,7 @@ impl Default for SiteConfig {
             boot_kernel: None,
             boot_initrd: None,
             boot_kernel_args: crate::boot::DEFAULT_KERNEL_ARGS.to_owned(),
+            ramdisk_lldp_wait_s: 30,
         }
     }
 }
@@ -126,6 +134,7 @@ pub const ENV_KEYS: &[&str] = &[
     "boot_kernel",
     "boot_initrd",
     "boot_kernel_args",
+    "ramdisk_lldp_wait_s",
 ];
 
 fn ms(v: u64) -> Duration {
@@ -175,6 +184,7 @@ impl SiteConfig {
                 "boot_kernel" => self.boot_kernel = Some(PathBuf::from(&value)),
                 "boot_initrd" => self.boot_initrd = Some(PathBuf::from(&value)),
                 "boot_kernel_args" => self.boot_kernel_args.clone_from(&value),
+                "ramdisk_lldp_wait_s" => self.ramdisk_lldp_wait_s = small()?,
                 _ => {}
             }
         }
@@ -206,6 +216,11 @@ impl SiteConfig {
             if v == 0 {
                 p.push(format!("{key}: must be more than 0"));
             }
+        }
+        if self.ramdisk_lldp_wait_s > MAX_RAMDISK_LLDP_WAIT_S {
+            p.push(format!(
+                "ramdisk_lldp_wait_s: at most {MAX_RAMDISK_LLDP_WAIT_S} seconds"
+            ));
         }
         if self.ipmitool.as_os_str().is_empty() {
             p.push("ipmitool: must name a program".to_owned());

@@ -54,7 +54,7 @@ impl Machine for SiteMachine {
     async fn inventory(&self) -> Result<Inventory, String> {
         // The appliance's own inventory: no GPUs through NVML (that is the node agent's).
         let root = self.root.clone();
-        tokio::task::spawn_blocking(move || bcd_probes::inventory::message(&root, None))
+        tokio::task::spawn_blocking(move || bcd_probes::inventory::message(&root, None, None))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())

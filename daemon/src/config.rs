@@ -84,6 +84,9 @@ pub struct Config {
     pub journalctl: PathBuf,
     /// Where to serve Prometheus metrics (`127.0.0.1:9464`); absent = no metrics listener.
     pub metrics_listen: Option<SocketAddr>,
+    /// Listen for LLDP neighbours in the background and report them in every inventory
+    /// (`bcd_probes::inventory::lldp::Watcher`; needs CAP_NET_RAW). Default true.
+    pub lldp: bool,
     /// `bcd site` only: the `[site]` section (its state dir, power sync defaults, limits,
     /// timeouts, the ipmitool path); `BCD_SITE_<KEY>` variables and `bcd site` flags win.
     pub site: bcd_site::config::SiteConfig,
@@ -104,6 +107,7 @@ impl Default for Config {
             reboot_command: vec!["systemctl".to_owned(), "reboot".to_owned()],
             journalctl: PathBuf::from("journalctl"),
             metrics_listen: None,
+            lldp: true,
             site: bcd_site::config::SiteConfig::default(),
         }
     }
@@ -329,6 +333,14 @@ mod tests {
         let c = c.unwrap_or_default();
         assert!(c.control_plane.is_some(), "example keys were uncommented");
         assert!(c.validate().is_ok(), "{:?}", c.validate());
+    }
+
+    #[test]
+    fn lldp_is_on_unless_the_file_turns_it_off() -> Result<(), ConfigError> {
+        assert!(Config::default().lldp);
+        let c = Config::from_toml("lldp = false\n", Path::new("bcd.toml"))?;
+        assert!(!c.lldp);
+        Ok(())
     }
 
     #[test]

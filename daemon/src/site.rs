@@ -72,6 +72,10 @@ pub struct SiteArgs {
     /// The ramdisk's initramfs (default `[site] boot_initrd`).
     #[arg(long)]
     pub boot_initrd: Option<PathBuf>,
+    /// Seconds a booted ramdisk waits for LLDP on its links before joining
+    /// (`bcd.lldp_wait`; default `[site] ramdisk_lldp_wait_s`, 30).
+    #[arg(long, value_name = "SECONDS")]
+    pub ramdisk_lldp_wait: Option<u32>,
     #[command(flatten)]
     pub ops: crate::ops::OpsArgs,
 }
@@ -148,6 +152,9 @@ pub fn resolve_config(args: &SiteArgs) -> Result<(crate::config::Config, SiteCon
     if let Some(i) = &args.boot_initrd {
         site.boot_initrd = Some(i.clone());
     }
+    if let Some(w) = args.ramdisk_lldp_wait {
+        site.ramdisk_lldp_wait_s = w;
+    }
     site.validate()?;
     Ok((cfg, site))
 }
@@ -207,6 +214,7 @@ async fn run_until(
                 kernel,
                 initrd,
                 kernel_args: site_cfg.boot_kernel_args.clone(),
+                lldp_wait_s: site_cfg.ramdisk_lldp_wait_s,
             }),
             metrics: bcd_site::boot::BootMetrics::default(),
         };

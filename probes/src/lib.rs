@@ -28,7 +28,8 @@
 //! # Limitations
 //! Depends on `bc-protocol` only, never on `bcd-core` (no session, no state dir, no journal) nor on
 //! any mode crate or the `bcd` binary. `unsafe` is denied everywhere but the ioctl modules
-//! (`inventory::{ethtool, ipmi, nvme, sgio}`, `erase::{block, nvme_format}`), each call
+//! (`inventory::{ethtool, ipmi, nvme, sgio}`, `erase::{block, nvme_format}`) and
+//! `inventory::lldp::socket` (`bind` and `setsockopt` of an `AF_PACKET` socket), each call
 //! documented there.
 #![deny(unsafe_code)]
 

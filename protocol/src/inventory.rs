@@ -10,10 +10,12 @@ use serde::{Deserialize, Serialize};
 
 pub mod bmc;
 pub mod health;
+pub mod lldp;
 pub mod topology;
 
 pub use bmc::{Bmc, BmcLanChannel, RedfishHostInterface};
 pub use health::DiskHealth;
+pub use lldp::LldpNeighbor;
 pub use topology::{Affinity, DegradedLink, DeviceKind, GpuAffinity, NumaNode, Topology};
 
 /// Version of this document's shape. Bump on an incompatible change; additions keep it.
@@ -301,6 +303,12 @@ pub struct Nic {
     /// IPv6 addresses with their prefix length (`fe80::1/64`), from `/proc/net/if_inet6`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ipv6: Vec<String>,
+    /// LLDP neighbours heard on the interface (IEEE 802.1AB LLDPDUs on a raw socket): what
+    /// `bcd inventory --lldp-wait` heard in its wait, what the node agent's listener holds
+    /// (entries past their TTL dropped), what the ramdisk heard before its first inventory.
+    /// Empty (absent) when nothing was heard or LLDP was not listened to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lldp: Vec<LldpNeighbor>,
 }
 
 /// A PCI function from `/sys/bus/pci/devices`.
@@ -524,6 +532,18 @@ mod tests {
                 name: "eth0".into(),
                 mac: Some("aa:bb:cc:dd:ee:ff".into()),
                 physical: true,
+                lldp: vec![LldpNeighbor {
+                    chassis_id: "00:11:22:33:44:55".into(),
+                    chassis_id_subtype: "macAddress".into(),
+                    port_id: "Ethernet12".into(),
+                    port_id_subtype: "interfaceName".into(),
+                    port_description: Some("rack 4 port 12".into()),
+                    system_name: Some("leaf-4".into()),
+                    system_description: Some("SONiC".into()),
+                    management_addresses: vec!["192.0.2.4".into()],
+                    vlan_id: Some(100),
+                    ttl_seconds: 120,
+                }],
                 ..Nic::default()
             }],
             os: Some(Os {
@@ -544,6 +564,19 @@ mod tests {
         assert_eq!(v["nics"][0]["name"], "eth0");
         assert_eq!(v["nics"][0]["mac"], "aa:bb:cc:dd:ee:ff");
         assert_eq!(v["nics"][0]["physical"], true);
+        let n = &v["nics"][0]["lldp"][0];
+        assert_eq!(n["chassisId"], "00:11:22:33:44:55");
+        assert_eq!(n["chassisIdSubtype"], "macAddress");
+        assert_eq!(n["portId"], "Ethernet12");
+        assert_eq!(n["portIdSubtype"], "interfaceName");
+        assert_eq!(n["portDescription"], "rack 4 port 12");
+        assert_eq!(n["systemName"], "leaf-4");
+        assert_eq!(n["systemDescription"], "SONiC");
+        assert_eq!(n["managementAddresses"][0], "192.0.2.4");
+        assert_eq!(n["vlanId"], 100);
+        assert_eq!(n["ttlSeconds"], 120);
+        let bare = serde_json::to_value(Nic::default()).unwrap_or_default();
+        assert!(bare.get("lldp").is_none(), "no neighbours, no key: {bare}");
         assert_eq!(v["os"]["kernel"], "6.1");
         assert_eq!(v["os"]["bootId"], "b");
         assert_eq!(v["bootMode"], "uefi");

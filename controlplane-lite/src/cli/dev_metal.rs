@@ -305,6 +305,8 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
         .arg(&tools.kernel)
         .arg("--boot-initrd")
         .arg(&tools.initrd)
+        // QEMU's user network has no LLDP speaker: the ramdisk waits 2 s for one, not 30.
+        .args(["--ramdisk-lldp-wait", "2"])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -3,6 +3,7 @@
 //! every command the agent serves.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
@@ -27,15 +28,22 @@ pub struct NodeMachine {
     pub nvml: NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: OpsConfig,
+    /// The LLDP listener whose neighbours every inventory carries; `None` with `lldp = false`
+    /// or under a root prefix other than `/`.
+    pub lldp: Option<Arc<bcd_probes::inventory::lldp::Watcher>>,
 }
 
 impl NodeMachine {
     /// The machine's inventory and hardware identity as the `Inventory` message
-    /// ([`bcd_probes::inventory::message`]: GPUs through NVML when it is there), timed for the
-    /// agent's metrics.
-    fn collect_inventory(root: &HostRoot, nvml: &NvmlConfig) -> Result<Inventory, String> {
+    /// ([`bcd_probes::inventory::message`]: GPUs through NVML when it is there, the LLDP
+    /// neighbours `lldp` holds), timed for the agent's metrics.
+    fn collect_inventory(
+        root: &HostRoot,
+        nvml: &NvmlConfig,
+        lldp: Option<&bcd_probes::inventory::lldp::Watcher>,
+    ) -> Result<Inventory, String> {
         let started = std::time::Instant::now();
-        let inv = bcd_probes::inventory::message(root, Some(nvml)).map_err(|e| e.to_string());
+        let inv = bcd_probes::inventory::message(root, Some(nvml), lldp).map_err(|e| e.to_string());
         crate::metrics::global().observe_inventory(started.elapsed());
         inv
     }
@@ -83,8 +91,8 @@ impl Machine for NodeMachine {
     }
 
     async fn inventory(&self) -> Result<Inventory, String> {
-        let (root, nvml) = (self.root.clone(), self.nvml.clone());
-        tokio::task::spawn_blocking(move || Self::collect_inventory(&root, &nvml))
+        let (root, nvml, lldp) = (self.root.clone(), self.nvml.clone(), self.lldp.clone());
+        tokio::task::spawn_blocking(move || Self::collect_inventory(&root, &nvml, lldp.as_deref()))
             .await
             .map_err(|e| e.to_string())?
     }

@@ -251,6 +251,7 @@ async fn run_until(
             lib_path: cfg.nvml_lib.clone(),
             nvidia_smi: cfg.nvidia_smi.clone(),
         },
+        lldp: start_lldp(cfg.lldp, &root),
         root,
         state_dir: cfg.state_dir.clone(),
         boot_id,
@@ -348,6 +349,25 @@ fn start_converge(
     let task = crate::converge::Applier::new(machine.root.clone(), state_dir.to_owned(), probe)
         .spawn(desired_rx, status_tx);
     (desired, statuses, task)
+}
+
+/// The LLDP listener (`lldp` in bcd.toml, on by default), on a live root only: its sockets are
+/// this process's network namespace's. `None` (logged) when off or when its thread cannot start.
+fn start_lldp(on: bool, root: &HostRoot) -> Option<Arc<bcd_probes::inventory::lldp::Watcher>> {
+    if !on || !root.is_live() {
+        tracing::info!(
+            configured = on,
+            "LLDP listener off (lldp = false, or a root prefix other than /)"
+        );
+        return None;
+    }
+    match bcd_probes::inventory::lldp::Watcher::spawn(root.clone()) {
+        Ok(w) => Some(Arc::new(w)),
+        Err(e) => {
+            tracing::warn!(error = %e, "LLDP listener not running; inventories carry no neighbours");
+            None
+        }
+    }
 }
 
 /// XIDs as they happen: NVML events, or the kernel log under the root prefix. `None` (logged)

@@ -256,11 +256,39 @@ fn the_command_prints_the_document_as_json() {
     let out = run(&InventoryArgs {
         root: PathBuf::from(NODE_EXPORTER),
         output: "json".into(),
+        lldp_wait: 0,
+        lldp_interfaces: Vec::new(),
     });
     let back: Option<Inventory> = out.ok().and_then(|s| serde_json::from_str(&s).ok());
     if PathBuf::from(NODE_EXPORTER).exists() {
         let back = back.unwrap_or_default();
         assert_eq!(back.cpu.map(|c| c.threads), Some(8));
         assert_eq!(back.nics.len(), 4);
+        assert!(
+            back.notes.iter().all(|n| n.source != "lldp"),
+            "not asked to listen"
+        );
     }
+}
+
+#[test]
+fn lldp_wait_under_a_root_prefix_is_a_note_not_a_wait() {
+    let started = std::time::Instant::now();
+    let out = run(&InventoryArgs {
+        root: PathBuf::from(NODE_EXPORTER),
+        output: "json".into(),
+        lldp_wait: 30,
+        lldp_interfaces: Vec::new(),
+    });
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let back: Inventory = out
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    let note = back.notes.iter().find(|n| n.source == "lldp");
+    assert!(
+        note.is_some_and(|n| n.message.contains("--root")),
+        "{:?}",
+        back.notes
+    );
 }

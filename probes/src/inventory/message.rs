@@ -6,6 +6,7 @@
 
 use bc_protocol::pb;
 
+use super::lldp::Watcher;
 use crate::hostroot::HostRoot;
 use crate::nvml::{GpuInfo, NvmlConfig};
 
@@ -21,16 +22,22 @@ pub enum InventoryMessageError {
 }
 
 /// The machine under `root` as an `Inventory` message. With `nvml`, GPUs come from NVML when it
-/// loads and finds any (otherwise from the PCI list). Blocks: call it off the async runtime.
+/// loads and finds any (otherwise from the PCI list). With `lldp`, the NICs carry the neighbours
+/// the watcher holds now (no waiting) and its problems are notes. Blocks: call it off the async
+/// runtime.
 pub fn message(
     root: &HostRoot,
     nvml: Option<&NvmlConfig>,
+    lldp: Option<&Watcher>,
 ) -> Result<pb::Inventory, InventoryMessageError> {
     let gpus = nvml
         .and_then(|cfg| crate::nvml::inventory_gpus(cfg).ok())
         .filter(|g| !g.is_empty())
         .map(|gs| gs.iter().map(GpuInfo::to_inventory).collect());
-    let inv = super::collect_with_gpus(root, gpus);
+    let mut inv = super::collect_with_gpus(root, gpus);
+    if let Some(w) = lldp {
+        super::lldp::attach(&mut inv, &w.neighbors(), &w.problems());
+    }
     let hw = crate::hwkey::compute(root);
     let limit = bc_protocol::MAX_INVENTORY_BYTES;
     let doc = inv

@@ -8,7 +8,9 @@
 //! through [`ata_smart`] and [`sgio`]), [`nics`] (addresses from [`addrs`], permanent MAC and
 //! driver/firmware versions from [`ethtool`]), [`pci`] (PCI functions with their link and
 //! place from [`pcie`], and InfiniBand ports), [`topology`] (NUMA nodes, GPU affinity, degraded
-//! links), [`gpu`] and [`bmc`] (in-band IPMI through [`ipmi`], SMBIOS type 42). A missing or
+//! links), [`gpu`] and [`bmc`] (in-band IPMI through [`ipmi`], SMBIOS type 42). LLDP
+//! neighbours come from [`lldp`], which listens on the wire: its [`lldp::Watcher`] or
+//! [`lldp::wait`] runs beside the collectors and [`lldp::attach`] adds what they heard. A missing or
 //! unreadable source leaves its section or field absent and adds a [`Note`]; nothing fails the
 //! whole inventory. No process is spawned; besides files, ioctls: ethtool's on a socket
 //! (running machine only), one NVMe Get Log Page per controller on its `/dev` node, read-only
@@ -32,6 +34,7 @@ pub mod gpu;
 pub mod host;
 #[allow(unsafe_code)]
 pub mod ipmi;
+pub mod lldp;
 pub mod message;
 pub mod nics;
 #[allow(unsafe_code)]

@@ -199,6 +199,8 @@ fn probe_one(root: &HostRoot, name: String, addrs: &mut super::addrs::Addresses)
                 .and_then(|d| root.read_parsed(format!("{d}/sriov_numvfs"))),
             ipv4: addrs.ipv4.remove(&name).unwrap_or_default(),
             ipv6: addrs.ipv6.remove(&name).unwrap_or_default(),
+            // Heard on the wire, not read here: [`super::lldp::attach`].
+            lldp: Vec::new(),
             name,
         },
         perm_source,

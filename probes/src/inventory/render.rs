@@ -181,6 +181,18 @@ pub fn render_table(inv: &Inventory) -> String {
                 .map(|g| format!(" guid={g}"))
                 .unwrap_or_default()
         );
+        for l in &n.lldp {
+            let _ = writeln!(
+                s,
+                "    lldp: {} port {} ({}) chassis {} vlan {} ttl {}s",
+                or_dash(l.system_name.as_deref()),
+                l.port_id,
+                or_dash(l.port_description.as_deref()),
+                l.chassis_id,
+                or_dash(l.vlan_id),
+                l.ttl_seconds
+            );
+        }
     }
     let _ = writeln!(s, "pci:       {} functions", inv.pci_devices.len());
     for p in inv

@@ -154,6 +154,9 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
             image.kernel.to_str().unwrap(),
             "--boot-initrd",
             image.initrd.to_str().unwrap(),
+            // No LLDP speaker on QEMU's links: the ramdisk's bounded wait, kept short.
+            "--ramdisk-lldp-wait",
+            "2",
         ],
     );
     eventually(WAIT, "the site agent holding the lease", || {
