@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use crate::cmdline::{BootParams, CmdlineError};
 use crate::hooks::RamdiskHooks;
 use crate::machine::RamdiskMachine;
+use crate::rescue::{Rescue, RescueConfig};
 use crate::setup::{SetupConfig, SetupError};
 
 /// Outbound messages a session queues at most.
@@ -70,6 +71,8 @@ pub struct BootConfig {
     pub setup: Option<SetupConfig>,
     /// Where NVML and `nvidia-smi` are.
     pub nvml: NvmlConfig,
+    /// rescue.start's SSH server (dropbear's paths, its port).
+    pub rescue: RescueConfig,
     /// The agent's own log file, for logs.collect (`/run/bcd.log` in the image).
     pub log_file: Option<PathBuf>,
     /// First reconnect wait ceiling.
@@ -142,6 +145,7 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
         boot_id,
         node_hint: p.node.clone(),
         nvml: cfg.nvml.clone(),
+        rescue: Rescue::new(cfg.rescue.clone()),
     });
     let executor = Arc::new(Executor::new(machine, Journal::memory()));
     // The hooks stop the lifecycle when the identity ends; signals stop it from outside.

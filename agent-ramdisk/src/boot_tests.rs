@@ -17,6 +17,7 @@ fn config(url: &str, pin: &str, root: &Path) -> BootConfig {
             lib_path: Some(root.join("no-libnvidia-ml.so.1")),
             nvidia_smi: root.join("no-nvidia-smi"),
         },
+        rescue: crate::rescue::RescueConfig::default(),
         log_file: None,
         reconnect_base: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(200),

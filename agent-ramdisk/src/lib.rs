@@ -1,5 +1,5 @@
 //! bcd-ramdisk: the agent inside a PXE-booted ramdisk (`bcd ramdisk`), for the bare-metal
-//! workflows (`inspecting`, `commissioning`, `deploying`, `releasing`).
+//! workflows (`inspecting`, `commissioning`, `deploying`, `releasing`, `rescue`).
 //!
 //! # Background
 //! A bare-metal server enrolled through its BMC boots the ramdisk over the network; the ramdisk's
@@ -21,14 +21,19 @@
 //! - [`machine`]: the `bcd_core::mode::Machine` — the machine's real SMBIOS, hardware key and
 //!   inventory (`bcd_probes::{hwkey, inventory}`, the node agent's document), `diag.nvml` and
 //!   `gpu.reset` through `bcd_probes::nvml`, `logs.collect` and `node.reboot` through
-//!   `bcd_core::ops` (with `reboot(2)`: there is no service manager), `disk.clean` and
-//!   `image.write`.
+//!   `bcd_core::ops` (with `reboot(2)`: there is no service manager), `disk.clean`,
+//!   `image.write` and `rescue.start`.
 //! - [`clean`]: `disk.clean` — every disk's metadata erased (both ends of the disk and of each
 //!   partition, then the partition table re-read), and in mode `full` every block (NVMe Format
 //!   with secure erase, falling back `ses=2 → 1 → 0`; ATA security erase; secure discard,
 //!   discard, zeroing); a
 //!   read-only or failing disk is named in the result and the others are still cleaned. Its
 //!   ioctls are `bcd_probes::erase`'s safe wrappers: this crate has no `unsafe`.
+//! - [`rescue`]: `rescue.start` — the given keys as root's `authorized_keys` (0700/0600, through
+//!   the `HostRoot`), host keys made once per boot with `dropbearkey`, then dropbear (package
+//!   dropbear-bin, in the image) as a child of the agent, password logins off, restarted by a
+//!   second start; it reports the port, the host keys' OpenSSH SHA-256 fingerprints and the
+//!   IPv4 addresses once the port accepts connections.
 //! - [`hooks`]: a Spec is answered "not converged" (reason `RamdiskAgent`); a revoked or refused
 //!   identity ends the boot.
 //! - [`boot`]: one boot — the per-boot identity in memory (`bcd_core::identity::MemoryIdentity`)
@@ -42,12 +47,14 @@
 //! # Limitations
 //! The ramdisk joins, reports inventory (NVMe health and NIC firmware included) and serves the
 //! commands above, which is what inspection and commissioning need (the control plane decides
-//! the steps), `disk.clean`, which release and retire need, and `image.write`, which deploying
-//! needs; burn-in beyond `diag.nvml` and the BMC's address seen in-band are still to come. Disk
-//! erase has no NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk is discarded or
-//! zeroed), and its ATA security erase was tested against a fake drive only. `image.write` takes
-//! raw, gzip and zstd images, not qcow2 (see [`deploy`]). NIC firmware (`ice`'s DDP package,
-//! some `bnxt_en` cards) is not in the image, and only IPv4 DHCP is tried.
+//! the steps), `disk.clean`, which release and retire need, `image.write`, which deploying
+//! needs, and `rescue.start`; burn-in beyond `diag.nvml` and the BMC's address seen in-band are
+//! still to come. Disk erase has no NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk
+//! is discarded or zeroed), and its ATA security erase was tested against a fake drive only.
+//! `image.write` takes raw, gzip and zstd images, not qcow2 (see [`deploy`]). NIC firmware
+//! (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and only IPv4 DHCP is tried.
+//! The rescue's dropbear has no RSA host key (ed25519 and ECDSA only), and a rescue ends only by
+//! `nodes.unrescue` (no idle timeout).
 #![forbid(unsafe_code)]
 
 pub mod boot;
@@ -56,6 +63,7 @@ pub mod cmdline;
 pub mod deploy;
 pub mod hooks;
 pub mod machine;
+pub mod rescue;
 pub mod setup;
 
 pub use boot::{BootConfig, BootError, read_params, run};

@@ -2,12 +2,14 @@
 //! and inventory (the same document the node agent sends), and the commands a ramdisk serves:
 //! `inventory.refresh`, `logs.collect` and `node.reboot` (reboot(2): there is no service
 //! manager) through `bcd-core`, `diag.nvml` and `gpu.reset` through NVML when it loads,
-//! `disk.clean` through [`crate::clean`] and `image.write` through [`crate::deploy`].
+//! `disk.clean` through [`crate::clean`], `image.write` through [`crate::deploy`] and
+//! `rescue.start` through [`crate::rescue`].
 
 use std::sync::Arc;
 
 use bc_protocol::commands::clean::CleanArgs;
 use bc_protocol::commands::deploy::ImageWriteArgs;
+use bc_protocol::commands::rescue::RescueArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
@@ -18,6 +20,8 @@ use bcd_probes::hostroot::HostRoot;
 use bcd_probes::inventory::lldp::Watcher;
 use bcd_probes::nvml::{DiagArgs, NvmlConfig, ResetArgs};
 use serde_json::Value;
+
+use crate::rescue::Rescue;
 
 /// The machine the ramdisk booted on.
 #[derive(Debug)]
@@ -32,6 +36,8 @@ pub struct RamdiskMachine {
     pub nvml: NvmlConfig,
     /// node.reboot and logs.collect settings.
     pub ops: OpsConfig,
+    /// rescue.start's SSH server: where dropbear is, and the one running.
+    pub rescue: Rescue,
     /// The LLDP listener (a live root only) whose neighbours every inventory carries; the boot
     /// waited `bcd.lldp_wait` on it before joining ([`crate::boot`]).
     pub lldp: Option<Arc<Watcher>>,
@@ -105,6 +111,18 @@ impl RamdiskMachine {
         );
         to_result(&result)
     }
+
+    /// `rescue.start`: root's keys written and dropbear listening ([`crate::rescue`]); any
+    /// failure is `RESCUE_FAILED` with what failed.
+    async fn rescue(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
+        let a: RescueArgs = run.args()?;
+        let result = self
+            .rescue
+            .start(&self.root, &a.ssh_keys)
+            .await
+            .map_err(|e| CommandFailure::new(CommandErrorCode::RescueFailed, e.to_string()))?;
+        to_result(&result)
+    }
 }
 
 impl Machine for RamdiskMachine {
@@ -159,11 +177,7 @@ impl Machine for RamdiskMachine {
             }
             CommandName::DiskClean => self.clean(run).await,
             CommandName::ImageWrite => self.image_write(run).await,
-            // The ramdisk's rescue SSH server: agent-ramdisk/src/rescue (built next).
-            CommandName::RescueStart => Err(CommandFailure::new(
-                CommandErrorCode::Unsupported,
-                "rescue.start is not built into this ramdisk yet",
-            )),
+            CommandName::RescueStart => self.rescue(run).await,
             CommandName::BmcVerify | CommandName::BmcPower | CommandName::BmcSetBootDevice => {
                 Err(CommandFailure::new(
                     CommandErrorCode::Unsupported,
@@ -192,6 +206,10 @@ mod tests {
                 nvidia_smi: root.join("no-nvidia-smi"),
             },
             ops: OpsConfig::default(),
+            rescue: Rescue::new(crate::rescue::RescueConfig {
+                dropbear: root.join("no-dropbear"),
+                ..Default::default()
+            }),
             lldp: None,
         }
     }
@@ -321,6 +339,23 @@ mod tests {
         run.args = serde_json::json!({"mode": "secure"});
         let f = m.run_command(&run).await.unwrap_err();
         assert_eq!(f.code, CommandErrorCode::InvalidArgument, "{f:?}");
+    }
+
+    #[tokio::test]
+    async fn rescue_failures_are_rescue_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = machine(dir.path(), None);
+        let mut run = command(CommandName::RescueStart);
+        run.args = serde_json::json!({"sshKeys": ["ssh-ed25519 AAAAC3Nza op@laptop"]});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::RescueFailed, "{f:?}");
+        assert!(f.message.contains("sshKeys[0]"), "{f:?}");
+        run.args = serde_json::json!({"sshKeys": [
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW a"
+        ]});
+        let f = m.run_command(&run).await.unwrap_err();
+        assert_eq!(f.code, CommandErrorCode::RescueFailed, "{f:?}");
+        assert!(f.message.contains("no-dropbear is missing"), "{f:?}");
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bcd_probes::hostroot::HostRoot;
 use bcd_probes::nvml::NvmlConfig;
+use bcd_ramdisk::rescue::RescueConfig;
 use bcd_ramdisk::setup::SetupConfig;
 use bcd_ramdisk::{BootConfig, BootError};
 use tokio::sync::watch;
@@ -38,6 +39,12 @@ pub struct RamdiskArgs {
     /// udhcpc's event script (sets the address, route and resolv.conf).
     #[arg(long, default_value = "/etc/udhcpc.sh")]
     pub udhcpc_script: PathBuf,
+    /// rescue.start's SSH server (package dropbear-bin; `dropbear(8)`).
+    #[arg(long, default_value = "/usr/sbin/dropbear")]
+    pub dropbear: PathBuf,
+    /// Its host key generator (`dropbearkey(1)`).
+    #[arg(long, default_value = "/usr/bin/dropbearkey")]
+    pub dropbearkey: PathBuf,
     /// Also write the log to this file (logs.collect collects it as the agent's log).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -90,6 +97,11 @@ pub async fn run(args: RamdiskArgs) -> Result<(), RamdiskError> {
         nvml: NvmlConfig {
             lib_path: args.nvml.nvml_lib.clone(),
             nvidia_smi: args.nvml.nvidia_smi.clone(),
+        },
+        rescue: RescueConfig {
+            dropbear: args.dropbear.clone(),
+            dropbearkey: args.dropbearkey.clone(),
+            ..RescueConfig::default()
         },
         log_file: args.log_file.clone(),
         reconnect_base: args.reconnect_base,

@@ -13,6 +13,7 @@
 //! - a pending `Off` (the fake driver stores `ForceOff` and `GracefulShutdown` as `Off`) stops
 //!   it; a restart (`power_state` already `Off`, `On` pending, the VM still running) stops it
 //!   and starts it again (PXE only);
+//! - a machine with an `ssh_port` has that loopback port forwarded to its port 22;
 //! - a machine marked `ignore` never boots (the "machine that never boots" case); a test can
 //!   change that while it runs ([`Machines::set_ignore`]).
 //!
@@ -52,6 +53,9 @@ pub struct Machine {
     pub mac: String,
     /// Never boot, whatever the BMC is asked.
     pub ignore: bool,
+    /// A host port forwarded to the guest's SSH port (QEMU user network's
+    /// `hostfwd=tcp:127.0.0.1:<port>-:22`): the rescue's dropbear, reached from the host.
+    pub ssh_port: Option<u16>,
 }
 
 /// What happened, in order, for the test's assertions.
@@ -152,7 +156,7 @@ impl Ctx {
         ])
         .arg(format!("type=1,serial={},uuid={}", m.serial, m.uuid))
         .arg("-netdev")
-        .arg(format!("user,id=n0,bootfile={}", self.bootfile))
+        .arg(netdev(m, &self.bootfile))
         .arg("-device")
         .arg(format!("virtio-net-pci,netdev=n0,mac={}", m.mac))
         .arg("-drive")
@@ -224,6 +228,15 @@ impl Ctx {
             _ => {}
         }
     }
+}
+
+/// The `-netdev` of `m`: QEMU's user network with the boot file, and the SSH forward if any.
+fn netdev(m: &Machine, bootfile: &str) -> String {
+    let mut s = format!("user,id=n0,bootfile={bootfile}");
+    if let Some(port) = m.ssh_port {
+        s.push_str(&format!(",hostfwd=tcp:127.0.0.1:{port}-:22"));
+    }
+    s
 }
 
 impl Machines {

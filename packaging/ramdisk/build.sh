@@ -3,7 +3,7 @@
 # server needs, /init and the udhcpc hook; and the kernel beside it.
 #
 #   packaging/ramdisk/build.sh --kernel-root DIR --bcd PATH --out DIR [--kernel-version V]
-#                              [--busybox PATH] [--zstd]
+#                              [--busybox PATH] [--dropbear PATH] [--zstd]
 #
 #   --kernel-root DIR     where Debian's linux-image package is unpacked (`dpkg-deb -x`, or `/` for
 #                         the installed kernel): DIR/boot/vmlinuz-V and DIR/lib/modules/V with
@@ -11,6 +11,9 @@
 #   --kernel-version V    the kernel version; default: the only one under DIR/lib/modules
 #   --bcd PATH            the bcd binary (a release build; its debug info is stripped)
 #   --busybox PATH        a static busybox (package busybox-static), default /bin/busybox
+#   --dropbear PATH       the SSH server of rescue.start (package dropbear-bin), default
+#                         /usr/sbin/dropbear when it exists (else the image has no rescue);
+#                         dropbearkey is taken from beside it, else from PATH
 #   --out DIR             writes DIR/initrd.img (gzip -9), DIR/vmlinuz, and with --zstd
 #                         DIR/initrd.zst (the Debian kernel has RD_ZSTD)
 #
@@ -18,15 +21,16 @@
 # Reproducible: the same inputs give the same bytes (umask 022, every mtime 0, entries sorted,
 # owners 0:0, cpio --reproducible, gzip -n). Prints the sizes and the sha256 of what it wrote.
 # What goes in: /bin/busybox with a link per applet, /sbin -> bin (the kernel's request_module
-# runs /sbin/modprobe), /bin/bcd and the shared libraries ldd lists, the modules of
-# packaging/ramdisk/modules with their dependencies at their paths plus modules.order and
-# modules.builtin*, depmod'ed (busybox modprobe reads modules.dep), /init, /etc/udhcpc.sh.
+# runs /sbin/modprobe), /bin/bcd and the shared libraries ldd lists, /usr/sbin/dropbear and
+# /usr/bin/dropbearkey with theirs, /etc/passwd with root (home /root, shell /bin/sh), the
+# modules of packaging/ramdisk/modules with their dependencies at their paths plus modules.order
+# and modules.builtin*, depmod'ed (busybox modprobe reads modules.dep), /init, /etc/udhcpc.sh.
 set -euo pipefail
 umask 022
 export LC_ALL=C
 
 here=$(cd "$(dirname "$0")" && pwd)
-kroot='' kver='' bcd='' out='' busybox=/bin/busybox zstd=0
+kroot='' kver='' bcd='' out='' busybox=/bin/busybox dropbear='' zstd=0
 die() { echo "build.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,9 +38,10 @@ while [ $# -gt 0 ]; do
     --kernel-version) kver=${2:?}; shift 2 ;;
     --bcd) bcd=${2:?}; shift 2 ;;
     --busybox) busybox=${2:?}; shift 2 ;;
+    --dropbear) dropbear=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
     --zstd) zstd=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -51,6 +56,19 @@ mods=$kroot/lib/modules/$kver
 [ -f "$mods/modules.dep" ] || die "$mods/modules.dep is missing (depmod -b $kroot $kver)"
 [ -x "$bcd" ] || die "$bcd is not an executable"
 [ -x "$busybox" ] || die "$busybox is missing (package busybox-static)"
+if [ -z "$dropbear" ]; then
+  if [ -x /usr/sbin/dropbear ]; then
+    dropbear=/usr/sbin/dropbear
+  else
+    echo "build.sh: warning: /usr/sbin/dropbear is missing (package dropbear-bin): this ramdisk cannot serve rescue.start" >&2
+  fi
+fi
+dropbearkey=''
+if [ -n "$dropbear" ]; then
+  [ -x "$dropbear" ] || die "$dropbear is not an executable"
+  dropbearkey=$(dirname "$dropbear")/dropbearkey
+  [ -x "$dropbearkey" ] || dropbearkey=$(command -v dropbearkey) || die "dropbearkey is not beside $dropbear nor on PATH"
+fi
 for t in cpio gzip modprobe depmod ldd strip; do
   command -v "$t" >/dev/null || [ -x "/usr/sbin/$t" ] || die "$t is not installed"
 done
@@ -71,11 +89,23 @@ done
 ln -s bin "$st/sbin"
 
 # bcd, stripped of debug info, and its shared libraries at the paths the loader looks at
+libs() {
+  ldd "$1" | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i}' | sort -u | while read -r lib; do
+    mkdir -p "$st$(dirname "$lib")"
+    cp -L "$lib" "$st$lib"
+  done
+}
 strip --strip-debug -o "$st/bin/bcd" "$bcd"
-ldd "$bcd" | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i}' | sort -u | while read -r lib; do
-  mkdir -p "$st$(dirname "$lib")"
-  cp -L "$lib" "$st$lib"
-done
+libs "$bcd"
+
+# rescue.start's SSH server and its key generator, at Debian's paths (bcd's defaults)
+if [ -n "$dropbear" ]; then
+  mkdir -p "$st/usr/sbin" "$st/usr/bin"
+  install -m 0755 "$dropbear" "$st/usr/sbin/dropbear"
+  install -m 0755 "$dropbearkey" "$st/usr/bin/dropbearkey"
+  libs "$dropbear"
+  libs "$dropbearkey"
+fi
 
 # the modules and their dependencies, then depmod for that subset
 grep -v '^#' "$here/modules" | awk 'NF {print $1}' | while read -r m; do
@@ -99,7 +129,12 @@ depmod -b "$st" "$kver"
 install -m 0755 "$here/init" "$st/init"
 install -m 0755 "$here/udhcpc.sh" "$st/etc/udhcpc.sh"
 printf '127.0.0.1 localhost\n::1 localhost\n' > "$st/etc/hosts"
-printf 'hosts: files dns\n' > "$st/etc/nsswitch.conf"
+printf 'passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n' > "$st/etc/nsswitch.conf"
+# root, for dropbear (it looks the user up and runs its shell); no password matches "x"
+printf 'root:x:0:0:root:/root:/bin/sh\n' > "$st/etc/passwd"
+printf 'root:x:0:\n' > "$st/etc/group"
+printf '/bin/sh\n' > "$st/etc/shells"
+mkdir -m 0700 "$st/root"
 
 # the archive: fixed mtimes, sorted names, root-owned, device-independent inode numbers
 find "$st" -exec touch -h -d @0 {} +

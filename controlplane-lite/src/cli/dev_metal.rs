@@ -105,6 +105,7 @@ fn machine(i: u32) -> Machine {
             i & 0xff
         ),
         ignore: false,
+        ssh_port: None,
     }
 }
 

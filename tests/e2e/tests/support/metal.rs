@@ -23,6 +23,7 @@ pub fn machine(name: &str, i: u32, serial: &str, ignore: bool) -> Machine {
         serial: serial.into(),
         mac: format!("00:1b:21:aa:bb:{i:02x}"),
         ignore,
+        ssh_port: None,
     }
 }
 
