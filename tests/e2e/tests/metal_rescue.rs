@@ -229,6 +229,9 @@ fn a_deployed_machine_is_rescued_over_ssh_and_unrescued() {
             image.kernel.to_str().unwrap(),
             "--boot-initrd",
             image.initrd.to_str().unwrap(),
+            // QEMU's user network carries no LLDP: a short wait, not the 30 s default.
+            "--ramdisk-lldp-wait",
+            "2",
         ],
     );
     eventually(WAIT, "the site agent holding the lease", || {
