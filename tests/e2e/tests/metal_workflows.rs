@@ -526,10 +526,32 @@ fn deploy(
         "the image's bytes"
     );
     let find = |needle: &[u8]| disk.windows(needle.len()).position(|w| w == needle);
-    let host = find(b"local-hostname: web-1").expect("the config drive's meta-data");
+    let host = find(b"local-hostname: \"web-1\"").expect("the config drive's meta-data");
+    // The config drive is a partition added after the image's last one (which ends at 2 MiB).
     assert!(
-        host as u64 >= 8 * MIB,
-        "the config drive is after the image: {host}"
+        host as u64 >= 2 * MIB,
+        "the config drive is after the image's partitions: {host}"
+    );
+    let sfdisk = Command::new("sfdisk")
+        .arg("--json")
+        .arg(&w_disk)
+        .output()
+        .unwrap();
+    let table: serde_json::Value = serde_json::from_slice(&sfdisk.stdout).unwrap();
+    let parts = table["partitiontable"]["partitions"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        parts.len(),
+        2,
+        "the image's partition and the config drive: {table:#}"
+    );
+    assert_eq!(parts[1]["name"], "cidata", "{table:#}");
+    assert_eq!(
+        table["partitiontable"]["lastlba"].as_u64(),
+        Some(64 * MIB / 512 - 34),
+        "the GPT grown to the VM's 64 MiB disk: {table:#}"
     );
     assert!(
         find(SSH_KEY.as_bytes()).is_some(),
@@ -555,7 +577,7 @@ fn deploy(
         .as_array()
         .unwrap()
         .iter()
-        .find(|c| c["name"] == "bmc.setBootDevice" && c["subjectNodeId"] == w_id.as_str())
+        .find(|c| c["name"] == "bmc.setBootDevice" && c["args"]["nodeId"] == w_id.as_str())
         .unwrap_or_else(|| panic!("no bmc.setBootDevice: {cmds:#}"))
         .clone();
     assert_eq!(
