@@ -2,7 +2,7 @@
 //! arithmetic or allocations are refused before it reads them, and a backup header pointing
 //! somewhere odd is not zeroed there.
 
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 
 use super::*;
@@ -30,7 +30,7 @@ fn crc32(b: &[u8]) -> u32 {
 
 /// A 16 MiB disk holding an 8 MiB GPT image (one partition at LBA 2048, 2 MiB, starting with
 /// [`MARKER`]) whose primary header is then changed by `patch` (the header's 92 bytes) and
-/// given a correct CRC again; `array_crc` also recomputes the entry array's checksum.
+/// given a correct header CRC again, so gptman accepts it.
 fn disk(patch: impl FnOnce(&mut [u8; 92])) -> (tempfile::NamedTempFile, File) {
     let tmp = tempfile::NamedTempFile::new().unwrap();
     let mut f = tmp.reopen().unwrap();
@@ -70,6 +70,9 @@ fn drive() -> Drive {
     }
 }
 
+/// A change to a GPT header's 92 bytes.
+type Patch = Box<dyn Fn(&mut [u8; 92])>;
+
 fn set_u32(h: &mut [u8; 92], at: usize, v: u32) {
     h[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
@@ -86,7 +89,7 @@ fn the_unpatched_image_takes_its_config_drive() {
 
 #[test]
 fn hostile_entry_counts_sizes_and_array_places_are_refused_without_a_panic() {
-    let cases: [(&str, Box<dyn Fn(&mut [u8; 92])>); 5] = [
+    let cases: [(&str, Patch); 5] = [
         // No entries at all (the entry array's CRC of nothing is 0): gptman's sizes underflow.
         (
             "0 partition entries",
