@@ -97,11 +97,17 @@ fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), Arg
         ));
     }
     let url = &a.image.url;
-    if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > MAX_URL_LEN {
+    // The URL is shown in events and conditions: no control character or space may ride in it.
+    if !(url.starts_with("http://") || url.starts_with("https://"))
+        || url.len() > MAX_URL_LEN
+        || url.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
         return Err(range(
             command,
             "image.url",
-            format!("must be an http:// or https:// URL of at most {MAX_URL_LEN} bytes"),
+            format!(
+                "must be an http:// or https:// URL of at most {MAX_URL_LEN} bytes, without spaces or control characters"
+            ),
         ));
     }
     let h = &a.image.sha256;
@@ -436,6 +442,15 @@ mod tests {
             "{:?}",
             check_args(CommandName::ImageWrite, &ok)
         );
+        for url in [
+            "http://h/i\u{1b}[2Jx",
+            "http://h/i\r\nX-Injected: 1",
+            "http://h/i j",
+        ] {
+            let a = json!({"image": {"url": url, "sha256": "ab".repeat(32)}});
+            let e = refused_field(CommandName::ImageWrite, &a);
+            assert!(e.contains("image.url"), "{url:?}: {e:?}");
+        }
         let huge = "s".repeat(MAX_HINT_LEN + 1);
         let cases = [
             (json!({"rootDevice": {"serial": huge}}), "rootDevice.serial"),
