@@ -78,7 +78,8 @@ fn gpt(file: &File, header_lba: u64, lbs: u64) -> Option<Vec<Partition>> {
             (last >= first).then(|| Partition {
                 name: format!("gpt{}", i + 1),
                 start_bytes: first.saturating_mul(lbs),
-                size_bytes: (last - first + 1).saturating_mul(lbs),
+                // `last` may be u64::MAX: the count of LBAs saturates instead of wrapping.
+                size_bytes: (last - first).saturating_add(1).saturating_mul(lbs),
             })
         })
         .collect();
@@ -132,5 +133,53 @@ fn logical(file: &File, ext_start: u64, lbs: u64, out: &mut Vec<Partition>) {
             return;
         }
         ebr = ext_start + next;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A disk of `sectors` 512-byte sectors with a GPT header at LBA 1 whose entry array (at
+    /// LBA 2, 128-byte entries) holds `entries` as (first LBA, last LBA).
+    fn gpt_disk(sectors: u64, entries: &[(u64, u64)]) -> tempfile::NamedTempFile {
+        let tmp = tempfile::NamedTempFile::new().unwrap();
+        let f = tmp.as_file();
+        f.set_len(sectors * 512).unwrap();
+        let mut h = [0u8; 92];
+        h[..8].copy_from_slice(GPT_SIGNATURE);
+        h[72..80].copy_from_slice(&2u64.to_le_bytes());
+        h[80..84].copy_from_slice(&u32::try_from(entries.len()).unwrap().to_le_bytes());
+        h[84..88].copy_from_slice(&128u32.to_le_bytes());
+        f.write_all_at(&h, 512).unwrap();
+        for (i, &(first, last)) in entries.iter().enumerate() {
+            let mut e = [0u8; 128];
+            e[..16].fill(0xaa);
+            e[32..40].copy_from_slice(&first.to_le_bytes());
+            e[40..48].copy_from_slice(&last.to_le_bytes());
+            f.write_all_at(&e, 1024 + 128 * i as u64).unwrap();
+        }
+        tmp
+    }
+
+    #[test]
+    fn gpt_entries_with_lbas_at_the_end_of_u64_neither_panic_nor_vanish() {
+        let t = gpt_disk(64, &[(0, u64::MAX), (u64::MAX, u64::MAX), (5, 4), (34, 40)]);
+        let parts = read(t.as_file(), 64 * 512, 512);
+        let got: Vec<(u64, u64)> = parts
+            .iter()
+            .map(|p| (p.start_bytes, p.size_bytes))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                // The whole of u64's LBAs: its size saturates, so the caller clamps it to the
+                // disk and still zeroes its first MiB.
+                (0, u64::MAX),
+                (u64::MAX, 512),
+                (34 * 512, 7 * 512),
+            ]
+        );
     }
 }

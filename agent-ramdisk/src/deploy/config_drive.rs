@@ -120,8 +120,14 @@ pub fn write(disk: &mut File, device: &str, d: &Drive) -> Result<String, ConfigD
         attribute_bits: 0,
         partition_name: LABEL.into(),
     };
-    if old_backup != gpt.header.backup_lba {
-        disk.seek(SeekFrom::Start(old_backup * ss))
+    // The image's own backup header lies after its partitions and before the disk's end; a
+    // header pointing anywhere else (into a partition, past the disk, at an LBA whose byte
+    // offset overflows) names no header of this image, and nothing is zeroed there.
+    let old_backup_at = old_backup
+        .checked_mul(ss)
+        .filter(|_| old_backup >= after && old_backup < gpt.header.backup_lba);
+    if let Some(at) = old_backup_at {
+        disk.seek(SeekFrom::Start(at))
             .and_then(|_| disk.write_all(&vec![0u8; usize::try_from(ss).unwrap_or(512)]))
             .map_err(io_err("zeroing the image's backup GPT header"))?;
     }
@@ -135,10 +141,23 @@ pub fn write(disk: &mut File, device: &str, d: &Drive) -> Result<String, ConfigD
 }
 
 /// The primary GPT only: a backup header at the disk's end is a previous deploy's, not this
-/// image's, so it must not make a GPT-less image look like one.
+/// image's, so it must not make a GPT-less image look like one. Both headers gptman may read
+/// (LBA 1, then the last LBA) are first checked by [`header_sane`]: gptman trusts their
+/// fields in arithmetic and allocations.
 fn read_primary(disk: &mut File) -> Result<GPT, ConfigDriveError> {
     let mut why = Vec::new();
+    let len = disk
+        .seek(SeekFrom::End(0))
+        .map_err(io_err("sizing the disk"))?;
     for ss in [512u64, 4096] {
+        let last = (len / ss).saturating_sub(1);
+        if let Some(bad) = [1, last]
+            .into_iter()
+            .find_map(|lba| header_sane(disk, ss, lba, len).err())
+        {
+            why.push(format!("{ss}-byte sectors: {bad}"));
+            continue;
+        }
         match GPT::read_from(disk, ss) {
             Ok(g) if g.header.is_primary() => return Ok(g),
             Ok(_) => why.push(format!("{ss}-byte sectors: only a backup header")),
@@ -146,6 +165,56 @@ fn read_primary(disk: &mut File) -> Result<GPT, ConfigDriveError> {
         }
     }
     Err(ConfigDriveError::NoGpt(why.join("; ")))
+}
+
+/// Most partition entries a GPT header may declare (the usual array holds 128; UEFI asks for
+/// at least 16 KiB of entries, which 128-byte entries fill with 128).
+pub const MAX_GPT_ENTRIES: u32 = 16_384;
+
+/// `Err(why)` when the GPT header at `lba` (sectors of `ss` bytes, disk of `len` bytes) has
+/// the `EFI PART` signature but fields no real table has: no entries or more than
+/// [`MAX_GPT_ENTRIES`], an entry size outside 128..=4096, an entry array that does not fit on
+/// the disk with both headers. `Ok` for a sane header and for no header at all.
+fn header_sane(disk: &mut File, ss: u64, lba: u64, len: u64) -> Result<(), String> {
+    let mut h = [0u8; 92];
+    let Some(at) = lba.checked_mul(ss) else {
+        return Ok(());
+    };
+    if disk
+        .seek(SeekFrom::Start(at))
+        .and_then(|_| disk.read_exact(&mut h))
+        .is_err()
+        || &h[..8] != b"EFI PART"
+    {
+        return Ok(());
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let mut entries_lba = [0u8; 8];
+    entries_lba.copy_from_slice(&h[72..80]);
+    let entries_lba = u64::from_le_bytes(entries_lba);
+    let (count, size) = (u32_at(80), u32_at(84));
+    if count == 0 || count > MAX_GPT_ENTRIES {
+        return Err(format!(
+            "the GPT header at LBA {lba} declares {count} partition entries (1 to {MAX_GPT_ENTRIES})"
+        ));
+    }
+    if !(128..=4096).contains(&size) {
+        return Err(format!(
+            "the GPT header at LBA {lba} declares {size}-byte partition entries (128 to 4096)"
+        ));
+    }
+    let array_bytes = u64::from(count) * u64::from(size);
+    let fits = entries_lba
+        .checked_mul(ss)
+        .and_then(|a| a.checked_add(array_bytes))
+        .is_some_and(|end| end <= len)
+        && array_bytes.div_ceil(ss).saturating_add(3) <= len / ss;
+    if !fits {
+        return Err(format!(
+            "the GPT header at LBA {lba} puts its partition entries (LBA {entries_lba}, {array_bytes} bytes) outside the disk"
+        ));
+    }
+    Ok(())
 }
 
 /// True when the first MBR entry is the GPT's protective 0xEE one (not a hybrid MBR, whose
@@ -255,6 +324,11 @@ pub fn user_data(c: &ConfigDrive) -> String {
     }
     s
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+#[path = "config_drive_gpt_tests.rs"]
+mod gpt_tests;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

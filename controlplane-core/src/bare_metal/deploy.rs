@@ -198,6 +198,25 @@ fn written(r: &ImageWriteResult) -> String {
     s
 }
 
+/// `r` when it is a write of what `cmd` asked: the SHA-256 asked for, and a config drive when
+/// one was asked. A result that says otherwise (an agent that ignored an argument, a result
+/// of another command) is no deploy of this image.
+fn matches_args(cmd: &CommandRecord, r: ImageWriteResult) -> Result<ImageWriteResult, String> {
+    let asked: ImageWriteArgs = serde_json::from_value(cmd.args.clone())
+        .map_err(|e| format!("the image.write args do not parse: {e}"))?;
+    if !r.sha256.eq_ignore_ascii_case(asked.image.sha256.trim()) {
+        return Err(format!(
+            "image.write reports SHA-256 {} where {} was asked",
+            r.sha256.chars().take(64).collect::<String>(),
+            asked.image.sha256
+        ));
+    }
+    if asked.config_drive.is_some() && r.config_drive_partition.is_none() {
+        return Err("image.write reports no config drive where one was asked".to_owned());
+    }
+    Ok(r)
+}
+
 /// The condition reason of a failed `image.write`, from its error code.
 fn reason_of(code: Option<&str>) -> &'static str {
     match code.and_then(|c| c.parse::<CommandErrorCode>().ok()) {
@@ -250,7 +269,10 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
                 .result
                 .clone()
                 .map(serde_json::from_value::<ImageWriteResult>);
-            let r = match parsed {
+            let r = match parsed.map(|p| {
+                p.map_err(|e| e.to_string())
+                    .and_then(|r| matches_args(cmd, r))
+            }) {
                 Some(Ok(r)) => r,
                 Some(Err(e)) => {
                     tx.put_boot(&b)?;

@@ -412,3 +412,48 @@ async fn abort_fails_the_workflow_at_its_step_and_names_what_to_cancel() -> Test
     assert!(matches!(again, Err(OpError::InvalidState(_))), "{again:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn an_image_write_result_that_is_not_of_the_image_asked_fails_the_deploy() -> TestResult {
+    let mut other_sha = written();
+    other_sha["sha256"] = json!("cd".repeat(32));
+    let mut no_drive = written();
+    if let Some(o) = no_drive.as_object_mut() {
+        o.remove("configDrivePartition");
+    }
+    let mut wrong_type = written();
+    wrong_type["writtenBytes"] = json!("lots");
+    for (result, why) in [
+        (other_sha, "reports SHA-256 cdcd"),
+        (no_drive, "reports no config drive"),
+        (wrong_type, "does not parse"),
+        (json!(null), "does not parse"),
+    ] {
+        let b = ready()?;
+        let bm = controller(&b);
+        bm.deploy(request(&b, image())?, "operator:t").await?;
+        boot_join_report(&b)?;
+        let cmd = queue_write(&b)?;
+        finish(
+            &b,
+            &cmd,
+            CommandState::Succeeded,
+            Some(result.clone()),
+            None,
+        )?;
+        let n = b.node()?;
+        assert_eq!(n.provision_state, ProvisionState::Failed, "{result}");
+        let c = cond(&n, DEPLOYED).ok_or("no Deployed")?;
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (ConditionStatus::False, "StepFailed")
+        );
+        assert!(c.message.contains(why), "{result}: {}", c.message);
+        let rec = b
+            .store
+            .read_blocking(|r| r.boot(&b.node))?
+            .ok_or("no boot")?;
+        assert_eq!(rec.work_step, None, "no BMC step follows");
+    }
+    Ok(())
+}

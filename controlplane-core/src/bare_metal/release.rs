@@ -26,7 +26,7 @@
 
 use std::time::Duration;
 
-use bc_protocol::commands::clean::{CleanMode, CleanResult, DiskOutcome};
+use bc_protocol::commands::clean::{CleanArgs, CleanMode, CleanResult, DiskOutcome};
 use bc_protocol::{CommandName, ConditionStatus, ProvisionState};
 use cpl_store::{BootRecord, CommandRecord, CommandState, NodeRecord, Pool, Tx};
 
@@ -154,13 +154,23 @@ pub(crate) fn queue_clean(
     Ok(rec.id)
 }
 
-/// What a finished `disk.clean` says: `Ok(result)` when every disk is clean or read-only,
-/// `Err(why)` otherwise.
+/// What a finished `disk.clean` says: `Ok(result)` when every disk is clean or read-only in
+/// the mode the command asked for, `Err(why)` otherwise (a `metadata` erase reported for a
+/// `full` one asked is no full erase).
 fn verdict(cmd: &CommandRecord) -> Result<CleanResult, String> {
     match (cmd.state, cmd.result.as_ref()) {
         (CommandState::Succeeded, Some(r)) => {
             let res: CleanResult = serde_json::from_value(r.clone())
                 .map_err(|e| format!("the disk.clean result does not parse: {e}"))?;
+            let asked = serde_json::from_value::<CleanArgs>(cmd.args.clone())
+                .map_err(|e| format!("the disk.clean args do not parse: {e}"))?
+                .mode;
+            if res.mode != asked {
+                return Err(format!(
+                    "disk.clean reports mode {} where {asked} was asked",
+                    res.mode
+                ));
+            }
             if res.failed().next().is_some() {
                 return Err(res.summary());
             }

@@ -381,7 +381,19 @@ async fn a_rescue_starts_ssh_with_the_keys_and_then_has_no_deadline() -> TestRes
         matches!(&bad, Err(OpError::InvalidArgument(m)) if m.contains("sshKeys")),
         "{bad:?}"
     );
-    let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGq op@laptop";
+    let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW op@laptop";
+    // A key with options (a forced command for whoever logs in) is refused before any boot.
+    let forced = bm
+        .rescue(
+            req(json!([format!("command=\"/bin/sh\" {key}")]))?,
+            "operator:t",
+        )
+        .await;
+    assert!(
+        matches!(&forced, Err(OpError::InvalidArgument(m)) if m.contains("sshKeys")),
+        "{forced:?}"
+    );
+    assert_eq!(b.node()?.provision_state, ProvisionState::Deployed);
     let n = bm.rescue(req(json!([key]))?, "operator:t").await?;
     assert_eq!(n.provision_state, ProvisionState::Rescue);
     boot_and_join(&b)?;
@@ -432,5 +444,51 @@ async fn a_rescue_starts_ssh_with_the_keys_and_then_has_no_deadline() -> TestRes
         "{r:?}"
     );
     assert_eq!(b.node()?.provision_state, ProvisionState::Rescue);
+    Ok(())
+}
+
+#[test]
+fn a_clean_result_in_another_mode_or_of_the_wrong_shape_fails_the_release() -> TestResult {
+    for (asked, result, why) in [
+        // The pool asked for a full erase; a metadata erase is not one.
+        (
+            json!({"mode": "full"}),
+            json!({"mode": "metadata", "durationMs": 1, "disks": [cleaned("vda")]}),
+            "reports mode metadata where full was asked",
+        ),
+        (
+            json!({"mode": "metadata"}),
+            json!({"mode": "metadata", "durationMs": 1, "disks": "vda"}),
+            "does not parse",
+        ),
+        (
+            json!({"mode": "metadata"}),
+            json!({"mode": "metadata", "durationMs": -1, "disks": []}),
+            "does not parse",
+        ),
+        (
+            json!({"mode": "metadata"}),
+            json!([1, 2, 3]),
+            "does not parse",
+        ),
+    ] {
+        let b = deployed()?;
+        let v = b.node()?.version;
+        b.store
+            .write_blocking(|tx| release::release(tx, &b.node, v, "operator:t"))?;
+        boot_and_join(&b)?;
+        b.report(INVENTORY.as_bytes())?;
+        let mut cmd = queue(&b)?;
+        cmd.args = asked;
+        finish(&b, &cmd, CommandState::Succeeded, Some(result.clone()))?;
+        let n = b.node()?;
+        assert_eq!(n.provision_state, ProvisionState::Failed, "{result}");
+        let c = cond(&n, CLEANED).ok_or("no Cleaned")?;
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (ConditionStatus::False, "CleanFailed")
+        );
+        assert!(c.message.contains(why), "{result}: {}", c.message);
+    }
     Ok(())
 }

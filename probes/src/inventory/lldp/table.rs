@@ -7,6 +7,12 @@ use std::time::{Duration, Instant};
 
 use bc_protocol::inventory::LldpNeighbor;
 
+/// Most neighbours kept per link. A switch port has one; a few more appear behind an
+/// unmanaged bridge or with several agents on one port. Anyone else on the segment can send
+/// LLDPDUs with a new chassis id each, so the table must not grow with them: once a link holds
+/// this many, an LLDPDU from a neighbour not yet heard is dropped until one expires or leaves.
+pub const MAX_NEIGHBORS_PER_LINK: usize = 16;
+
 /// Neighbours by interface name, each interface's in the order first heard.
 pub type Neighbors = BTreeMap<String, Vec<LldpNeighbor>>;
 
@@ -42,7 +48,8 @@ impl Table {
     }
 
     /// Records an LLDPDU from `n` received on `iface` at `now`: it replaces the entry of the
-    /// same chassis id and port id, or is added; a TTL of 0 deletes that entry.
+    /// same chassis id and port id, or is added (dropped when the link already holds
+    /// [`MAX_NEIGHBORS_PER_LINK`] live ones); a TTL of 0 deletes that entry.
     pub fn record(&mut self, iface: &str, n: LldpNeighbor, now: Instant) {
         let link = self.links.entry(iface.to_owned()).or_default();
         link.heard = true;
@@ -62,7 +69,12 @@ impl Table {
         let expires = now + Duration::from_secs(u64::from(n.ttl_seconds));
         match at {
             Some(i) => link.entries[i] = (n, expires),
-            None => link.entries.push((n, expires)),
+            None => {
+                link.entries.retain(|(_, exp)| *exp > now);
+                if link.entries.len() < MAX_NEIGHBORS_PER_LINK {
+                    link.entries.push((n, expires));
+                }
+            }
         }
     }
 
@@ -142,5 +154,35 @@ mod tests {
         assert!(t.neighbors(t0).is_empty());
         t.remove_link("eth1");
         assert_eq!(t.links().collect::<Vec<_>>(), ["eth0"]);
+    }
+
+    #[test]
+    fn a_flood_of_new_chassis_ids_is_capped_per_link_and_known_ones_still_update() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.record("eth0", n("switch", "Ethernet1", 120, "leaf-1"), t0);
+        for i in 0..10_000 {
+            t.record("eth0", n(&format!("spoof-{i}"), "p", u16::MAX, "x"), t0);
+        }
+        let got = t.neighbors(t0);
+        assert_eq!(got["eth0"].len(), MAX_NEIGHBORS_PER_LINK);
+        assert_eq!(got["eth0"][0].system_name.as_deref(), Some("leaf-1"));
+        // The neighbour first heard is still refreshed in place.
+        t.record("eth0", n("switch", "Ethernet1", 120, "leaf-1 again"), t0);
+        assert_eq!(
+            t.neighbors(t0)["eth0"][0].system_name.as_deref(),
+            Some("leaf-1 again")
+        );
+        // Once it leaves, a new one takes its place; once the spoofs expire, room is back.
+        t.record("eth0", n("switch", "Ethernet1", 0, ""), t0);
+        t.record("eth0", n("switch-2", "Ethernet1", 120, "leaf-2"), t0);
+        assert!(
+            t.neighbors(t0)["eth0"]
+                .iter()
+                .any(|x| x.system_name.as_deref() == Some("leaf-2"))
+        );
+        let later = t0 + Duration::from_secs(u64::from(u16::MAX));
+        t.record("eth0", n("switch-3", "Ethernet1", 120, "leaf-3"), later);
+        assert_eq!(t.neighbors(later)["eth0"].len(), 1);
     }
 }
