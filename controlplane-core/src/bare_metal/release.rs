@@ -186,6 +186,44 @@ fn verdict(cmd: &CommandRecord) -> Result<CleanResult, String> {
     }
 }
 
+/// Kernel-name prefixes `disk.clean` does not count as disks (as the ramdisk's discovery).
+const NOT_DISKS: &[&str] = &["loop", "ram", "zram", "dm-", "md", "sr", "nbd"];
+
+/// `r` when it accounts for every disk the ramdisk's inventory (this boot's report) listed:
+/// a ramdisk that saw fewer disks than it reported (a controller's driver missing, a disk gone
+/// from its listing) must not leave a tenant's disk uncleaned while the node goes `ready`.
+fn all_listed(r: CleanResult, inventory: Option<&str>) -> Result<CleanResult, String> {
+    let doc: serde_json::Value = inventory
+        .and_then(|t| serde_json::from_str(t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let missing: Vec<String> = doc["disks"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d["name"].as_str())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| !NOT_DISKS.iter().any(|p| n.starts_with(p)))
+        .filter(|n| !r.disks.iter().any(|d| d.name == *n))
+        .map(str::to_owned)
+        .collect();
+    if missing.is_empty() {
+        Ok(r)
+    } else {
+        Err(format!(
+            "the ramdisk's inventory lists {} but disk.clean did not clean {}: nothing says they hold no tenant data",
+            if missing.len() == 1 {
+                "a disk"
+            } else {
+                "disks"
+            },
+            missing.join(", ")
+        ))
+    }
+}
+
 /// One `cleaningStep` event per disk of a parsed result.
 fn disk_events(edit: &mut Edit, r: &serde_json::Value) {
     let Ok(res) = serde_json::from_value::<CleanResult>(r.clone()) else {
@@ -234,7 +272,8 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
     if let Some(r) = &cmd.result {
         disk_events(&mut edit, r);
     }
-    match verdict(cmd) {
+    let inventory = edit.node.inventory_json.clone();
+    match verdict(cmd).and_then(|r| all_listed(r, inventory.as_deref())) {
         Err(why) => {
             let why = format!("cleaning failed: {why}");
             condition(

@@ -492,3 +492,48 @@ fn a_clean_result_in_another_mode_or_of_the_wrong_shape_fails_the_release() -> T
     }
     Ok(())
 }
+
+#[test]
+fn a_clean_that_misses_a_disk_the_inventory_lists_fails_the_release() -> TestResult {
+    let b = deployed()?;
+    let v = b.node()?.version;
+    b.store
+        .write_blocking(|tx| release::release(tx, &b.node, v, "operator:t"))?;
+    boot_and_join(&b)?;
+    // This boot's report lists two NVMe disks and a CD drive.
+    let doc = json!({"schemaVersion": 1, "hostname": "ramdisk", "disks": [
+        {"name": "nvme0n1"}, {"name": "nvme1n1"}, {"name": "sr0"}]})
+    .to_string();
+    let d = digests(UUID, SERIAL, MAC);
+    b.store.write_blocking(|tx| {
+        crate::reports::record_inventory(
+            tx,
+            &b.node,
+            0,
+            &crate::reports::InventoryReport {
+                hardware_key: &"ab".repeat(32),
+                trusted: true,
+                digests: &d,
+                document: doc.as_bytes(),
+                sha256: &"ee".repeat(32),
+            },
+        )
+    })?;
+    let cmd = queue(&b)?;
+    // The ramdisk saw only one of them (a controller's driver missing, say).
+    finish(
+        &b,
+        &cmd,
+        CommandState::Succeeded,
+        Some(result(json!([cleaned("nvme0n1")]))),
+    )?;
+    let n = b.node()?;
+    assert_eq!(n.provision_state, ProvisionState::Failed);
+    let c = cond(&n, CLEANED).ok_or("no Cleaned")?;
+    assert!(
+        c.message.contains("did not clean nvme1n1") && !c.message.contains("sr0"),
+        "{}",
+        c.message
+    );
+    Ok(())
+}
