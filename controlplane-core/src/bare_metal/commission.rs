@@ -371,25 +371,14 @@ pub(crate) fn queue_diag(
     timeout_ms: i64,
 ) -> Result<String, OpError> {
     let now = cpl_store::now_ms();
-    let rec = CommandRecord {
-        id: crate::commands::new_command_id(),
-        node_id: node_id.to_owned(),
-        name: bc_protocol::CommandName::DiagNvml.as_str().to_owned(),
-        args: diag_args(pool),
-        state: CommandState::Queued,
-        progress: 0,
-        result: None,
-        error_code: None,
-        error_message: None,
-        actor: OWNER.to_owned(),
-        created_at: now,
-        sent_at: None,
-        started_at: None,
-        finished_at: None,
-        deadline_at: now.saturating_add(timeout_ms),
-        subject_node_id: None,
-    };
-    tx.insert_command(&rec)?;
+    let rec = super::work::insert_ramdisk_command(
+        tx,
+        node_id,
+        bc_protocol::CommandName::DiagNvml,
+        diag_args(pool),
+        now,
+        timeout_ms,
+    )?;
     let mut edit = Edit::report(tx, node_id, OWNER)?;
     edit.event(
         "commissioningStep",

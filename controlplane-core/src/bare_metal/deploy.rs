@@ -137,32 +137,22 @@ pub(crate) fn queue_write(
         .map_err(|e| OpError::Internal(format!("node {}'s deployment: {e}", b.node_id)))?;
     // cloud-init runs again on each deploy: one instance id per boot.
     args.instance_id = Some(format!("{}-{}", b.node_id, b.token_id));
-    let limit = super::inspect::deadline(pool, ProvisionState::Deploying);
-    let left = b
-        .phase_started_at
-        .saturating_add(super::ms(limit))
-        .saturating_sub(now)
-        .max(MIN_WRITE_TIMEOUT_MS);
+    let left = super::work::time_left(
+        b,
+        pool,
+        ProvisionState::Deploying,
+        now,
+        MIN_WRITE_TIMEOUT_MS,
+    );
     let url = args.image.url.clone();
-    let rec = CommandRecord {
-        id: crate::commands::new_command_id(),
-        node_id: b.node_id.clone(),
-        name: CommandName::ImageWrite.as_str().to_owned(),
-        args: serde_json::to_value(&args).map_err(|e| OpError::Internal(e.to_string()))?,
-        state: CommandState::Queued,
-        progress: 0,
-        result: None,
-        error_code: None,
-        error_message: None,
-        actor: OWNER.to_owned(),
-        created_at: now,
-        sent_at: None,
-        started_at: None,
-        finished_at: None,
-        deadline_at: now.saturating_add(left),
-        subject_node_id: None,
-    };
-    tx.insert_command(&rec)?;
+    let rec = super::work::insert_ramdisk_command(
+        tx,
+        &b.node_id,
+        CommandName::ImageWrite,
+        serde_json::to_value(&args).map_err(|e| OpError::Internal(e.to_string()))?,
+        now,
+        left,
+    )?;
     let mut edit = Edit::report(tx, &b.node_id, OWNER)?;
     event(
         &mut edit,

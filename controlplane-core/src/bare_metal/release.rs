@@ -111,32 +111,16 @@ pub(crate) fn queue_clean(
     state: ProvisionState,
     now: i64,
 ) -> Result<String, OpError> {
-    let limit = super::inspect::deadline(pool, state);
-    let left = b
-        .phase_started_at
-        .saturating_add(super::ms(limit))
-        .saturating_sub(now)
-        .max(MIN_CLEAN_TIMEOUT_MS);
+    let left = super::work::time_left(b, pool, state, now, MIN_CLEAN_TIMEOUT_MS);
     let m = mode(pool);
-    let rec = CommandRecord {
-        id: crate::commands::new_command_id(),
-        node_id: b.node_id.clone(),
-        name: CommandName::DiskClean.as_str().to_owned(),
-        args: serde_json::json!({ "mode": m.as_str() }),
-        state: CommandState::Queued,
-        progress: 0,
-        result: None,
-        error_code: None,
-        error_message: None,
-        actor: OWNER.to_owned(),
-        created_at: now,
-        sent_at: None,
-        started_at: None,
-        finished_at: None,
-        deadline_at: now.saturating_add(left),
-        subject_node_id: None,
-    };
-    tx.insert_command(&rec)?;
+    let rec = super::work::insert_ramdisk_command(
+        tx,
+        &b.node_id,
+        CommandName::DiskClean,
+        serde_json::json!({ "mode": m.as_str() }),
+        now,
+        left,
+    )?;
     let mut edit = Edit::report(tx, &b.node_id, OWNER)?;
     edit.event(
         "cleaningStep",

@@ -153,25 +153,14 @@ pub(crate) fn queue_start(
         .bmc(&b.node_id)?
         .and_then(|m| m.rescue)
         .ok_or_else(|| OpError::Internal(format!("node {} has no rescue keys", b.node_id)))?;
-    let rec = CommandRecord {
-        id: crate::commands::new_command_id(),
-        node_id: b.node_id.clone(),
-        name: CommandName::RescueStart.as_str().to_owned(),
+    let rec = super::work::insert_ramdisk_command(
+        tx,
+        &b.node_id,
+        CommandName::RescueStart,
         args,
-        state: CommandState::Queued,
-        progress: 0,
-        result: None,
-        error_code: None,
-        error_message: None,
-        actor: OWNER.to_owned(),
-        created_at: now,
-        sent_at: None,
-        started_at: None,
-        finished_at: None,
-        deadline_at: now.saturating_add(timeout_ms),
-        subject_node_id: None,
-    };
-    tx.insert_command(&rec)?;
+        now,
+        timeout_ms,
+    )?;
     let mut edit = Edit::report(tx, &b.node_id, OWNER)?;
     event(
         &mut edit,

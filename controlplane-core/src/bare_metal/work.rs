@@ -21,6 +21,54 @@ use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
 
+/// Inserts a workflow command for `node_id`'s ramdisk (queued, actor `BareMetalWorkflow`, its
+/// deadline `timeout_ms` after `now`); the pass dispatches it.
+pub(crate) fn insert_ramdisk_command(
+    tx: &Tx<'_>,
+    node_id: &str,
+    name: CommandName,
+    args: serde_json::Value,
+    now: i64,
+    timeout_ms: i64,
+) -> Result<cpl_store::CommandRecord, OpError> {
+    let rec = cpl_store::CommandRecord {
+        id: crate::commands::new_command_id(),
+        node_id: node_id.to_owned(),
+        name: name.as_str().to_owned(),
+        args,
+        state: cpl_store::CommandState::Queued,
+        progress: 0,
+        result: None,
+        error_code: None,
+        error_message: None,
+        actor: OWNER.to_owned(),
+        created_at: now,
+        sent_at: None,
+        started_at: None,
+        finished_at: None,
+        deadline_at: now.saturating_add(timeout_ms),
+        subject_node_id: None,
+    };
+    tx.insert_command(&rec)?;
+    Ok(rec)
+}
+
+/// What is left at `now` of boot `b`'s state deadline in `pool`, ms, at least `min_ms`: the
+/// deadline a long ramdisk command (a clean, an image write) is sent with.
+pub(crate) fn time_left(
+    b: &BootRecord,
+    pool: Option<&cpl_store::Pool>,
+    state: ProvisionState,
+    now: i64,
+    min_ms: i64,
+) -> i64 {
+    let limit = super::inspect::deadline(pool, state);
+    b.phase_started_at
+        .saturating_add(super::ms(limit))
+        .saturating_sub(now)
+        .max(min_ms)
+}
+
 /// The ramdisk states whose work follows the ramdisk's first report.
 pub fn works(s: ProvisionState) -> bool {
     release::cleaning(s) || matches!(s, ProvisionState::Deploying | ProvisionState::Rescue)
