@@ -24,13 +24,12 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use bc_e2e::{ControlPlane, eventually, ramdisk};
-use bc_metal_sim::machines::{Happened, Machines};
+use bc_e2e::{eventually, ramdisk};
+use bc_metal_sim::machines::Happened;
 use bcd_site::test_utils::free_tcp_port;
-use bcd_site::test_utils::sushy::Sushy;
 use metal::{BOOT_BUDGET, enroll_with, machine, moves, system, until_state};
-use serde_json::{Value, json};
-use support::{Seen, SiteAgent, WAIT, condition};
+use serde_json::Value;
+use support::{Seen, WAIT, condition};
 
 const TEST: &str = "metal_rescue";
 
@@ -152,7 +151,7 @@ fn a_deployed_machine_is_rescued_over_ssh_and_unrescued() {
     let Some(tools) = ramdisk::tools_or_skip(TEST) else {
         return;
     };
-    if Sushy::program(TEST).is_none() || !ssh_tools_or_skip() {
+    if !ssh_tools_or_skip() {
         return;
     }
     let ssh_port = free_tcp_port();
@@ -164,45 +163,21 @@ fn a_deployed_machine_is_rescued_over_ssh_and_unrescued() {
     let (_, bcd) = ramdisk::bins();
     let tmp = tempfile::tempdir().unwrap();
     let image = ramdisk::build_image(&tools, bcd, &tmp.path().join("image"));
-    let (boot_port, gw_port) = (free_tcp_port(), free_tcp_port());
-    let machines = Machines::start(
-        &tools.qemu,
-        vec![r.clone()],
-        &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
-        tmp.path(),
-    )
-    .expect("the machines' notifier");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let sushy = rt
-        .block_on(Sushy::start_notifying(TEST, &systems, &machines.notify_url))
-        .expect("sushy-emulator");
-    let mut cp = ControlPlane::start_with_args(
-        &tmp.path().join("cp"),
-        &[
-            "--listen",
-            &format!("127.0.0.1:{gw_port}"),
-            "--api-listen",
-            "127.0.0.1:0",
-            "--san",
-            "10.0.2.2",
-            "--advertise-url",
-            &format!("https://10.0.2.2:{gw_port}"),
-            "--site-lease-ttl",
-            "4s",
-            "--power-sync-interval",
-            "1s",
-        ],
-    );
-    cp.gateway_url = format!("https://127.0.0.1:{gw_port}");
     let mut seen = Seen::default();
-    let site = seen.ok(
-        &cp,
-        "sites.create",
-        json!({"name": "dc1", "kind": "platform"}),
-    );
-    let site = site["id"].as_str().unwrap().to_owned();
+    let Some(rig) = metal::Rig::start(
+        TEST,
+        tmp.path(),
+        &tools,
+        &image,
+        vec![r.clone()],
+        &systems,
+        &mut seen,
+    ) else {
+        return;
+    };
+    let (cp, machines, sushy, site) = (&rig.cp, &rig.machines, &rig.sushy, rig.site.clone());
     let p = seen.bcctl(
-        &cp,
+        cp,
         &[
             "pools",
             "create",
@@ -216,60 +191,32 @@ fn a_deployed_machine_is_rescued_over_ssh_and_unrescued() {
         None,
     );
     let pool = p["id"].as_str().unwrap().to_owned();
-    let token = cp.create_token(&["--site", &site]);
-    let agent = SiteAgent::start_with(
-        &cp,
-        tmp.path(),
-        "site-a",
-        &token,
-        &[
-            "--boot-listen",
-            &format!("127.0.0.1:{boot_port}"),
-            "--boot-kernel",
-            image.kernel.to_str().unwrap(),
-            "--boot-initrd",
-            image.initrd.to_str().unwrap(),
-            // QEMU's user network carries no LLDP: a short wait, not the 30 s default.
-            "--ramdisk-lldp-wait",
-            "2",
-        ],
-    );
-    eventually(WAIT, "the site agent holding the lease", || {
-        let s = seen.ok(&cp, "sites.get", json!({"siteId": site}));
-        s["lease"]["holderNodeId"].as_str().map(str::to_owned)
-    });
-    let dump = || {
-        format!(
-            "consoles:\n{}\nsite agent:\n{}",
-            machines.consoles(&r.uuid).join("\n----\n"),
-            agent.log_text()
-        )
-    };
+    let dump = rig.dump(&r.uuid);
 
     let id = enroll_with(
         &mut seen,
-        &cp,
+        cp,
         &site,
         &pool,
         "r",
         &sushy.address(&r.uuid),
         &["--deployed"],
     );
-    until_state(&mut seen, &cp, &id, "deployed", &dump);
+    until_state(&mut seen, cp, &id, "deployed", &dump);
     assert!(!machines.running(&r.uuid), "adopted without a boot");
 
     let (key, other) = (tmp.path().join("k"), tmp.path().join("other"));
     let public = key_pair(&key);
     key_pair(&other);
     let started = Instant::now();
-    let v = seen.bcctl(&cp, &["nodes", "rescue", &id, "--ssh-key", &public], None);
+    let v = seen.bcctl(cp, &["nodes", "rescue", &id, "--ssh-key", &public], None);
     assert_eq!(v["provisionState"], "rescue", "{v:#}");
 
     // The state is `rescue` at once; the Rescued condition turns true once dropbear listens.
     let n: Value = {
         let budget = Instant::now();
         loop {
-            let n = seen.node(&cp, &id);
+            let n = seen.node(cp, &id);
             if condition(&n, "Rescued").is_some_and(|c| c["status"] == "true") {
                 break n;
             }
@@ -323,18 +270,18 @@ fn a_deployed_machine_is_rescued_over_ssh_and_unrescued() {
         "the host keys shown are those served: {message}"
     );
 
-    let v = seen.bcctl(&cp, &["nodes", "unrescue", &id], None);
+    let v = seen.bcctl(cp, &["nodes", "unrescue", &id], None);
     assert_eq!(v["provisionState"], "deployed", "{v:#}");
     eventually(
         WAIT,
         "the rescued machine rebooted from its disk (not booted)",
         || (!machines.running(&r.uuid)).then_some(()),
     );
-    let n = until_state(&mut seen, &cp, &id, "deployed", &dump);
+    let n = until_state(&mut seen, cp, &id, "deployed", &dump);
     let rescued = condition(&n, "Rescued").unwrap();
     assert_eq!(rescued["status"], "false", "{n:#}");
     assert_eq!(
-        moves(&mut seen, &cp, &id),
+        moves(&mut seen, cp, &id),
         ["enrolling", "deployed", "rescue", "deployed"]
     );
     let boots = machines
@@ -348,5 +295,4 @@ fn a_deployed_machine_is_rescued_over_ssh_and_unrescued() {
         rescued_in.as_secs_f64(),
         ssh_in.as_secs_f64()
     );
-    drop(agent);
 }

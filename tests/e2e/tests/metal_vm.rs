@@ -29,15 +29,13 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bc_e2e::{ControlPlane, eventually, ramdisk};
-use bc_metal_sim::machines::{Happened, Machines};
-use bcd_site::test_utils::free_tcp_port;
-use bcd_site::test_utils::sushy::Sushy;
+use bc_e2e::{eventually, ramdisk};
+use bc_metal_sim::machines::Happened;
 use metal::{
     enroll, kept_in_the_ramdisk, machine, moves, system, until_state, until_state_marking,
 };
 use serde_json::{Value, json};
-use support::{Seen, SiteAgent, WAIT, condition};
+use support::{Seen, WAIT, condition};
 
 #[test]
 fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed() {
@@ -54,56 +52,24 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         system(&c, "SER-C-0003"),
         system(&d, "SER-D-0004"),
     ];
-    if Sushy::program("metal_vm").is_none() {
-        return;
-    }
     let (_, bcd) = ramdisk::bins();
     let tmp = tempfile::tempdir().unwrap();
     let image = ramdisk::build_image(&tools, bcd, &tmp.path().join("image"));
-    let (boot_port, gw_port) = (free_tcp_port(), free_tcp_port());
-    let machines = Machines::start(
-        &tools.qemu,
-        vec![a.clone(), b.clone(), c.clone(), d.clone()],
-        &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
-        tmp.path(),
-    )
-    .expect("the machines' notifier");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let sushy = rt
-        .block_on(Sushy::start_notifying(
-            "metal_vm",
-            &systems,
-            &machines.notify_url,
-        ))
-        .expect("sushy-emulator");
-    // The guest reaches the gateway at 10.0.2.2 (QEMU's user network maps it to the host's
-    // loopback): the gateway's certificate names it, and it is the URL the ramdisk is given.
-    let mut cp = ControlPlane::start_with_args(
-        &tmp.path().join("cp"),
-        &[
-            "--listen",
-            &format!("127.0.0.1:{gw_port}"),
-            "--api-listen",
-            "127.0.0.1:0",
-            "--san",
-            "10.0.2.2",
-            "--advertise-url",
-            &format!("https://10.0.2.2:{gw_port}"),
-            "--site-lease-ttl",
-            "4s",
-            "--power-sync-interval",
-            "1s",
-        ],
-    );
-    // The site agent runs on the host: it joins at the loopback address.
-    cp.gateway_url = format!("https://127.0.0.1:{gw_port}");
     let mut seen = Seen::default();
-    let site = seen.ok(
-        &cp,
-        "sites.create",
-        json!({"name": "dc1", "kind": "platform"}),
-    );
-    let site = site["id"].as_str().unwrap().to_owned();
+    let Some(rig) = metal::Rig::start(
+        "metal_vm",
+        tmp.path(),
+        &tools,
+        &image,
+        vec![a.clone(), b.clone(), c.clone(), d.clone()],
+        &systems,
+        &mut seen,
+    ) else {
+        return;
+    };
+    let (cp, machines, sushy, rt, agent) =
+        (&rig.cp, &rig.machines, &rig.sushy, &rig.rt, &rig.agent);
+    let site = rig.site.clone();
     // Through bcctl, with the bare-metal flags of `pools create`.
     let pool = |seen: &mut Seen, name: &str, extra: &[&str]| -> String {
         let mut args = vec!["pools", "create", "--name", name, "--kind", "metal-host"];
@@ -116,7 +82,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
             "1",
         ]);
         args.extend(extra);
-        let p = seen.bcctl(&cp, &args, None);
+        let p = seen.bcctl(cp, &args, None);
         assert_eq!(p["hardwareProfile"]["minLinkedNics"], 1, "{p:#}");
         p["id"].as_str().unwrap().to_owned()
     };
@@ -132,7 +98,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
             "false",
         ],
     );
-    let p = seen.ok(&cp, "pools.get", json!({"poolId": kept}));
+    let p = seen.ok(cp, "pools.get", json!({"poolId": kept}));
     assert_eq!(
         (
             &p["acceptance"]["inspectionDeadlineSeconds"],
@@ -141,47 +107,14 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         (&json!(900), &json!(false)),
         "{p:#}"
     );
-    let token = cp.create_token(&["--site", &site]);
-    let agent = SiteAgent::start_with(
-        &cp,
-        tmp.path(),
-        "site-a",
-        &token,
-        &[
-            "--boot-listen",
-            &format!("127.0.0.1:{boot_port}"),
-            "--boot-kernel",
-            image.kernel.to_str().unwrap(),
-            "--boot-initrd",
-            image.initrd.to_str().unwrap(),
-            // No LLDP speaker on QEMU's links: the ramdisk's bounded wait, kept short.
-            "--ramdisk-lldp-wait",
-            "2",
-        ],
-    );
-    eventually(WAIT, "the site agent holding the lease", || {
-        let s = seen.ok(&cp, "sites.get", json!({"siteId": site}));
-        s["lease"]["holderNodeId"].as_str().map(str::to_owned)
-    });
-    let dump = |uuid: &str| {
-        let uuid = uuid.to_owned();
-        let machines = &machines;
-        let agent = &agent;
-        move || {
-            format!(
-                "consoles:\n{}\nsite agent:\n{}",
-                machines.consoles(&uuid).join("\n----\n"),
-                agent.log_text()
-            )
-        }
-    };
+    let dump = |uuid: &str| rig.dump(uuid);
 
     // Scenario 3 first (it never boots, so it costs no CPU): the deadline fails it.
-    let c_id = enroll(&mut seen, &cp, &site, &quick, "c", &sushy.address(&c.uuid));
+    let c_id = enroll(&mut seen, cp, &site, &quick, "c", &sushy.address(&c.uuid));
 
     // Scenario 1: the right machine, enroll to ready.
     let started = Instant::now();
-    let a_id = enroll(&mut seen, &cp, &site, &metal, "a", &sushy.address(&a.uuid));
+    let a_id = enroll(&mut seen, cp, &site, &metal, "a", &sushy.address(&a.uuid));
     // Milestones of the boot, first seen at a poll (s since QEMU started; every 0.25 s).
     let mut marks: Vec<(&str, Option<f64>)> = [
         "iPXE",
@@ -216,7 +149,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
             }
         }
     };
-    let n = until_state_marking(&mut seen, &cp, &a_id, "ready", &dump(&a.uuid), &mut tick);
+    let n = until_state_marking(&mut seen, cp, &a_id, "ready", &dump(&a.uuid), &mut tick);
     let to_ready = started.elapsed();
     eprintln!(
         "metal_vm: boot milestones (s after QEMU started): {}",
@@ -227,13 +160,13 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
             .join(", ")
     );
     assert_eq!(
-        moves(&mut seen, &cp, &a_id),
+        moves(&mut seen, cp, &a_id),
         ["enrolling", "inspecting", "commissioning", "ready"]
     );
     assert_eq!(n["hardwareKeyTrusted"], true, "{n:#}");
     // Every commissioning step is an event; the NVMe disk's SMART log was read in the ramdisk.
     let steps: Vec<String> = seen
-        .events(&cp, &a_id)
+        .events(cp, &a_id)
         .iter()
         .filter(|e| e["kind"] == "commissioningStep")
         .map(|e| {
@@ -285,7 +218,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         .unwrap_or_else(|| panic!("no NVMe firmware: {n:#}"))
         .clone();
     let found = seen.bcctl(
-        &cp,
+        cp,
         &[
             "nodes",
             "list",
@@ -314,14 +247,14 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let off_since = Instant::now();
     loop {
         let (running, bmc) = (machines.running(&a.uuid), rt.block_on(sushy.power(&a.uuid)));
-        let n = seen.node(&cp, &a_id);
+        let n = seen.node(cp, &a_id);
         if !running && bmc == "Off" && n["bmc"]["power"] == "off" {
             break;
         }
         assert!(
             off_since.elapsed() < WAIT,
             "machine a not powered off: VM running {running}, emulator {bmc}, node {n:#}\nevents {:#?}\nharness {:?}\n{}",
-            seen.events(&cp, &a_id),
+            seen.events(cp, &a_id),
             machines.happened(),
             dump(&a.uuid)()
         );
@@ -353,13 +286,13 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         .expect("bcd.token on the kernel command line")
         .to_owned();
     assert!(token.starts_with("boot_"), "{token}");
-    let before = seen.node(&cp, &a_id);
+    let before = seen.node(cp, &a_id);
     let cmdline = tmp.path().join("replay.cmdline");
     std::fs::write(
         &cmdline,
         format!(
-            "bcd.url=https://127.0.0.1:{gw_port} bcd.pin={} bcd.token={token}\n",
-            cp.ca_pin
+            "bcd.url={} bcd.pin={} bcd.token={token}\n",
+            cp.gateway_url, cp.ca_pin
         ),
     )
     .unwrap();
@@ -388,28 +321,28 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         text.contains("already used"),
         "a replay is refused as one: {text}"
     );
-    let after = seen.node(&cp, &a_id);
+    let after = seen.node(cp, &a_id);
     assert_eq!(after["provisionState"], "ready");
     assert_eq!(after["identityGeneration"], before["identityGeneration"]);
 
     kept_in_the_ramdisk(
         &mut seen,
-        &cp,
-        &machines,
+        cp,
+        machines,
         &site,
         &kept,
         &d,
-        &sushy,
+        sushy,
         &dump(&d.uuid),
     );
 
     // Scenario 2: a machine whose SMBIOS serial is not the BMC's.
-    let nodes_before = seen.ok(&cp, "nodes.list", json!({}))["nodes"]
+    let nodes_before = seen.ok(cp, "nodes.list", json!({}))["nodes"]
         .as_array()
         .unwrap()
         .len();
-    let b_id = enroll(&mut seen, &cp, &site, &metal, "b", &sushy.address(&b.uuid));
-    let n = until_state(&mut seen, &cp, &b_id, "failed", &dump(&b.uuid));
+    let b_id = enroll(&mut seen, cp, &site, &metal, "b", &sushy.address(&b.uuid));
+    let n = until_state(&mut seen, cp, &b_id, "failed", &dump(&b.uuid));
     assert_eq!(n["failedFrom"], "inspecting", "{n:#}");
     let m = condition(&n, "HardwareMismatch").expect("HardwareMismatch");
     assert_eq!(m["status"], "true", "{n:#}");
@@ -422,7 +355,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         !msg.contains("system UUID") && !msg.contains("MAC:"),
         "{msg}"
     );
-    let nodes_after = seen.ok(&cp, "nodes.list", json!({}))["nodes"]
+    let nodes_after = seen.ok(cp, "nodes.list", json!({}))["nodes"]
         .as_array()
         .unwrap()
         .len();
@@ -432,7 +365,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     });
 
     // Scenario 3's verdict: never booted, failed by the deadline.
-    let n = until_state(&mut seen, &cp, &c_id, "failed", &dump(&c.uuid));
+    let n = until_state(&mut seen, cp, &c_id, "failed", &dump(&c.uuid));
     assert_eq!(n["failedFrom"], "inspecting", "{n:#}");
     let i = condition(&n, "Inspected").expect("Inspected");
     assert_eq!(i["reason"], "InspectionDeadline", "{n:#}");
@@ -461,6 +394,4 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         "the site agent logged a boot token"
     );
     assert!(!serve.contains(secret), "bcctl serve logged a boot token");
-    drop(agent);
-    cp.stop();
 }

@@ -34,7 +34,7 @@ use bcd_site::test_utils::free_tcp_port;
 use bcd_site::test_utils::sushy::Sushy;
 use metal::{enroll_with, machine, moves, system, until_state};
 use serde_json::json;
-use support::{Seen, SiteAgent, WAIT, condition};
+use support::{Seen, WAIT, condition};
 
 const MIB: u64 = 1 << 20;
 /// Written in the middle of the tenant's data partition: metadata erase leaves it.
@@ -80,13 +80,6 @@ fn zero(b: &[u8]) -> bool {
     b.iter().all(|x| *x == 0)
 }
 
-/// Waits until machine `uuid`'s VM is stopped and the emulator says Off.
-fn until_off(machines: &Machines, sushy: &Sushy, rt: &tokio::runtime::Runtime, uuid: &str) {
-    eventually(WAIT, "the machine powered off", || {
-        (!machines.running(uuid) && rt.block_on(sushy.power(uuid)) == "Off").then_some(())
-    });
-}
-
 fn steps(seen: &mut Seen, cp: &ControlPlane, id: &str, kind: &str) -> Vec<String> {
     seen.events(cp, id)
         .iter()
@@ -106,63 +99,32 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
     let Some(tools) = ramdisk::tools_or_skip("metal_workflows") else {
         return;
     };
-    if Sushy::program("metal_workflows").is_none() {
-        return;
-    }
     let x = machine("x", 11, "SER-X-0011", false);
     let w = machine("w", 12, "SER-W-0012", false);
     let systems = [system(&x, "SER-X-0011"), system(&w, "SER-W-0012")];
     let (_, bcd) = ramdisk::bins();
     let tmp = tempfile::tempdir().unwrap();
     let image = ramdisk::build_image(&tools, bcd, &tmp.path().join("image"));
-    let (boot_port, gw_port) = (free_tcp_port(), free_tcp_port());
     // Machine x's disk holds "its OS": a GPT, and the tenant's data in the middle.
     let x_disk = Machines::disk(tmp.path(), &x.name);
     gpt_disk(&x_disk, 64 * MIB);
     write_at(&x_disk, 2 * MIB, b"ext4-superblock-stand-in");
     write_at(&x_disk, 30 * MIB, TENANT_DATA);
-    let machines = Machines::start(
-        &tools.qemu,
-        vec![x.clone(), w.clone()],
-        &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
-        tmp.path(),
-    )
-    .expect("the machines' notifier");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let sushy = rt
-        .block_on(Sushy::start_notifying(
-            "metal_workflows",
-            &systems,
-            &machines.notify_url,
-        ))
-        .expect("sushy-emulator");
-    let mut cp = ControlPlane::start_with_args(
-        &tmp.path().join("cp"),
-        &[
-            "--listen",
-            &format!("127.0.0.1:{gw_port}"),
-            "--api-listen",
-            "127.0.0.1:0",
-            "--san",
-            "10.0.2.2",
-            "--advertise-url",
-            &format!("https://10.0.2.2:{gw_port}"),
-            "--site-lease-ttl",
-            "4s",
-            "--power-sync-interval",
-            "1s",
-        ],
-    );
-    cp.gateway_url = format!("https://127.0.0.1:{gw_port}");
     let mut seen = Seen::default();
-    let site = seen.ok(
-        &cp,
-        "sites.create",
-        json!({"name": "dc1", "kind": "platform"}),
-    );
-    let site = site["id"].as_str().unwrap().to_owned();
+    let Some(rig) = metal::Rig::start(
+        "metal_workflows",
+        tmp.path(),
+        &tools,
+        &image,
+        vec![x.clone(), w.clone()],
+        &systems,
+        &mut seen,
+    ) else {
+        return;
+    };
+    let (cp, sushy, site) = (&rig.cp, &rig.sushy, rig.site.clone());
     let p = seen.bcctl(
-        &cp,
+        cp,
         &[
             "pools",
             "create",
@@ -182,54 +144,20 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
     assert_eq!(p["acceptance"]["cleaning"], "metadata", "{p:#}");
     assert_eq!(p["acceptance"]["cleaningDeadlineSeconds"], 900, "{p:#}");
     let pool = p["id"].as_str().unwrap().to_owned();
-    let token = cp.create_token(&["--site", &site]);
-    let agent = SiteAgent::start_with(
-        &cp,
-        tmp.path(),
-        "site-a",
-        &token,
-        &[
-            "--boot-listen",
-            &format!("127.0.0.1:{boot_port}"),
-            "--boot-kernel",
-            image.kernel.to_str().unwrap(),
-            "--boot-initrd",
-            image.initrd.to_str().unwrap(),
-            "--ramdisk-lldp-wait",
-            "2",
-        ],
-    );
-    eventually(WAIT, "the site agent holding the lease", || {
-        let s = seen.ok(&cp, "sites.get", json!({"siteId": site}));
-        s["lease"]["holderNodeId"].as_str().map(str::to_owned)
-    });
-    let dump = |uuid: &str| {
-        let uuid = uuid.to_owned();
-        let machines = &machines;
-        let agent = &agent;
-        move || {
-            format!(
-                "consoles:\n{}\nsite agent:\n{}",
-                machines.consoles(&uuid).join("\n----\n"),
-                agent.log_text()
-            )
-        }
-    };
-
     // Machine x: adopted as deployed (no boot), released, retired.
     let x_id = enroll_with(
         &mut seen,
-        &cp,
+        cp,
         &site,
         &pool,
         "x",
         &sushy.address(&x.uuid),
         &["--deployed"],
     );
-    let n = until_state(&mut seen, &cp, &x_id, "deployed", &dump(&x.uuid));
-    assert_eq!(moves(&mut seen, &cp, &x_id), ["enrolling", "deployed"]);
+    let n = until_state(&mut seen, cp, &x_id, "deployed", &rig.dump(&x.uuid));
+    assert_eq!(moves(&mut seen, cp, &x_id), ["enrolling", "deployed"]);
     assert!(
-        !machines
+        !rig.machines
             .happened()
             .iter()
             .any(|(_, h)| *h == Happened::Started(x.uuid.clone())),
@@ -237,27 +165,27 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
     );
     let generation = n["identityGeneration"].as_u64().unwrap();
     let started = Instant::now();
-    let v = seen.bcctl(&cp, &["nodes", "release", &x_id], None);
+    let v = seen.bcctl(cp, &["nodes", "release", &x_id], None);
     assert_eq!(v["provisionState"], "releasing", "{v:#}");
     assert!(
         v["identityGeneration"].as_u64().unwrap() > generation,
         "{v:#}"
     );
-    let n = until_state(&mut seen, &cp, &x_id, "ready", &dump(&x.uuid));
+    let n = until_state(&mut seen, cp, &x_id, "ready", &rig.dump(&x.uuid));
     let released_in = started.elapsed();
     let cleaned = condition(&n, "Cleaned").unwrap();
     assert_eq!(cleaned["status"], "true", "{n:#}");
-    let clean_steps = steps(&mut seen, &cp, &x_id, "cleaningStep");
+    let clean_steps = steps(&mut seen, cp, &x_id, "cleaningStep");
     let disk_step = clean_steps
         .iter()
         .find(|s| s.starts_with("cleaned nvme0n1"))
         .unwrap_or_else(|| panic!("no cleaned nvme0n1: {clean_steps:#?}"));
     assert!(disk_step.contains("serial NVME-x"), "{disk_step}");
     assert_eq!(
-        moves(&mut seen, &cp, &x_id),
+        moves(&mut seen, cp, &x_id),
         ["enrolling", "deployed", "releasing", "ready"]
     );
-    until_off(&machines, &sushy, &rt, &x.uuid);
+    rig.until_off(&x.uuid);
     // The VM is off: its disk is the harness's to read.
     assert!(
         zero(&read_at(&x_disk, 0, MIB as usize)),
@@ -285,34 +213,33 @@ fn machines_are_released_retired_and_deployed_under_qemu() {
         released_in.as_secs_f64()
     );
 
-    let before = seen.node(&cp, &x_id)["identityGeneration"]
-        .as_u64()
-        .unwrap();
-    let v = seen.bcctl(&cp, &["nodes", "retire", &x_id], None);
+    let before = seen.node(cp, &x_id)["identityGeneration"].as_u64().unwrap();
+    let v = seen.bcctl(cp, &["nodes", "retire", &x_id], None);
     assert_eq!(v["provisionState"], "retiring", "{v:#}");
-    let n = until_state(&mut seen, &cp, &x_id, "retired", &dump(&x.uuid));
+    let n = until_state(&mut seen, cp, &x_id, "retired", &rig.dump(&x.uuid));
     assert!(
         n["identityGeneration"].as_u64().unwrap() >= before + 2,
         "the retire and the retired ramdisk each ended an identity: {n:#}"
     );
     assert_eq!(n["schedulable"], false, "{n:#}");
-    until_off(&machines, &sushy, &rt, &x.uuid);
-    assert_eq!(moves(&mut seen, &cp, &x_id)[4..], ["retiring", "retired"]);
+    rig.until_off(&x.uuid);
+    assert_eq!(moves(&mut seen, cp, &x_id)[4..], ["retiring", "retired"]);
 
-    let rig = Rig {
-        cp: &cp,
-        machines: &machines,
-        sushy: &sushy,
-        rt: &rt,
+    let on = DeployRig {
+        rig: &rig,
+        cp: &rig.cp,
+        machines: &rig.machines,
+        sushy: &rig.sushy,
+        rt: &rig.rt,
         pool: &pool,
         dir: tmp.path(),
     };
-    deploy(&mut seen, &rig, &site, &w, &dump(&w.uuid));
-    drop(agent);
+    deploy(&mut seen, &on, &site, &w, &rig.dump(&w.uuid));
 }
 
-/// What the deploy part runs on.
-struct Rig<'a> {
+/// What the deploy part runs on: the rig, its parts, the pool and the machines' directory.
+struct DeployRig<'a> {
+    rig: &'a metal::Rig,
     cp: &'a ControlPlane,
     machines: &'a Machines,
     sushy: &'a Sushy,
@@ -353,7 +280,7 @@ fn serve(dir: &Path, port: u16) -> Served {
 }
 
 /// `bcctl pools update` of the rig's pool with a new deploy deadline (and its name, version).
-fn set_deploy_deadline(seen: &mut Seen, rig: &Rig<'_>, deadline: &str) {
+fn set_deploy_deadline(seen: &mut Seen, rig: &DeployRig<'_>, deadline: &str) {
     let p = seen.ok(rig.cp, "pools.get", json!({"poolId": rig.pool}));
     let version = p["version"].as_u64().unwrap().to_string();
     let name = p["name"].as_str().unwrap().to_owned();
@@ -382,7 +309,7 @@ fn sha256_hex(file: &Path) -> String {
 
 fn deploy(
     seen: &mut Seen,
-    rig: &Rig<'_>,
+    rig: &DeployRig<'_>,
     site: &str,
     w: &bc_metal_sim::machines::Machine,
     dump: &dyn Fn() -> String,
@@ -398,7 +325,7 @@ fn deploy(
         &[],
     );
     until_state(seen, cp, &w_id, "ready", dump);
-    until_off(machines, rig.sushy, rig.rt, &w.uuid);
+    rig.rig.until_off(&w.uuid);
     let w_disk = Machines::disk(rig.dir, &w.name);
     // The image: 8 MiB with a GPT whose one partition (1 MiB from 1 MiB) holds the marker.
     let served = rig.dir.join("images");
@@ -450,7 +377,7 @@ fn deploy(
     let c = condition(&n, "Deployed").unwrap();
     assert_eq!(c["reason"], "ChecksumMismatch", "{n:#}");
     assert_eq!(n["failedFrom"], "deploying", "{n:#}");
-    until_off(machines, rig.sushy, rig.rt, &w.uuid);
+    rig.rig.until_off(&w.uuid);
     assert!(
         zero(&read_at(&w_disk, 0, MIB as usize)),
         "after a checksum mismatch the disk's first MiB is not the image's"

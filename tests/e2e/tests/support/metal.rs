@@ -2,15 +2,137 @@
 //! waiting for a provision state (failing with the consoles), and the kept-in-the-ramdisk case.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use bc_e2e::ramdisk::Image;
+use bc_e2e::vm::VmTools;
 use bc_e2e::{ControlPlane, eventually};
 use bc_metal_sim::machines::{Machine, Machines};
+use bcd_site::test_utils::free_tcp_port;
 use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
 use bcd_site::test_utils::{PASSWORD, USER};
 use serde_json::{Value, json};
 
-use super::support::{Seen, WAIT, condition};
+use super::support::{Seen, SiteAgent, WAIT, condition};
+
+/// What the VM tests boot machines on: QEMU machines behind sushy-emulator's BMCs (powered by its
+/// notifier), a real `bcctl serve` whose gateway the guests reach at 10.0.2.2, a site `dc1` and a
+/// real `bcd site` holding its lease, with its boot service serving `image`. Fields drop in
+/// order: the site agent, the control plane, the emulator, then the VMs.
+pub struct Rig {
+    pub agent: SiteAgent,
+    pub cp: ControlPlane,
+    pub sushy: Sushy,
+    pub rt: tokio::runtime::Runtime,
+    pub machines: Machines,
+    pub site: String,
+}
+
+impl Rig {
+    /// Starts the rig for `machines` (their BMCs reporting `systems`) in `dir`; `None` when
+    /// sushy-emulator is missing (skipped loudly; a failure under `CI=true`).
+    pub fn start(
+        test: &str,
+        dir: &Path,
+        tools: &VmTools,
+        image: &Image,
+        machines: Vec<Machine>,
+        systems: &[FakeSystem],
+        seen: &mut Seen,
+    ) -> Option<Self> {
+        Sushy::program(test)?;
+        let (boot_port, gw_port) = (free_tcp_port(), free_tcp_port());
+        let machines = Machines::start(
+            &tools.qemu,
+            machines,
+            &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
+            dir,
+        )
+        .expect("the machines' notifier");
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let sushy = rt
+            .block_on(Sushy::start_notifying(test, systems, &machines.notify_url))
+            .expect("sushy-emulator");
+        // The guest reaches the gateway at 10.0.2.2 (QEMU's user network maps it to the host's
+        // loopback): the gateway's certificate names it, and it is the URL the ramdisk is given.
+        let mut cp = ControlPlane::start_with_args(
+            &dir.join("cp"),
+            &[
+                "--listen",
+                &format!("127.0.0.1:{gw_port}"),
+                "--api-listen",
+                "127.0.0.1:0",
+                "--san",
+                "10.0.2.2",
+                "--advertise-url",
+                &format!("https://10.0.2.2:{gw_port}"),
+                "--site-lease-ttl",
+                "4s",
+                "--power-sync-interval",
+                "1s",
+            ],
+        );
+        // The site agent runs on the host: it joins at the loopback address.
+        cp.gateway_url = format!("https://127.0.0.1:{gw_port}");
+        let site = seen.ok(
+            &cp,
+            "sites.create",
+            json!({"name": "dc1", "kind": "platform"}),
+        );
+        let site = site["id"].as_str().unwrap().to_owned();
+        let token = cp.create_token(&["--site", &site]);
+        let agent = SiteAgent::start_with(
+            &cp,
+            dir,
+            "site-a",
+            &token,
+            &[
+                "--boot-listen",
+                &format!("127.0.0.1:{boot_port}"),
+                "--boot-kernel",
+                image.kernel.to_str().unwrap(),
+                "--boot-initrd",
+                image.initrd.to_str().unwrap(),
+                // QEMU's user network carries no LLDP: a short wait, not the 30 s default.
+                "--ramdisk-lldp-wait",
+                "2",
+            ],
+        );
+        eventually(WAIT, "the site agent holding the lease", || {
+            let s = seen.ok(&cp, "sites.get", json!({"siteId": site}));
+            s["lease"]["holderNodeId"].as_str().map(str::to_owned)
+        });
+        Some(Self {
+            agent,
+            cp,
+            sushy,
+            rt,
+            machines,
+            site,
+        })
+    }
+
+    /// The consoles of machine `uuid` and the site agent's log, for a failing assertion.
+    pub fn dump<'a>(&'a self, uuid: &str) -> impl Fn() -> String + use<'a> {
+        let uuid = uuid.to_owned();
+        move || {
+            format!(
+                "consoles:\n{}\nsite agent:\n{}",
+                self.machines.consoles(&uuid).join("\n----\n"),
+                self.agent.log_text()
+            )
+        }
+    }
+
+    /// Waits until machine `uuid`'s VM is stopped and the emulator says Off.
+    pub fn until_off(&self, uuid: &str) {
+        eventually(WAIT, "the machine powered off", || {
+            (!self.machines.running(uuid) && self.rt.block_on(self.sushy.power(uuid)) == "Off")
+                .then_some(())
+        });
+    }
+}
 
 /// How long one machine may take from enrollment to its verdict (a TCG boot takes 15–30 s on
 /// two idle cores; CI's are busy).
