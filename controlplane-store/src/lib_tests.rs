@@ -101,8 +101,8 @@ fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), 
     assert_eq!(rows, expect);
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     // Every later migration runs too (5: trusted keys, rejoin requests; 6: session_broken, pool
-    // acceptance; 7: bare metal; 8: ramdisk boots).
-    assert_eq!(version, 8, "every migration ran");
+    // acceptance; 7: bare metal; 8: ramdisk boots; 9: the workflows after ready).
+    assert_eq!(version, 9, "every migration ran");
     Ok(())
 }
 
@@ -229,6 +229,6 @@ fn migration_5_demotes_duplicate_trusted_keys_and_then_refuses_them() -> Result<
         .query_row("PRAGMA user_version", [], |r| r.get(0))?;
     // Migrations 6 (session_broken, pool acceptance), 7 (bare metal) and 8 (ramdisk boots) run
     // after it.
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
     Ok(())
 }
