@@ -100,7 +100,6 @@ pub fn state_diagram() -> String {
             let label = match (*from, *to) {
                 (Failed, Retiring) => ": nodes.retire",
                 (Failed, _) => ": nodes.recover (failedFrom)",
-                (_, Failed) => "",
                 _ => "",
             };
             out.push_str(&format!("    {from} --> {to}{label}\n"));

@@ -255,6 +255,38 @@ pub fn mismatches(bmc: &BmcRecord, digests: &[String]) -> Vec<String> {
     out
 }
 
+/// The ramdisk's report against the BMC (in the report's transaction): when the identifiers it
+/// shows differ from what `edit`'s node's BMC reported, sets `HardwareMismatch` true and
+/// returns why, `consequence` after the first clause (", so nothing was erased"); `None` when
+/// they match or the node has no BMC. The caller fails the node with its own condition.
+pub(crate) fn report_differs(
+    tx: &Tx<'_>,
+    edit: &mut Edit,
+    consequence: &str,
+) -> Result<Option<String>, OpError> {
+    let Some(bmc) = tx.bmc(&edit.node.id)? else {
+        return Ok(None);
+    };
+    let differs = mismatches(&bmc, &edit.node.identifier_digests);
+    if differs.is_empty() {
+        return Ok(None);
+    }
+    let why = format!(
+        "the ramdisk's inventory does not show the identifiers node {}'s BMC reported{consequence}: {}",
+        edit.node.id,
+        differs.join("; ")
+    );
+    apply_owned(
+        edit,
+        OWNER,
+        HARDWARE_MISMATCH,
+        ConditionStatus::True,
+        "IdentifiersDiffer",
+        why.clone(),
+    );
+    Ok(Some(why))
+}
+
 /// `rfc3339` of a store time, for messages.
 fn at(ms: i64) -> String {
     crate::conditions::rfc3339_ms(ms)

@@ -35,7 +35,7 @@ use cpl_store::{BootRecord, NodeRecord, Pool, Tx};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use super::boot::{self, HARDWARE_MISMATCH, OWNER, in_ramdisk};
+use super::boot::{self, OWNER, in_ramdisk};
 use super::verify::queue;
 use super::{BareMetal, ms};
 use crate::edit::Edit;
@@ -133,24 +133,11 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
         }
         return Ok(());
     }
-    let Some(bmc) = tx.bmc(&edit.node.id)? else {
+    if tx.bmc(&edit.node.id)?.is_none() {
         return Ok(());
-    };
+    }
     edit.act_as(OWNER);
-    let differs = boot::mismatches(&bmc, &edit.node.identifier_digests);
-    if !differs.is_empty() {
-        let why = format!(
-            "the ramdisk's inventory does not show the identifiers node {}'s BMC reported: {}",
-            edit.node.id,
-            differs.join("; ")
-        );
-        condition(
-            edit,
-            HARDWARE_MISMATCH,
-            ConditionStatus::True,
-            "IdentifiersDiffer",
-            why.clone(),
-        );
+    if let Some(why) = boot::report_differs(tx, edit, "")? {
         condition(
             edit,
             INSPECTED,

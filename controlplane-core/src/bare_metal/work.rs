@@ -14,7 +14,7 @@ use bc_protocol::commands::bmc::{BootDevice, PowerAction};
 use bc_protocol::{CommandName, ConditionStatus, ProvisionState};
 use cpl_store::{BootRecord, NodeRecord, Tx};
 
-use super::boot::{self, HARDWARE_MISMATCH, OWNER};
+use super::boot::{self, OWNER};
 use super::verify::queue;
 use super::{BareMetal, deploy, release, rescue};
 use crate::edit::Edit;
@@ -112,25 +112,11 @@ pub(crate) fn on_inventory(
     if b.steps_at.is_some() {
         return Ok(());
     }
-    let Some(bmc) = tx.bmc(&edit.node.id)? else {
+    if tx.bmc(&edit.node.id)?.is_none() {
         return Ok(());
-    };
+    }
     edit.act_as(OWNER);
-    let differs = boot::mismatches(&bmc, &edit.node.identifier_digests);
-    if !differs.is_empty() {
-        let why = format!(
-            "the ramdisk's inventory does not show the identifiers node {}'s BMC reported, so nothing was erased or written: {}",
-            edit.node.id,
-            differs.join("; ")
-        );
-        crate::conditions::apply_owned(
-            edit,
-            OWNER,
-            HARDWARE_MISMATCH,
-            ConditionStatus::True,
-            "IdentifiersDiffer",
-            why.clone(),
-        );
+    if let Some(why) = boot::report_differs(tx, edit, ", so nothing was erased or written")? {
         return fail(edit, "HardwareMismatch", why);
     }
     b.steps_at = Some(edit.now());
