@@ -255,21 +255,18 @@ pub fn mismatches(bmc: &BmcRecord, digests: &[String]) -> Vec<String> {
     out
 }
 
-/// The ramdisk's report against the BMC (in the report's transaction): when the identifiers it
-/// shows differ from what `edit`'s node's BMC reported, sets `HardwareMismatch` true and
-/// returns why, `consequence` after the first clause (", so nothing was erased"); `None` when
-/// they match or the node has no BMC. The caller fails the node with its own condition.
+/// The ramdisk's report against `bmc` (in the report's transaction): when the identifiers it
+/// shows differ from what the BMC reported, sets `HardwareMismatch` true and returns why,
+/// `consequence` after the first clause (", so nothing was erased"); `None` when they match.
+/// The caller fails the node with its own condition.
 pub(crate) fn report_differs(
-    tx: &Tx<'_>,
     edit: &mut Edit,
+    bmc: &BmcRecord,
     consequence: &str,
-) -> Result<Option<String>, OpError> {
-    let Some(bmc) = tx.bmc(&edit.node.id)? else {
-        return Ok(None);
-    };
-    let differs = mismatches(&bmc, &edit.node.identifier_digests);
+) -> Option<String> {
+    let differs = mismatches(bmc, &edit.node.identifier_digests);
     if differs.is_empty() {
-        return Ok(None);
+        return None;
     }
     let why = format!(
         "the ramdisk's inventory does not show the identifiers node {}'s BMC reported{consequence}: {}",
@@ -284,7 +281,7 @@ pub(crate) fn report_differs(
         "IdentifiersDiffer",
         why.clone(),
     );
-    Ok(Some(why))
+    Some(why)
 }
 
 /// `rfc3339` of a store time, for messages.

@@ -133,11 +133,11 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
         }
         return Ok(());
     }
-    if tx.bmc(&edit.node.id)?.is_none() {
+    let Some(bmc) = tx.bmc(&edit.node.id)? else {
         return Ok(());
-    }
+    };
     edit.act_as(OWNER);
-    if let Some(why) = boot::report_differs(tx, edit, "")? {
+    if let Some(why) = boot::report_differs(edit, &bmc, "") {
         condition(
             edit,
             INSPECTED,

@@ -112,11 +112,11 @@ pub(crate) fn on_inventory(
     if b.steps_at.is_some() {
         return Ok(());
     }
-    if tx.bmc(&edit.node.id)?.is_none() {
+    let Some(bmc) = tx.bmc(&edit.node.id)? else {
         return Ok(());
-    }
+    };
     edit.act_as(OWNER);
-    if let Some(why) = boot::report_differs(tx, edit, ", so nothing was erased or written")? {
+    if let Some(why) = boot::report_differs(edit, &bmc, ", so nothing was erased or written") {
         return fail(edit, "HardwareMismatch", why);
     }
     b.steps_at = Some(edit.now());
