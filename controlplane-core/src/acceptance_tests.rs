@@ -1,7 +1,7 @@
 //! Acceptance per pool: the defaults by kind, what keeps a node `adopting`, and the deadline.
 
 use bc_protocol::{Condition, PoolAgent};
-use cpl_store::{Acceptance, HardwareProfile, NodeRecord, Store};
+use cpl_store::{Acceptance, HardwareProfile, NodeRecord};
 
 use super::*;
 use crate::ops::pools::{NewPool, create};
@@ -62,7 +62,7 @@ fn accepted(n: &NodeRecord) -> Option<&Condition> {
 #[test]
 fn metal_pools_require_a_trusted_key_by_default_and_a_pool_may_say_otherwise() -> Result<(), OpError>
 {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         let metal = pool(tx, PoolKind::MetalHost, Acceptance::default(), None)?;
         let vps = pool(tx, PoolKind::VpsHost, Acceptance::default(), None)?;
@@ -125,7 +125,7 @@ fn metal_pools_require_a_trusted_key_by_default_and_a_pool_may_say_otherwise() -
 
 #[test]
 fn a_hardware_profile_mismatch_keeps_the_node_adopting() -> Result<(), OpError> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         let p = pool(tx, PoolKind::VpsHost, Acceptance::default(), Some(8))?;
         node(tx, "node_a", Some(&p.id))?;
@@ -142,7 +142,7 @@ fn a_hardware_profile_mismatch_keeps_the_node_adopting() -> Result<(), OpError> 
 
 #[test]
 fn a_node_that_never_passes_fails_at_the_deadline() -> Result<(), OpError> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         let p = pool(
             tx,
@@ -193,7 +193,7 @@ fn a_node_that_never_passes_fails_at_the_deadline() -> Result<(), OpError> {
 
 #[test]
 fn a_node_moved_to_a_pool_it_passes_is_accepted_at_once() -> Result<(), OpError> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         let metal = pool(tx, PoolKind::MetalHost, Acceptance::default(), None)?;
         let lenient = pool(

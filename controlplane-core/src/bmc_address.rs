@@ -184,7 +184,7 @@ mod tests {
     fn an_inventory_report_sets_and_clears_the_condition() -> crate::test_utils::TestResult {
         use crate::reports::{InventoryReport, record_inventory};
         use crate::sessions::{self, SessionOpen};
-        let store = cpl_store::Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|tx| -> crate::test_utils::TestResult {
             let mut epochs = Vec::new();
             for id in ["enrolled", "plain"] {

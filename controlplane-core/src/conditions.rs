@@ -234,12 +234,11 @@ mod tests {
     use crate::schedulable::{CapacityBucket, SchedulingFacts, capacity_bucket};
     use crate::test_utils::{node, ready_host};
     use bc_protocol::{PoolAgent, PoolKind};
-    use cpl_store::Store;
 
     #[test]
     fn gpu_count_mismatch_from_the_profile_makes_the_node_unhealthy()
     -> Result<(), Box<dyn std::error::Error>> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         let n = store.write_blocking(|c| -> Result<NodeRecord, OpError> {
             let p = create(
                 c,
@@ -279,7 +278,7 @@ mod tests {
 
     #[test]
     fn a_condition_reason_and_message_are_cut_before_they_are_stored() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         let n = store.write_blocking(|c| -> Result<NodeRecord, OpError> {
             node(c, "node_a", None)?;
             set_condition(

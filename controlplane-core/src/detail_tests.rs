@@ -18,7 +18,7 @@ use crate::test_utils::{
 };
 
 fn setup() -> Result<Store, Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.with(|c| {
         let p = pool(c, PoolKind::MetalHost, None).map_err(|e| StoreError::Task(e.to_string()))?;
         node(c, "node_a", Some(&p.id))?;

@@ -70,6 +70,8 @@ impl OpError {
             OpError::InsufficientCapacity { .. } | OpError::Unavailable(_) => {
                 ErrorCode::Unavailable
             }
+            // A database that cannot be reached comes back: retryable, and the client is told.
+            OpError::Store(e) if e.is_unavailable() => ErrorCode::Unavailable,
             OpError::Store(_) | OpError::Internal(_) => ErrorCode::Internal,
         }
     }

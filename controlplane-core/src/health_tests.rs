@@ -4,7 +4,6 @@
 use bc_protocol::commands::diag::{Check, CheckStatus, DiagReport, GpuReport};
 use bc_protocol::commands::reset::{GpuResetResult, GpuSnapshot, ResetReport};
 use bc_protocol::commands::xid::{RecommendedAction, XidClass, XidEvent, XidSource};
-use cpl_store::Store;
 
 use super::*;
 use crate::test_utils::node;
@@ -185,7 +184,7 @@ fn diag_and_reset_results_set_and_clear_gpu_unhealthy() {
 
 #[test]
 fn fixing_one_gpu_clears_only_its_xid() -> Result<(), OpError> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         node(tx, "node_1", None)?;
         on_xid_in(tx, &xid(79, Some(A), XidClass::RebootRequired))?;
@@ -253,7 +252,7 @@ fn fixing_one_gpu_clears_only_its_xid() -> Result<(), OpError> {
 
 #[test]
 fn a_passing_diag_of_another_gpu_leaves_the_xid() -> Result<(), OpError> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         node(tx, "node_1", None)?;
         on_xid_in(tx, &xid(79, Some(A), XidClass::RebootRequired))?;
@@ -302,7 +301,7 @@ fn a_passing_diag_of_another_gpu_leaves_the_xid() -> Result<(), OpError> {
 
 #[test]
 fn an_xid_154_announcing_drain_p2p_is_a_noschedule_condition() -> Result<(), OpError> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         node(tx, "node_1", None)?;
         let n = on_xid_in(tx, &xid(154, Some(A), XidClass::DrainP2pRequired))?;

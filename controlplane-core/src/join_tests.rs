@@ -3,7 +3,7 @@
 //! node matched by identifiers only, agentless pools, `nodes.move`.
 
 use bc_protocol::{PoolAgent, PoolKind, SiteKind, Trust};
-use cpl_store::{NewToken, Store, TokenRefusal, Tx, now_ms};
+use cpl_store::{NewToken, TokenRefusal, Tx, now_ms};
 
 use crate::error::OpError;
 use crate::join::{JoinError, JoinFacts, JoinOutcome, join};
@@ -124,7 +124,7 @@ fn uses(tx: &Tx<'_>, token: &str) -> Result<u64, cpl_store::StoreError> {
 
 #[test]
 fn a_tenant_token_with_two_of_a_platform_nodes_digests_takes_nothing_over() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let victim = joined(tx, &facts(&f.tok_a, "kv", true, &["d1", "d2", "d3"]))?;
@@ -148,7 +148,7 @@ fn a_tenant_token_with_two_of_a_platform_nodes_digests_takes_nothing_over() -> T
 
 #[test]
 fn a_claim_of_trust_alone_grants_no_match_and_no_uniqueness() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let victim = joined(tx, &facts(&f.tok_a, "kv", true, &["d1", "d2"]))?;
@@ -173,7 +173,7 @@ fn a_claim_of_trust_alone_grants_no_match_and_no_uniqueness() -> TestResult {
 
 #[test]
 fn a_platform_node_matched_by_identifiers_re_joins_only_once_approved() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         // No trusted key: the machine is known by its identifiers only.
@@ -255,7 +255,7 @@ fn a_platform_node_matched_by_identifiers_re_joins_only_once_approved() -> TestR
 
 #[test]
 fn an_approval_never_outweighs_a_revoked_token() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let id = joined(tx, &facts(&f.tok_a, "k1", false, &["d1", "d2"]))?;
@@ -278,7 +278,7 @@ fn an_approval_never_outweighs_a_revoked_token() -> TestResult {
 
 #[test]
 fn an_approved_re_join_outlives_its_tokens_expiry_and_spends_no_use() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let short = tx
@@ -319,7 +319,7 @@ fn an_approved_re_join_outlives_its_tokens_expiry_and_spends_no_use() -> TestRes
 
 #[test]
 fn trusted_keys_re_join_in_place_within_the_pool_or_the_site() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let id = joined(tx, &facts(&f.tok_a, "kt", true, &["d1", "d2", "d3"]))?;
@@ -359,7 +359,7 @@ fn trusted_keys_re_join_in_place_within_the_pool_or_the_site() -> TestResult {
 
 #[test]
 fn a_re_join_never_crosses_trust_levels_and_tenant_nodes_need_no_approval() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         // A tenant-owned node on the tenant's custom site re-joins by identifiers in its pool.
@@ -385,7 +385,7 @@ fn a_re_join_never_crosses_trust_levels_and_tenant_nodes_need_no_approval() -> T
 
 #[test]
 fn a_bcd_agent_is_refused_from_a_pool_without_an_agent() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let err = try_join(tx, &facts(&f.tok_none, "kn", true, &["n1", "n2"]))
@@ -401,7 +401,7 @@ fn a_bcd_agent_is_refused_from_a_pool_without_an_agent() -> TestResult {
 
 #[test]
 fn a_node_moves_between_pools_with_role_and_trust_from_the_target() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let id = joined(tx, &facts(&f.tok_a, "km", true, &["m1", "m2"]))?;
@@ -456,7 +456,7 @@ fn a_node_moves_between_pools_with_role_and_trust_from_the_target() -> TestResul
 
 #[test]
 fn site_agents_join_with_site_tokens_and_node_agents_with_pool_tokens() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let f = fleet(tx)?;
         let site = |token: &str, key: &str, digests: &[&str]| JoinFacts {

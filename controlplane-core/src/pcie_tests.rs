@@ -3,7 +3,7 @@
 //! the pool profile's `pcieLinkDegraded` setting deciding NoSchedule.
 
 use bc_protocol::{Condition, ConditionStatus, PoolAgent, PoolKind};
-use cpl_store::{HardwareProfile, LinkDegradedPolicy, NodeRecord, Store, Tx};
+use cpl_store::{HardwareProfile, LinkDegradedPolicy, NodeRecord, Tx};
 use serde_json::{Value, json};
 
 use crate::error::OpError;
@@ -88,7 +88,7 @@ fn bucket(n: &NodeRecord) -> CapacityBucket {
 
 #[test]
 fn a_degraded_link_is_a_condition_and_no_schedule_when_the_pool_says_so() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let epoch = setup(tx, Some(LinkDegradedPolicy::NoSchedule))?;
         let v = tx.node("node_p")?.ok_or("node")?.version;
@@ -132,7 +132,7 @@ fn a_degraded_link_is_a_condition_and_no_schedule_when_the_pool_says_so() -> Tes
 #[test]
 fn ignore_reports_the_condition_and_leaves_the_node_schedulable() -> TestResult {
     for policy in [None, Some(LinkDegradedPolicy::Ignore)] {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|tx| -> TestResult {
             let epoch = setup(tx, policy)?;
             let n = report(tx, epoch, &doc(Some(vec![gpu_x8()])))?;
@@ -147,7 +147,7 @@ fn ignore_reports_the_condition_and_leaves_the_node_schedulable() -> TestResult 
 
 #[test]
 fn an_inventory_without_topology_sets_no_condition() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let epoch = setup(tx, Some(LinkDegradedPolicy::NoSchedule))?;
         let n = report(tx, epoch, &doc(None))?;
@@ -163,7 +163,7 @@ fn an_inventory_without_topology_sets_no_condition() -> TestResult {
 
 #[test]
 fn a_gpu_below_its_speed_only_is_reported_but_never_no_schedule() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let epoch = setup(tx, Some(LinkDegradedPolicy::NoSchedule))?;
         let idle = json!({"address": "0000:17:00.0", "kind": "gpu", "currentSpeedGts": 2.5,
@@ -214,7 +214,7 @@ fn link_condition_is_absent_without_topology() -> TestResult {
 
 #[test]
 fn moving_into_a_no_schedule_pool_applies_its_setting() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         let epoch = setup(tx, None)?;
         let n = report(tx, epoch, &doc(Some(vec![gpu_x8()])))?;

@@ -33,7 +33,7 @@ fn task(e: impl std::fmt::Display) -> StoreError {
 
 #[test]
 fn books_best_fit_and_never_a_cordoned_node() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let pool_id = store.with(|c| {
         let p = pool(c, PoolKind::MetalHost, None).map_err(task)?;
         for (id, gpus) in [("node_a", 8), ("node_b", 4), ("node_c", 2)] {
@@ -96,7 +96,7 @@ fn books_best_fit_and_never_a_cordoned_node() -> TestResult {
 
 #[test]
 fn capacity_respects_trust() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let (own, other) = store.with(|c| {
         let own = pool(c, PoolKind::MetalHost, Some("tenant-a")).map_err(task)?;
         let other = pool(c, PoolKind::MetalHost, Some("tenant-b")).map_err(task)?;
@@ -173,7 +173,7 @@ fn join_placement_role_trust_adapter_drivers() -> TestResult {
     );
     assert_eq!(role_for(None, false), NodeRole::Unassigned);
     assert_eq!(role_for(Some(PoolKind::MetalHost), true), NodeRole::Site);
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.with(|c| {
         let custom = site(c, SiteKind::Custom, Some("tenant-a")).map_err(task)?;
         let mut profile = HardwareProfile::default();

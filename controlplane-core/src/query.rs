@@ -97,7 +97,7 @@ pub fn node_events(conn: &Reader<'_>, node_id: &str) -> Result<Vec<NodeEvent>, O
 mod tests {
     use super::*;
     use crate::reports::{InventoryReport, record_inventory};
-    use cpl_store::{NewNode, Store};
+    use cpl_store::NewNode;
 
     fn node(tx: &cpl_store::Tx<'_>, id: &str, doc: &str) -> Result<(), OpError> {
         tx.insert_node(
@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn nodes_are_found_by_the_firmware_their_inventory_names() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         let disk = |fw: &str| {
             format!(
                 r#"{{"schemaVersion": 1, "system": {{"biosVersion": "1.0"}}, "bmc": {{"firmware": "{fw}"}}, "disks": [{{"name": "nvme0n1", "sizeBytes": 1, "nvme": true, "firmware": "{fw}"}}]}}"#

@@ -5,7 +5,7 @@
 
 use bc_protocol::commands::xid::{XidClass, XidEvent, XidSource};
 use bc_protocol::{Connectivity, ProvisionState};
-use cpl_store::{CommandRecord, CommandState, NodeRecord, Store};
+use cpl_store::{CommandRecord, CommandState, NodeRecord};
 use serde_json::json;
 
 use crate::error::OpError;
@@ -41,7 +41,7 @@ fn diag(result: serde_json::Value) -> CommandRecord {
 
 #[test]
 fn no_report_path_moves_the_version_and_operators_still_win() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         node(tx, "node_r", None)?;
         let v = get(tx, "node_r")?.version;
@@ -122,7 +122,7 @@ fn no_report_path_moves_the_version_and_operators_still_win() -> TestResult {
 
 #[test]
 fn xid_events_from_the_agent_leave_the_version() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> TestResult {
         node(tx, "node_r", None)?;
         Ok(())

@@ -220,7 +220,7 @@ pub fn record_spec_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cpl_store::{NewNode, Store};
+    use cpl_store::NewNode;
 
     #[allow(clippy::too_many_arguments)]
     fn rec(
@@ -261,7 +261,7 @@ mod tests {
     }
     #[test]
     fn a_trusted_key_is_never_shared_and_acceptance_adopts() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|c| -> Result<(), OpError> {
             c.insert_node(&node("node_a"), 0)?;
             c.insert_node(&node("node_b"), 0)?;
@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn an_identical_report_is_not_stored_again_but_a_changed_one_is() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|c| -> Result<(), OpError> {
             c.insert_node(&node("node_a"), 0)?;
             let digests = vec!["d1".to_owned(), "d2".to_owned()];
@@ -359,7 +359,7 @@ mod tests {
 
     #[test]
     fn machines_are_found_by_two_shared_identifiers_through_the_index() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|c| -> Result<(), OpError> {
             let mut a = node("node_a");
             a.identifier_digests = vec!["x".into(), "y".into(), "z".into()];

@@ -3,7 +3,7 @@
 //! (any observedGeneration, any tenant names, any reasons). The SQL runs on a real SQLite store.
 
 use bc_protocol::{Adapter, Connectivity, NodeRole, PoolAgent, PoolKind, ProvisionState, Trust};
-use cpl_store::{HardwareProfile, NewNode, Pool, Store, StoreError, Tx};
+use cpl_store::{HardwareProfile, NewNode, Pool, StoreError, Tx};
 use proptest::prelude::*;
 
 use crate::schedulable::{CapacityBucket, SchedulingFacts, capacity_bucket, is_schedulable};
@@ -137,7 +137,7 @@ fn every_case() -> Vec<Case> {
 
 #[test]
 fn rust_and_sql_agree_on_every_combination_bucket_included() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let cases = every_case();
     // 4 roles x 3 trusts x 3 owners x 4 pools x 2 x 2 x 13 states x 2 generations x 4 x 2.
     assert_eq!(cases.len(), 4 * 3 * 3 * 4 * 2 * 2 * 13 * 2 * 4 * 2);
@@ -294,7 +294,7 @@ proptest! {
 
     #[test]
     fn rust_and_sql_agree_on_arbitrary_rows(cases in prop::collection::vec(arb_case(), 1..16)) {
-        let store = Store::open_in_memory().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let store = cpl_store::testing::store().map_err(|e| TestCaseError::fail(e.to_string()))?;
         let verdicts = store
             .with(|tx| {
                 seed_pools(tx)?;

@@ -158,7 +158,6 @@ pub fn sweep(
 mod tests {
     use super::*;
     use crate::test_utils::node;
-    use cpl_store::Store;
 
     fn opened(tx: &Tx<'_>, id: &str) -> Result<u64, OpError> {
         let s = SessionOpen {
@@ -173,7 +172,7 @@ mod tests {
     #[test]
     fn a_broken_stream_is_disconnected_at_once_and_unreachable_after_the_silence()
     -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|tx| -> Result<(), OpError> {
             node(tx, "node_a", None)?;
             node(tx, "node_b", None)?;

@@ -14,7 +14,9 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "bcctl",
     version,
-    about = "controlplane-lite: the Better Compute control plane, small"
+    about = "controlplane-lite: the Better Compute control plane, small",
+    // A flag given twice takes its last value (a unit file's defaults, then the operator's).
+    args_override_self = true
 )]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax).
@@ -87,7 +89,8 @@ fn sd_notify(notifier: &Notifier, states: &[NotifyState<'_>]) {
 async fn serve(args: cli::ServeArgs) -> anyhow::Result<()> {
     // One socket per agent session: take the whole hard limit (the unit sets LimitNOFILE).
     cli::bench::raise_nofile_limit(0);
-    let running = controlplane_lite::server::start(args.config()).await?;
+    let running =
+        controlplane_lite::server::start(args.config().map_err(anyhow::Error::msg)?).await?;
     let notifier = Arc::new(Notifier::from_env().unwrap_or_else(|e| {
         tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; not talking to systemd");
         Notifier::disabled()

@@ -51,6 +51,19 @@ pub enum ServeError {
     /// The store file could not be opened or migrated; `path` names it.
     #[error("store {path}: {source}")]
     OpenStore { path: PathBuf, source: StoreError },
+    /// The database server's store was set up by a control plane with another CA or BMC
+    /// credential key: this replica's certificates or sealed credentials would not agree with it.
+    #[error(
+        "store {store}: it records {what} {stored}, this state dir has {ours}: every replica of one \
+         store needs the same ca.key, ca.crt and bmc-credentials.key (copy them from the first \
+         replica's state dir)"
+    )]
+    StoreOfAnother {
+        store: String,
+        what: &'static str,
+        stored: String,
+        ours: String,
+    },
     #[error(transparent)]
     Ca(#[from] CaError),
     /// tonic refused the TLS setup or the server failed.
@@ -92,6 +105,8 @@ pub struct ServeConfig {
     pub bundle_retention: crate::bundle_store::Retention,
     /// Connection caps and timeouts of the gateway listener.
     pub gateway_limits: crate::gateway::listener::Limits,
+    /// The store on a PostgreSQL server instead of the state dir's `state.db`.
+    pub postgres: Option<cpl_store::PostgresOptions>,
 }
 
 impl ServeConfig {
@@ -113,6 +128,7 @@ impl ServeConfig {
             bare_metal: cpl_core::bare_metal::BareMetalConfig::default(),
             bundle_retention: crate::bundle_store::Retention::default(),
             gateway_limits: crate::gateway::listener::Limits::default(),
+            postgres: None,
         }
     }
 }
@@ -184,14 +200,40 @@ pub struct OpenedState {
 /// Locks `dir`, checks it ([`StateDir::check`]), and opens its store, CA and API token; a new
 /// dir (as `init` allows) is initialised: an empty store, a new CA, a token, the marker.
 pub fn open_state(dir: &Path, trust_domain: &str, init: Init) -> Result<OpenedState, ServeError> {
+    open_state_with(dir, trust_domain, init, None)
+}
+
+/// [`open_state`] with the store on a PostgreSQL server (`postgres`) instead of `state.db`.
+/// The database records the CA pin and the BMC credential key's fingerprint on first open; a
+/// replica whose state dir holds another CA or key is refused ([`ServeError::StoreOfAnother`]).
+pub fn open_state_with(
+    dir: &Path,
+    trust_domain: &str,
+    init: Init,
+    postgres: Option<&cpl_store::PostgresOptions>,
+) -> Result<OpenedState, ServeError> {
     let sd = StateDir::lock(dir)?;
-    let fresh = sd.check(init)?;
+    let fresh = sd.check_with(init, postgres.is_some())?;
     if fresh {
         tracing::info!(state_dir = %dir.display(), "initialising a new state dir: an empty store, a new CA, an API token");
     }
-    // SQLite's own message names no file.
-    let db = dir.join(STORE_FILE);
-    let store = Store::open(&db).map_err(|source| ServeError::OpenStore { path: db, source })?;
+    let (store, location) = match postgres {
+        Some(opts) => {
+            let location = redacted_url(&opts.url);
+            let store = Store::open_postgres(opts).map_err(|source| ServeError::OpenStore {
+                path: PathBuf::from(&location),
+                source,
+            })?;
+            (store, Some(location))
+        }
+        None => {
+            // SQLite's own message names no file.
+            let db = dir.join(STORE_FILE);
+            let store =
+                Store::open(&db).map_err(|source| ServeError::OpenStore { path: db, source })?;
+            (store, None)
+        }
+    };
     let ca = if fresh {
         CertificateAuthority::create(dir, trust_domain)?
     } else {
@@ -201,6 +243,28 @@ pub fn open_state(dir: &Path, trust_domain: &str, init: Init) -> Result<OpenedSt
     sd.check_pin(&pin)?;
     let api_token = load_or_create_api_token(dir)?;
     let bmc_key = sd.bmc_key(fresh)?;
+    if let Some(store_name) = location {
+        let key_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bmc_key.to_bytes()));
+        let (stored_pin, stored_key) = store.write_blocking(|tx| {
+            Ok::<_, StoreError>((
+                tx.claim_meta("caPin", &pin)?,
+                tx.claim_meta("bmcCredentialKeySha256", &key_sha256)?,
+            ))
+        })?;
+        for (what, stored, ours) in [
+            ("CA pin", stored_pin, pin.clone()),
+            ("BMC credential key sha256", stored_key, key_sha256),
+        ] {
+            if stored != ours {
+                return Err(ServeError::StoreOfAnother {
+                    store: store_name,
+                    what,
+                    stored,
+                    ours,
+                });
+            }
+        }
+    }
     sd.mark_initialised(&pin)?;
     Ok(OpenedState {
         dir: sd,
@@ -209,6 +273,24 @@ pub fn open_state(dir: &Path, trust_domain: &str, init: Init) -> Result<OpenedSt
         api_token,
         bmc_key,
     })
+}
+
+/// `url` with its password, if any, replaced by `***` (for logs and errors).
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 fn default_names(listen: &SocketAddr) -> Vec<String> {
@@ -503,7 +585,12 @@ fn spawn_controllers(
 /// and controllers. Returns once everything listens.
 pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
     // The lock first: a second serve on this dir must not touch the first one's endpoints.json.
-    let opened = open_state(&cfg.state_dir, &cfg.trust_domain, cfg.init)?;
+    let opened = open_state_with(
+        &cfg.state_dir,
+        &cfg.trust_domain,
+        cfg.init,
+        cfg.postgres.as_ref(),
+    )?;
     let _ = std::fs::remove_file(cfg.state_dir.join(ENDPOINTS_FILE));
     let OpenedState {
         dir: lock,

@@ -3,8 +3,9 @@
 //! Also the placer's two queries over a pool's nodes: the schedulable candidates it books from
 //! (read under the write lock) and the per-node capacity bucket.
 
+use crate::db::{Db, Row};
+use crate::params;
 use bc_protocol::CapacityBucket;
-use rusqlite::{Connection, Row, params};
 use serde::Serialize;
 
 use super::{Reader, StoreError, Tx, parse_enum};
@@ -31,7 +32,7 @@ pub struct Allocation {
 const ALLOCATION_COLUMNS: &str =
     "id, pool_id, node_id, gpus, tenant_id, created_by, created_at, released_at, released_by";
 
-fn from_row(row: &Row<'_>) -> rusqlite::Result<Allocation> {
+fn from_row(row: &Row<'_>) -> Result<Allocation, StoreError> {
     let gpus: i64 = row.get(3)?;
     Ok(Allocation {
         id: row.get(0)?,
@@ -47,12 +48,12 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<Allocation> {
     })
 }
 
-fn atoms_of(conn: &Connection, allocation_id: &str) -> Result<Vec<String>, StoreError> {
+fn atoms_of(conn: Db<'_>, allocation_id: &str) -> Result<Vec<String>, StoreError> {
     let mut stmt = conn.prepare_cached(
         "SELECT atom FROM allocation_atoms WHERE allocation_id = ?1 ORDER BY atom",
     )?;
     let rows = stmt.query_map(params![allocation_id], |r| r.get(0))?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    rows.collect::<Result<_, _>>()
 }
 
 /// Filters of [`Reader::allocations`]; `None` matches everything.
@@ -68,7 +69,7 @@ impl Tx<'_> {
     /// Inserts an active allocation and its atoms. The atoms' primary key `(node_id, atom)`
     /// refuses a GPU that is already booked.
     pub fn insert_allocation(&self, a: &Allocation) -> Result<(), StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         conn.execute(
             "INSERT INTO allocations (id, pool_id, node_id, gpus, tenant_id, created_by, created_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -93,7 +94,7 @@ impl Tx<'_> {
 
     /// Marks `id` released and frees its atoms.
     pub fn release_allocation(&self, id: &str, at: i64, by: &str) -> Result<(), StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         conn.execute(
             "DELETE FROM allocation_atoms WHERE allocation_id = ?1",
             params![id],
@@ -118,33 +119,31 @@ impl Tx<'_> {
              WHERE n.pool_id = ?1 AND {} ORDER BY n.id",
             super::schedulable::schedulable_sql()
         );
-        let mut stmt = self.sqlite().prepare_cached(&sql)?;
+        let mut stmt = self.db().prepare_cached(&sql)?;
         let rows = stmt.query_map(params![pool_id], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+            Ok((r.get::<String>(0)?, r.get::<Option<String>>(1)?))
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.collect::<Result<_, _>>()
     }
 }
 
 impl Reader<'_> {
     /// One allocation with its atoms.
     pub fn allocation(&self, id: &str) -> Result<Option<Allocation>, StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT {ALLOCATION_COLUMNS} FROM allocations WHERE id = ?1"
         ))?;
-        let mut rows = stmt.query(params![id])?;
-        let Some(row) = rows.next()? else {
+        let Some(mut a) = stmt.query_map(params![id], from_row)?.next().transpose()? else {
             return Ok(None);
         };
-        let mut a = from_row(row)?;
         a.atoms = atoms_of(conn, &a.id)?;
         Ok(Some(a))
     }
 
     /// Allocations matching `f`, oldest first, with atoms.
     pub fn allocations(&self, f: &AllocationFilter) -> Result<Vec<Allocation>, StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT {ALLOCATION_COLUMNS} FROM allocations \
              WHERE (?1 IS NULL OR pool_id = ?1) AND (?2 IS NULL OR node_id = ?2) \
@@ -161,15 +160,15 @@ impl Reader<'_> {
     /// The node's booked atoms.
     pub fn booked_atoms(&self, node_id: &str) -> Result<Vec<String>, StoreError> {
         let mut stmt = self
-            .sqlite()
+            .db()
             .prepare_cached("SELECT atom FROM allocation_atoms WHERE node_id = ?1 ORDER BY atom")?;
         let rows = stmt.query_map(params![node_id], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.collect::<Result<_, _>>()
     }
 
     /// How many allocations on the node are still active.
     pub fn active_allocation_count(&self, node_id: &str) -> Result<u64, StoreError> {
-        let n: i64 = self.sqlite().query_row(
+        let n: i64 = self.db().query_row(
             "SELECT COUNT(*) FROM allocations WHERE node_id = ?1 AND released_at IS NULL",
             params![node_id],
             |r| r.get(0),
@@ -188,12 +187,12 @@ impl Reader<'_> {
              WHERE n.pool_id = ?1 ORDER BY n.id",
             super::schedulable::capacity_bucket_sql()
         );
-        let mut stmt = self.sqlite().prepare_cached(&sql)?;
+        let mut stmt = self.db().prepare_cached(&sql)?;
         let rows = stmt.query_map(params![pool_id], |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, Option<String>>(1)?,
-                r.get::<_, String>(2)?,
+                r.get::<String>(0)?,
+                r.get::<Option<String>>(1)?,
+                r.get::<String>(2)?,
             ))
         })?;
         let rows: Vec<(String, Option<String>, String)> = rows.collect::<Result<_, _>>()?;

@@ -5,7 +5,8 @@
 //! The credentials columns hold what the core sealed (an AEAD ciphertext, never plaintext); the
 //! store neither knows the key nor could open them.
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use crate::db::{Db, OptionalExt, Row};
+use crate::params;
 use serde::{Deserialize, Serialize};
 
 use super::{Reader, StoreError, Tx, from_json, sql_u64, to_json};
@@ -87,8 +88,8 @@ fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
         facts: facts
             .map(|f| from_json("node_bmcs.facts", &f))
             .transpose()?,
-        identifiers: from_json("node_bmcs.identifiers", &r.get::<_, String>(7)?)?,
-        macs: from_json("node_bmcs.macs", &r.get::<_, String>(8)?)?,
+        identifiers: from_json("node_bmcs.identifiers", &r.get::<String>(7)?)?,
+        macs: from_json("node_bmcs.macs", &r.get::<String>(8)?)?,
         verified_at: r.get(9)?,
         verify_command_id: r.get(10)?,
         verify_started_at: r.get(11)?,
@@ -100,30 +101,25 @@ fn bmc_from_row(r: &Row<'_>) -> Result<BmcRecord, StoreError> {
         inspect: r.get(17)?,
         deployed: r.get(18)?,
         deployment: r
-            .get::<_, Option<String>>(19)?
+            .get::<Option<String>>(19)?
             .map(|d| from_json("node_bmcs.deployment", &d))
             .transpose()?,
         rescue: r
-            .get::<_, Option<String>>(20)?
+            .get::<Option<String>>(20)?
             .map(|d| from_json("node_bmcs.rescue", &d))
             .transpose()?,
     })
 }
 
 fn query_bmcs(
-    conn: &Connection,
+    conn: Db<'_>,
     sql_tail: &str,
-    p: impl rusqlite::Params,
+    p: crate::db::Params<'_>,
 ) -> Result<Vec<BmcRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {BMC_COLUMNS} FROM node_bmcs b JOIN nodes n ON n.id = b.node_id {sql_tail}"
     ))?;
-    let mut rows = stmt.query(p)?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(bmc_from_row(row)?);
-    }
-    Ok(out)
+    stmt.query_map(p, bmc_from_row)?.collect()
 }
 
 /// A site's lease: which site agent does the site's BMC work. One row per site that ever had a
@@ -157,7 +153,7 @@ const LEASE_COLUMNS: &str = "site_id, holder_node_id, epoch, granted_at, expires
 impl Tx<'_> {
     /// Inserts or replaces the BMC row of `b.node_id`.
     pub fn put_bmc(&self, b: &BmcRecord) -> Result<(), StoreError> {
-        self.sqlite().execute(
+        self.db().execute(
             "INSERT INTO node_bmcs (node_id, address, tls, credentials, candidate, cert_sha256, \
              facts, identifiers, macs, verified_at, verify_command_id, verify_started_at, \
              last_error, power_expected, power_expected_at, reachable, created_at, inspect, deployed, deployment, rescue) \
@@ -201,7 +197,7 @@ impl Tx<'_> {
 
     /// Writes `lease` (inserting the site's row when it has none).
     pub fn put_site_lease(&self, lease: &SiteLease) -> Result<(), StoreError> {
-        self.sqlite().execute(
+        self.db().execute(
             "INSERT INTO site_leases (site_id, holder_node_id, epoch, granted_at, expires_at) \
              VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (site_id) DO UPDATE SET \
              holder_node_id = excluded.holder_node_id, epoch = excluded.epoch, \
@@ -220,8 +216,9 @@ impl Tx<'_> {
     /// Renews the leases held by each `(holder, epoch, expires_at)`: `expires_at` moves up (never
     /// down) where the lease is still that holder's at that epoch. Returns how many renewed.
     pub fn renew_site_leases(&self, renewals: &[(String, u64, i64)]) -> Result<usize, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(
-            "UPDATE site_leases SET expires_at = MAX(COALESCE(expires_at, 0), ?3) \
+        let mut stmt = self.db().prepare_cached(
+            "UPDATE site_leases SET expires_at = CASE WHEN COALESCE(expires_at, 0) > ?3 \
+             THEN expires_at ELSE ?3 END \
              WHERE holder_node_id = ?1 AND epoch = ?2",
         )?;
         let mut n = 0;
@@ -236,7 +233,7 @@ impl Reader<'_> {
     /// The BMC of `node_id`, if it was enrolled through one.
     pub fn bmc(&self, node_id: &str) -> Result<Option<BmcRecord>, StoreError> {
         Ok(
-            query_bmcs(self.sqlite(), "WHERE b.node_id = ?1", params![node_id])?
+            query_bmcs(self.db(), "WHERE b.node_id = ?1", params![node_id])?
                 .into_iter()
                 .next(),
         )
@@ -245,7 +242,7 @@ impl Reader<'_> {
     /// The BMCs of the nodes on `site_id`, by node id.
     pub fn site_bmcs(&self, site_id: &str) -> Result<Vec<BmcRecord>, StoreError> {
         query_bmcs(
-            self.sqlite(),
+            self.db(),
             "WHERE n.site_id = ?1 ORDER BY b.node_id",
             params![site_id],
         )
@@ -255,7 +252,7 @@ impl Reader<'_> {
     /// the `enrolling` ones).
     pub fn bmcs_in_state(&self, state: &str) -> Result<Vec<BmcRecord>, StoreError> {
         query_bmcs(
-            self.sqlite(),
+            self.db(),
             "WHERE n.provision_state = ?1 ORDER BY b.node_id",
             params![state],
         )
@@ -263,26 +260,26 @@ impl Reader<'_> {
 
     /// The ids of the site agents (`role: site`) of `site_id`, by id.
     pub fn site_agent_ids(&self, site_id: &str) -> Result<Vec<String>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(
+        let mut stmt = self.db().prepare_cached(
             "SELECT id FROM nodes WHERE role = 'site' AND site_id = ?1 ORDER BY id",
         )?;
-        let rows = stmt.query_map(params![site_id], |r| r.get::<_, String>(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = stmt.query_map(params![site_id], |r| r.get::<String>(0))?;
+        rows.collect::<Result<_, _>>()
     }
 
     /// Every site that has a site agent or a lease row, by id.
     pub fn sites_with_agents(&self) -> Result<Vec<String>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(
+        let mut stmt = self.db().prepare_cached(
             "SELECT site_id FROM nodes WHERE role = 'site' AND site_id IS NOT NULL \
              UNION SELECT site_id FROM site_leases ORDER BY 1",
         )?;
-        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = stmt.query_map(params![], |r| r.get::<String>(0))?;
+        rows.collect::<Result<_, _>>()
     }
 
     /// The lease of `site_id`, if it ever had one.
     pub fn site_lease(&self, site_id: &str) -> Result<Option<SiteLease>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(&format!(
+        let mut stmt = self.db().prepare_cached(&format!(
             "SELECT {LEASE_COLUMNS} FROM site_leases WHERE site_id = ?1"
         ))?;
         stmt.query_row(params![site_id], |r| Ok(lease_from_row(r)))
@@ -292,22 +289,17 @@ impl Reader<'_> {
 
     /// Every lease row, by site.
     pub fn site_leases(&self) -> Result<Vec<SiteLease>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(&format!(
+        let mut stmt = self.db().prepare_cached(&format!(
             "SELECT {LEASE_COLUMNS} FROM site_leases ORDER BY site_id"
         ))?;
-        let mut rows = stmt.query([])?;
-        let mut out = Vec::new();
-        while let Some(r) = rows.next()? {
-            out.push(lease_from_row(r)?);
-        }
-        Ok(out)
+        stmt.query_map(params![], lease_from_row)?.collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{NewNode, Site, Store};
+    use crate::{NewNode, Site};
     use bc_protocol::{Adapter, NodeRole, ProvisionState, SiteKind, Trust};
 
     fn node(
@@ -335,7 +327,7 @@ mod tests {
 
     #[test]
     fn bmcs_and_leases_round_trip() -> Result<(), StoreError> {
-        let store = Store::open_in_memory()?;
+        let store = crate::testing::store()?;
         store.write_blocking(|tx| {
             tx.insert_site(&Site {
                 id: "s1".into(),

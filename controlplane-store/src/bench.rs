@@ -2,6 +2,7 @@
 //! [`crate::Store::open_read_only`]).
 
 use super::{Reader, StoreError};
+use crate::params;
 
 /// Counts over the nodes table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -20,7 +21,7 @@ pub struct BenchCounts {
 impl Reader<'_> {
     /// [`BenchCounts`]; `since_ms` is milliseconds since the Unix epoch.
     pub fn bench_counts(&self, since_ms: i64) -> Result<BenchCounts, StoreError> {
-        Ok(self.sqlite().query_row(
+        self.db().query_row(
             "SELECT count(*), \
                 coalesce(sum(provision_state = 'adopted'), 0), \
                 coalesce(sum(connectivity = 'connected'), 0), \
@@ -28,7 +29,7 @@ impl Reader<'_> {
                 coalesce(sum(connectivity IN ('unreachable', 'lost')), 0), \
                 coalesce(sum(connectivity = 'connected' AND connected_at >= ?1), 0) \
              FROM nodes",
-            [since_ms],
+            params![since_ms],
             |r| {
                 Ok(BenchCounts {
                     total: r.get(0)?,
@@ -39,44 +40,44 @@ impl Reader<'_> {
                     reconnected: r.get(5)?,
                 })
             },
-        )?)
+        )
     }
 
     /// `(id, version)` of every node, by id.
     pub fn node_versions(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let mut st = self
-            .sqlite()
+            .db()
             .prepare("SELECT id, version FROM nodes ORDER BY id")?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = st.query_map(params![], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<Result<_, _>>()
     }
 
     /// How many `name` commands created at or after `since_ms` succeeded.
     pub fn succeeded_commands_since(&self, name: &str, since_ms: i64) -> Result<u64, StoreError> {
-        Ok(self.sqlite().query_row(
+        self.db().query_row(
             "SELECT count(*) FROM commands WHERE name = ?1 AND created_at >= ?2 AND state = 'succeeded'",
-            rusqlite::params![name, since_ms],
+            crate::params![name, since_ms],
             |r| r.get(0),
-        )?)
+        )
     }
 
     /// Milliseconds from creation to finish of each finished `name` command created at or after
     /// `since_ms`, ascending.
     pub fn command_latencies_ms(&self, name: &str, since_ms: i64) -> Result<Vec<i64>, StoreError> {
-        let mut st = self.sqlite().prepare(
+        let mut st = self.db().prepare(
             "SELECT finished_at - created_at FROM commands WHERE name = ?1 AND created_at >= ?2 \
              AND finished_at IS NOT NULL ORDER BY 1",
         )?;
-        let rows = st.query_map(rusqlite::params![name, since_ms], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = st.query_map(crate::params![name, since_ms], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()
     }
 
     /// The lowest `generation` of any node (0 without nodes).
     pub fn min_generation(&self) -> Result<u64, StoreError> {
-        Ok(self
-            .sqlite()
-            .query_row("SELECT coalesce(min(generation), 0) FROM nodes", [], |r| {
-                r.get(0)
-            })?)
+        self.db().query_row(
+            "SELECT coalesce(min(generation), 0) FROM nodes",
+            params![],
+            |r| r.get(0),
+        )
     }
 }

@@ -6,7 +6,8 @@
 //! The store never sees the token's secret in clear: `secret_sha256` is a digest and `sealed` is
 //! the core's AEAD envelope, which the store cannot open.
 
-use rusqlite::{OptionalExtension, Row, params};
+use crate::db::{OptionalExt, Row};
+use crate::params;
 
 use super::{Reader, StoreError, Tx};
 
@@ -52,7 +53,7 @@ const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, c
     expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, work_command_id, \
     work_step";
 
-fn boot_from_row(r: &Row<'_>) -> rusqlite::Result<BootRecord> {
+fn boot_from_row(r: &Row<'_>) -> Result<BootRecord, StoreError> {
     Ok(BootRecord {
         node_id: r.get(0)?,
         token_id: r.get(1)?,
@@ -76,7 +77,7 @@ impl Tx<'_> {
     /// Inserts or replaces the boot of `b.node_id` (a new boot replaces the old one, whose token
     /// is then unknown).
     pub fn put_boot(&self, b: &BootRecord) -> Result<(), StoreError> {
-        self.sqlite().execute(
+        self.db().execute(
             "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
              created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, \
              work_command_id, work_step) \
@@ -114,43 +115,41 @@ impl Tx<'_> {
 impl Reader<'_> {
     /// The current boot of `node_id`.
     pub fn boot(&self, node_id: &str) -> Result<Option<BootRecord>, StoreError> {
-        Ok(self
-            .sqlite()
+        self.db()
             .query_row(
                 &format!("SELECT {BOOT_COLUMNS} FROM node_boots WHERE node_id = ?1"),
                 params![node_id],
                 boot_from_row,
             )
-            .optional()?)
+            .optional()
     }
 
     /// The boot whose token id is `token_id`.
     pub fn boot_by_token(&self, token_id: &str) -> Result<Option<BootRecord>, StoreError> {
-        Ok(self
-            .sqlite()
+        self.db()
             .query_row(
                 &format!("SELECT {BOOT_COLUMNS} FROM node_boots WHERE token_id = ?1"),
                 params![token_id],
                 boot_from_row,
             )
-            .optional()?)
+            .optional()
     }
 
     /// Every boot that has not ended, by node id (the controller reads them all: a site has
     /// at most a few hundred machines in the ramdisk at once).
     pub fn boots(&self) -> Result<Vec<BootRecord>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(&format!(
+        let mut stmt = self.db().prepare_cached(&format!(
             "SELECT {BOOT_COLUMNS} FROM node_boots WHERE ended_at IS NULL ORDER BY node_id"
         ))?;
-        let rows = stmt.query_map([], boot_from_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = stmt.query_map(params![], boot_from_row)?;
+        rows.collect::<Result<_, _>>()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{NewNode, Store};
+    use crate::NewNode;
     use bc_protocol::{Adapter, NodeRole, ProvisionState, Trust};
 
     fn node(tx: &Tx<'_>, id: &str) -> Result<(), StoreError> {
@@ -193,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_new_boot_replaces_the_old_one_and_its_token() -> Result<(), StoreError> {
-        let store = Store::open_in_memory()?;
+        let store = crate::testing::store()?;
         store.write_blocking(|tx| {
             node(tx, "n1")?;
             tx.put_boot(&boot("n1", "boot_a"))?;

@@ -1,7 +1,8 @@
 //! Commands: one row per command, its lifecycle persisted. Finished states never change again,
 //! so a result re-sent by an agent after a reconnect or restart is applied once.
 
-use rusqlite::{Connection, Row, params};
+use crate::db::{Db, Row};
+use crate::params;
 use serde::{Deserialize, Serialize};
 
 use super::{Reader, StoreError, Tx, from_json, to_json};
@@ -96,7 +97,7 @@ fn from_row(r: &Row<'_>) -> Result<CommandRecord, StoreError> {
         id: r.get(0)?,
         node_id: r.get(1)?,
         name: r.get(2)?,
-        args: from_json("args", &r.get::<_, String>(3)?)?,
+        args: from_json("args", &r.get::<String>(3)?)?,
         state: CommandState::parse(&state).unwrap_or(CommandState::Failed),
         progress: u32::try_from(progress.clamp(0, 100)).unwrap_or(0),
         result: result.map(|s| from_json("result", &s)).transpose()?,
@@ -113,23 +114,18 @@ fn from_row(r: &Row<'_>) -> Result<CommandRecord, StoreError> {
 }
 
 fn query(
-    conn: &Connection,
+    conn: Db<'_>,
     sql_where: &str,
-    p: impl rusqlite::Params,
+    p: crate::db::Params<'_>,
 ) -> Result<Vec<CommandRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!("SELECT {COLUMNS} FROM commands {sql_where}"))?;
-    let mut rows = stmt.query(p)?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(from_row(row)?);
-    }
-    Ok(out)
+    stmt.query_map(p, from_row)?.collect()
 }
 
 impl Tx<'_> {
     /// Inserts a queued command.
     pub fn insert_command(&self, c: &CommandRecord) -> Result<(), StoreError> {
-        self.sqlite().execute(
+        self.db().execute(
             &format!("INSERT INTO commands ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 0, NULL, NULL, NULL, ?6, ?7, NULL, NULL, NULL, ?8, ?9)"),
             params![c.id, c.node_id, c.name, to_json(&c.args), c.state.as_str(), c.actor, c.created_at, c.deadline_at, c.subject_node_id],
         )?;
@@ -138,7 +134,7 @@ impl Tx<'_> {
 
     /// Marks a queued command sent at `now`.
     pub fn mark_command_sent(&self, id: &str, now: i64) -> Result<(), StoreError> {
-        self.sqlite().execute(
+        self.db().execute(
             "UPDATE commands SET state = 'sent', sent_at = COALESCE(sent_at, ?2) WHERE id = ?1 AND state = 'queued'",
             params![id, now],
         )?;
@@ -159,7 +155,7 @@ impl Tx<'_> {
         error: Option<(String, String)>,
         now: i64,
     ) -> Result<Option<(CommandRecord, CommandRecord)>, StoreError> {
-        let tx = self.sqlite();
+        let tx = self.db();
         let Some(cur) = query(tx, "WHERE id = ?1 AND node_id = ?2", params![id, node_id])?
             .into_iter()
             .next()
@@ -198,7 +194,7 @@ impl Tx<'_> {
         message: &str,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "UPDATE commands SET state = ?2, error_code = ?3, error_message = ?4, finished_at = ?5 \
              WHERE id = ?1 AND state IN ('queued', 'sent', 'running')",
             params![id, state.as_str(), code, message, now],
@@ -210,7 +206,7 @@ impl Tx<'_> {
 impl Reader<'_> {
     /// One command.
     pub fn command(&self, id: &str) -> Result<Option<CommandRecord>, StoreError> {
-        Ok(query(self.sqlite(), "WHERE id = ?1", params![id])?
+        Ok(query(self.db(), "WHERE id = ?1", params![id])?
             .into_iter()
             .next())
     }
@@ -222,7 +218,7 @@ impl Reader<'_> {
         node_id: Option<&str>,
         limit: u32,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         match node_id {
             Some(n) => query(
                 conn,
@@ -240,7 +236,7 @@ impl Reader<'_> {
     /// A node's commands that are not over yet, oldest first (the per-node queue).
     pub fn open_commands(&self, node_id: &str) -> Result<Vec<CommandRecord>, StoreError> {
         query(
-            self.sqlite(),
+            self.db(),
             "WHERE node_id = ?1 AND state IN ('queued', 'sent', 'running') ORDER BY created_at, id",
             params![node_id],
         )
@@ -249,7 +245,7 @@ impl Reader<'_> {
     /// The `bmc.*` commands of site agent `node_id` that are not over yet, oldest first.
     pub fn open_bmc_commands(&self, node_id: &str) -> Result<Vec<CommandRecord>, StoreError> {
         query(
-            self.sqlite(),
+            self.db(),
             "WHERE node_id = ?1 AND name LIKE 'bmc.%' AND state IN ('queued', 'sent', 'running') \
              ORDER BY created_at, id",
             params![node_id],
@@ -259,7 +255,7 @@ impl Reader<'_> {
     /// Commands past their deadline at `now` and not over yet.
     pub fn overdue_commands(&self, now: i64) -> Result<Vec<CommandRecord>, StoreError> {
         query(
-            self.sqlite(),
+            self.db(),
             "WHERE state IN ('queued', 'sent', 'running') AND deadline_at <= ?1 ORDER BY deadline_at",
             params![now],
         )
@@ -269,7 +265,6 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Store;
 
     fn cmd(id: &str) -> CommandRecord {
         CommandRecord {
@@ -294,7 +289,7 @@ mod tests {
 
     #[test]
     fn final_states_never_change_and_deadlines_expire() -> Result<(), StoreError> {
-        let store = Store::open_in_memory()?;
+        let store = crate::testing::store()?;
         store.write_blocking(|c| {
             c.insert_command(&cmd("cmd_1"))?;
             c.insert_command(&cmd("cmd_2"))?;

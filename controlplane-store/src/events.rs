@@ -1,6 +1,6 @@
 //! The per-node event log: what changed, from → to, who, when.
 
-use rusqlite::params;
+use crate::params;
 use serde::Serialize;
 
 use super::{Reader, StoreError, Tx};
@@ -39,7 +39,7 @@ pub struct NewEvent<'a> {
 impl Reader<'_> {
     /// A node's events, oldest first.
     pub fn events(&self, node_id: &str) -> Result<Vec<NodeEvent>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(
+        let mut stmt = self.db().prepare_cached(
             "SELECT seq, node_id, at, kind, from_value, to_value, actor, message FROM node_events \
              WHERE node_id = ?1 ORDER BY seq",
         )?;
@@ -55,14 +55,14 @@ impl Reader<'_> {
                 message: r.get(7)?,
             })
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.collect::<Result<_, _>>()
     }
 }
 
 impl Tx<'_> {
     /// Appends an event.
     pub fn record_event(&self, e: &NewEvent<'_>) -> Result<(), StoreError> {
-        self.sqlite()
+        self.db()
             .prepare_cached(
                 "INSERT INTO node_events (node_id, at, kind, from_value, to_value, actor, message) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",

@@ -1,33 +1,51 @@
 //! The firmware filter of `nodes.list` (issue 20.5): which firmware a node's stored inventory
-//! document names, as an SQL condition over the document's JSON (SQLite's JSON functions;
-//! PostgreSQL's `jsonb` has the same paths), so the store, not the control plane, scans it.
+//! document names, as an SQL condition over the document's JSON, so the store, not the control
+//! plane, scans it. SQLite's JSON functions (`json_extract`, `json_each`) or PostgreSQL's
+//! `jsonb` operators over the same paths; an array that is missing or not an array matches
+//! nothing on both.
 
-/// The SQL condition matching nodes whose inventory document (JSON) names firmware `?4` for
-/// `component`, where the document keeps it (`system.biosVersion`; `bmc.firmware`; NVMe disks' `firmware`;
-/// physical NICs' `firmwareVersion`; `infiniband[].firmware`; `gpus[].vbiosVersion`); `None`
-/// for an unknown component. SQLite's JSON functions here; PostgreSQL's `jsonb` has the same
-/// paths.
-pub fn firmware_sql(component: &str) -> Option<&'static str> {
-    Some(match component {
-        "bios" => "json_extract(n.inventory, '$.system.biosVersion') = ?4",
-        "bmc" => "json_extract(n.inventory, '$.bmc.firmware') = ?4",
-        "nvme" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.disks') j \
-             WHERE json_extract(j.value, '$.nvme') = 1 AND json_extract(j.value, '$.firmware') = ?4)"
+/// The SQL condition matching nodes whose inventory document (JSON, column `n.inventory`) names
+/// firmware `?4` for `component`, where the document keeps it (`system.biosVersion`;
+/// `bmc.firmware`; NVMe disks' `firmware`; physical NICs' `firmwareVersion`;
+/// `infiniband[].firmware`; `gpus[].vbiosVersion`); `None` for an unknown component.
+pub fn firmware_sql(component: &str, postgres: bool) -> Option<String> {
+    // (array in the document, the element's fields that must be JSON `true`, the version field)
+    let (array, flag, field) = match component {
+        "bios" | "bmc" => {
+            let (object, field) = if component == "bios" {
+                ("system", "biosVersion")
+            } else {
+                ("bmc", "firmware")
+            };
+            return Some(if postgres {
+                format!("(n.inventory::jsonb #>> '{{{object},{field}}}') = ?4")
+            } else {
+                format!("json_extract(n.inventory, '$.{object}.{field}') = ?4")
+            });
         }
-        "nic" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.nics') j \
-             WHERE json_extract(j.value, '$.physical') = 1 \
-             AND json_extract(j.value, '$.firmwareVersion') = ?4)"
-        }
-        "infiniband" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.infiniband') j \
-             WHERE json_extract(j.value, '$.firmware') = ?4)"
-        }
-        "gpu" => {
-            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.gpus') j \
-             WHERE json_extract(j.value, '$.vbiosVersion') = ?4)"
-        }
+        "nvme" => ("disks", Some("nvme"), "firmware"),
+        "nic" => ("nics", Some("physical"), "firmwareVersion"),
+        "infiniband" => ("infiniband", None, "firmware"),
+        "gpu" => ("gpus", None, "vbiosVersion"),
         _ => return None,
+    };
+    Some(if postgres {
+        let flag = flag
+            .map(|f| format!("(j ->> '{f}') = 'true' AND "))
+            .unwrap_or_default();
+        format!(
+            "EXISTS (SELECT 1 FROM jsonb_array_elements(CASE WHEN \
+             jsonb_typeof(n.inventory::jsonb -> '{array}') = 'array' \
+             THEN n.inventory::jsonb -> '{array}' ELSE '[]'::jsonb END) j \
+             WHERE {flag}(j ->> '{field}') = ?4)"
+        )
+    } else {
+        let flag = flag
+            .map(|f| format!("json_extract(j.value, '$.{f}') = 1 AND "))
+            .unwrap_or_default();
+        format!(
+            "EXISTS (SELECT 1 FROM json_each(n.inventory, '$.{array}') j \
+             WHERE {flag}json_extract(j.value, '$.{field}') = ?4)"
+        )
     })
 }

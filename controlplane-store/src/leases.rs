@@ -2,7 +2,8 @@
 //! (spec "Identity, ownership and generations": trust). At most one active lease per node (a
 //! partial unique index).
 
-use rusqlite::{Row, params};
+use crate::db::Row;
+use crate::params;
 use serde::Serialize;
 
 use super::{Reader, StoreError, Tx, parse_enum};
@@ -45,7 +46,7 @@ fn from_row(row: &Row<'_>) -> Result<DedicatedRootLease, StoreError> {
 impl Tx<'_> {
     /// Inserts an active lease.
     pub fn insert_lease(&self, lease: &DedicatedRootLease) -> Result<(), StoreError> {
-        self.sqlite().execute(
+        self.db().execute(
             "INSERT INTO dedicated_root_leases (id, node_id, tenant_id, trust_before, started_at, \
              started_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             params![
@@ -62,7 +63,7 @@ impl Tx<'_> {
 
     /// Ends the lease `id`.
     pub fn end_lease(&self, id: &str, at: i64, by: &str) -> Result<(), StoreError> {
-        self.sqlite().execute(
+        self.db().execute(
             "UPDATE dedicated_root_leases SET ended_at = ?2, ended_by = ?3 WHERE id = ?1",
             params![id, at, by],
         )?;
@@ -73,10 +74,11 @@ impl Tx<'_> {
 impl Reader<'_> {
     /// The node's active lease, if any.
     pub fn active_lease(&self, node_id: &str) -> Result<Option<DedicatedRootLease>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(&format!(
+        let mut stmt = self.db().prepare_cached(&format!(
             "SELECT {LEASE_COLUMNS} FROM dedicated_root_leases WHERE node_id = ?1 AND ended_at IS NULL"
         ))?;
-        let mut rows = stmt.query(params![node_id])?;
-        rows.next()?.map(from_row).transpose()
+        stmt.query_map(params![node_id], from_row)?
+            .next()
+            .transpose()
     }
 }

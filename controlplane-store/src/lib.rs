@@ -17,8 +17,9 @@
 //!   leases, BMCs and site leases, allocations, commands, heartbeats, sweeps, the identifier index, the placer's locked
 //!   candidates, capacity rows, fleet gauges, bench counts). Each domain module adds its methods
 //!   with its own `impl` blocks; the SQL is inside them.
-//! - Which database is underneath is private: a `Backend` enum with one variant today. A
-//!   PostgreSQL backend is one more variant and one more match arm per method; no caller changes.
+//! - Which database is underneath is private: a `Backend` enum (SQLite, PostgreSQL). The
+//!   domain modules write SQL once through the `db` module's `Db`, in the dialect both accept;
+//!   PostgreSQL's connection pool, transactions and schema are the `pg` and `pg_schema` modules.
 //!   SQLite: one connection behind a mutex, WAL, `synchronous=NORMAL`, foreign keys on, schema
 //!   migrations through `user_version` (rusqlite_migration). Times are integer milliseconds since
 //!   the Unix epoch; JSON columns hold camelCase JSON.
@@ -30,8 +31,8 @@
 //! The core crate or any adapter (axum, tonic): the store is the bottom of the control plane.
 //!
 //! # Limitations
-//! One process, one SQLite file. The PostgreSQL backend is not written; the queries mark where it
-//! needs `FOR UPDATE`.
+//! On PostgreSQL, writers take one advisory lock (`pg` module): they serialize across replicas
+//! as SQLite's writers do on one file.
 #![forbid(unsafe_code)]
 
 mod allocations;
@@ -39,12 +40,16 @@ mod bare_metal;
 mod bench;
 mod boots;
 mod commands;
+pub(crate) mod db;
 mod events;
 mod firmware;
 mod fleet;
 mod leases;
+mod meta;
 pub mod migrations;
 mod nodes;
+mod pg;
+mod pg_schema;
 mod pools;
 mod rejoin;
 mod schedulable;
@@ -129,6 +134,99 @@ enum BackendError {
     Sqlite(rusqlite::Error),
     #[error(transparent)]
     SqliteMigration(rusqlite_migration::Error),
+    #[error("PostgreSQL: {}", postgres_message(.0))]
+    Postgres(tokio_postgres::Error),
+    /// The database could not be reached or refused the session (pool timeout, TLS, URL).
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("query returned no rows")]
+    NoRows,
+    #[error("column {idx}: {message}")]
+    Column { idx: usize, message: String },
+}
+
+/// tokio-postgres's `Display` of a server error is only "db error": add the server's message,
+/// detail and SQLSTATE.
+pub(crate) fn postgres_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+            if let Some(d) = db.detail() {
+                s.push_str(": ");
+                s.push_str(d);
+            }
+            s
+        }
+        None => {
+            use std::error::Error;
+            match e.source() {
+                Some(src) => format!("{e}: {src}"),
+                None => e.to_string(),
+            }
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether this is "the query returned no row" (turned into `None` by `.optional()`).
+    pub(crate) fn is_no_rows(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(DatabaseError(
+                BackendError::NoRows | BackendError::Sqlite(rusqlite::Error::QueryReturnedNoRows)
+            ))
+        )
+    }
+
+    /// Whether this is a unique-index violation of `index` (SQLite names the indexed columns,
+    /// `table.column`; PostgreSQL the index).
+    pub(crate) fn is_unique_violation(&self, sqlite_columns: &str, pg_index: &str) -> bool {
+        match self {
+            StoreError::Database(DatabaseError(BackendError::Sqlite(
+                rusqlite::Error::SqliteFailure(f, Some(msg)),
+            ))) => {
+                f.code == rusqlite::ErrorCode::ConstraintViolation && msg.contains(sqlite_columns)
+            }
+            StoreError::Database(DatabaseError(BackendError::Postgres(e))) => {
+                e.as_db_error().is_some_and(|d| {
+                    *d.code() == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+                        && d.constraint() == Some(pg_index)
+                })
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the database could not be reached (a connection refused, dropped or timed out),
+    /// as opposed to a query it refused: the caller may retry later.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Database(DatabaseError(BackendError::Unavailable(_))) => true,
+            StoreError::Database(DatabaseError(BackendError::Postgres(e))) => {
+                match e.as_db_error() {
+                    // Class 08: connection exception; 57P01..57P03: the server shutting down or
+                    // starting.
+                    Some(db) => {
+                        let code = db.code().code();
+                        code.starts_with("08") || ["57P01", "57P02", "57P03"].contains(&code)
+                    }
+                    None => {
+                        let text = e.to_string();
+                        e.is_closed()
+                            || [
+                                "error connecting",
+                                "error communicating",
+                                "timeout",
+                                "connection closed",
+                            ]
+                            .iter()
+                            .any(|p| text.starts_with(p))
+                    }
+                }
+            }
+            _ => false,
+        }
+    }
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -154,26 +252,61 @@ pub struct Store {
 enum Backend {
     /// One SQLite connection; the mutex serializes transactions (SQLite has one writer anyway).
     Sqlite(Arc<Mutex<Connection>>),
+    /// A pool of PostgreSQL connections (several replicas may share the database).
+    Postgres(Arc<pg::PgStore>),
 }
 
-/// A connection inside one transaction, as the methods of [`Reader`] and [`Tx`] use it.
-#[derive(Clone, Copy, Debug)]
-enum Conn<'c> {
-    Sqlite(&'c Connection),
+/// How to reach a PostgreSQL store (`bcctl serve --store postgres://…`).
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// `postgres://user:password@host:port/database?sslmode=disable|prefer|require`; our own
+    /// `sslrootcert=FILE` query parameter names the CA that signed the server's certificate
+    /// (else the WebPKI roots). With `sslmode=require` the server's certificate is verified
+    /// against those roots and its host name.
+    pub url: String,
+    /// The CA file, instead of `sslrootcert` in the URL.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The password, instead of one in the URL (read from a file by `bcctl serve`).
+    pub password: Option<String>,
+    /// Connections in the pool, at most (transactions beyond that wait for one).
+    pub max_connections: u32,
+    /// How long connecting, or waiting for a pooled connection, may take before a transaction
+    /// fails with a "database unavailable" error.
+    pub connect_timeout: Duration,
+    /// A schema to use instead of `public` (`search_path`), e.g. one per test.
+    pub schema: Option<String>,
+}
+
+impl PostgresOptions {
+    /// `url` with the defaults: 16 connections, 5 s to connect, the `public` schema.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ca_file: None,
+            password: None,
+            max_connections: 16,
+            connect_timeout: pg::default_connect_timeout(),
+            schema: None,
+        }
+    }
+}
+
+/// Whether `location` names a PostgreSQL database (`postgres://` or `postgresql://`) rather than
+/// an SQLite file.
+pub fn is_postgres_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
 
 /// Read access inside one transaction: every query method of the store.
 #[derive(Debug)]
 pub struct Reader<'c> {
-    conn: Conn<'c>,
+    conn: db::Db<'c>,
 }
 
 impl<'c> Reader<'c> {
-    /// The SQLite connection of this transaction.
-    fn sqlite(&self) -> &'c Connection {
-        match self.conn {
-            Conn::Sqlite(c) => c,
-        }
+    /// The connection of this transaction.
+    fn db(&self) -> db::Db<'c> {
+        self.conn
     }
 }
 
@@ -198,18 +331,15 @@ impl Tx<'_> {
     where
         E: From<StoreError>,
     {
-        let conn = self.sqlite();
-        conn.execute_batch("SAVEPOINT nested")
-            .map_err(StoreError::from)?;
+        let conn = self.db();
+        conn.execute_batch("SAVEPOINT nested")?;
         match f(self) {
             Ok(v) => {
-                conn.execute_batch("RELEASE nested")
-                    .map_err(StoreError::from)?;
+                conn.execute_batch("RELEASE nested")?;
                 Ok(v)
             }
             Err(e) => {
-                conn.execute_batch("ROLLBACK TO nested; RELEASE nested")
-                    .map_err(StoreError::from)?;
+                conn.execute_batch("ROLLBACK TO nested; RELEASE nested")?;
                 Err(e)
             }
         }
@@ -266,6 +396,32 @@ impl Store {
         Self::init(Connection::open(path)?)
     }
 
+    /// Opens the PostgreSQL database `opts` names: connects, and applies the migrations that
+    /// are missing (under an advisory lock, so replicas starting together migrate once).
+    pub fn open_postgres(opts: &PostgresOptions) -> Result<Self, StoreError> {
+        Ok(Self {
+            backend: Backend::Postgres(Arc::new(pg::PgStore::open(opts)?)),
+        })
+    }
+
+    /// Opens `location`: a `postgres://` URL ([`Store::open_postgres`] with its defaults) or an
+    /// SQLite file ([`Store::open`]).
+    pub fn open_location(location: &str) -> Result<Self, StoreError> {
+        if is_postgres_url(location) {
+            Self::open_postgres(&PostgresOptions::new(location))
+        } else {
+            Self::open(Path::new(location))
+        }
+    }
+
+    /// Which backend this is: `sqlite` or `postgres` (for `/metrics` and `bcctl status`).
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
     /// An in-memory store, for tests.
     pub fn open_in_memory() -> Result<Self, StoreError> {
         Self::init(Connection::open_in_memory()?)
@@ -299,6 +455,11 @@ impl Store {
     {
         match &self.backend {
             Backend::Sqlite(conn) => sqlite_read(&mut conn.lock(), f),
+            Backend::Postgres(pg) => pg.transaction(false, |s| {
+                f(&Reader {
+                    conn: db::Db::Pg(s),
+                })
+            }),
         }
     }
 
@@ -309,6 +470,13 @@ impl Store {
     {
         match &self.backend {
             Backend::Sqlite(conn) => sqlite_write(&mut conn.lock(), f),
+            Backend::Postgres(pg) => pg.transaction(true, |s| {
+                f(&Tx {
+                    reader: Reader {
+                        conn: db::Db::Pg(s),
+                    },
+                })
+            }),
         }
     }
 
@@ -346,7 +514,7 @@ fn sqlite_read<T, E: From<StoreError>>(
 ) -> Result<T, E> {
     let tx = conn.transaction().map_err(StoreError::from)?;
     let out = f(&Reader {
-        conn: Conn::Sqlite(&tx),
+        conn: db::Db::Sqlite(&tx),
     })?;
     tx.commit().map_err(StoreError::from)?;
     Ok(out)
@@ -361,7 +529,7 @@ fn sqlite_write<T, E: From<StoreError>>(
         .map_err(StoreError::from)?;
     let out = f(&Tx {
         reader: Reader {
-            conn: Conn::Sqlite(&tx),
+            conn: db::Db::Sqlite(&tx),
         },
     })?;
     tx.commit().map_err(StoreError::from)?;

@@ -5,6 +5,7 @@ use super::*;
 fn sqlite(store: &Store) -> Arc<Mutex<Connection>> {
     match &store.backend {
         Backend::Sqlite(c) => Arc::clone(c),
+        Backend::Postgres(_) => unreachable!("these tests open SQLite files"),
     }
 }
 

@@ -3,11 +3,11 @@
 //! machines up by, and the `nodes.list` query with the schedulable predicate in SQL.
 
 use bc_protocol::{Adapter, Condition, Connectivity, NodeRole, Power, ProvisionState, Trust};
-use rusqlite::types::Value as SqlValue;
-use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::Serialize;
 
 use super::{Reader, StoreError, Tx, from_json, parse_enum, sql_u64, to_json};
+use crate::db::{Db, OptionalExt, Row, ToValue, Value as SqlValue};
+use crate::params;
 
 /// Every field the spec gives a node, plus session and inventory bookkeeping. Loaded with
 /// [`Reader::node`], changed in memory, saved with [`Tx::update_node`].
@@ -74,7 +74,7 @@ const NODE_COLUMNS: &str = "id, site_id, pool_id, owner_tenant_id, role, trust, 
     agent_version, boot_id, session_epoch, gateway_id, connected_at, disconnected_at, last_seen, \
     inventory, inventory_at, created_at, updated_at, inventory_sha256, session_broken";
 
-fn u64_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+fn u64_col(row: &Row<'_>, idx: usize) -> Result<u64, StoreError> {
     let v: i64 = row.get(idx)?;
     Ok(u64::try_from(v).unwrap_or(0))
 }
@@ -82,7 +82,7 @@ fn u64_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
 impl NodeRecord {
     /// Maps a row selected with `NODE_COLUMNS`.
     fn from_row(row: &Row<'_>) -> Result<Self, StoreError> {
-        let text = |i: usize| -> rusqlite::Result<String> { row.get(i) };
+        let text = |i: usize| -> Result<String, StoreError> { row.get(i) };
         let failed_from: Option<String> = row.get(9)?;
         Ok(Self {
             id: row.get(0)?,
@@ -187,7 +187,7 @@ pub const MAX_INDEXED_DIGESTS: usize = 256;
 /// Replaces the node's rows in `node_identifier_digests` (the index JoinService looks machines
 /// up by) with `digests`, the list written to `nodes.identifier_digests`.
 fn index_identifier_digests(
-    tx: &Connection,
+    tx: Db<'_>,
     node_id: &str,
     digests: &[String],
 ) -> Result<(), StoreError> {
@@ -196,7 +196,7 @@ fn index_identifier_digests(
         params![node_id],
     )?;
     let mut ins = tx.prepare_cached(
-        "INSERT OR IGNORE INTO node_identifier_digests (digest, node_id) VALUES (?1, ?2)",
+        "INSERT INTO node_identifier_digests (digest, node_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
     )?;
     for d in indexed(digests) {
         ins.execute(params![d, node_id])?;
@@ -205,16 +205,13 @@ fn index_identifier_digests(
 }
 
 /// `e`, or [`StoreError::DuplicateTrustedKey`] when it is the trusted-key index refusing `key`.
-fn key_conflict(e: rusqlite::Error, key: Option<&str>) -> StoreError {
-    if let rusqlite::Error::SqliteFailure(f, Some(msg)) = &e
-        && f.code == rusqlite::ErrorCode::ConstraintViolation
-        && msg.contains("nodes.hardware_key")
-    {
+fn key_conflict(e: StoreError, key: Option<&str>) -> StoreError {
+    if e.is_unique_violation("nodes.hardware_key", "nodes_trusted_hardware_key") {
         return StoreError::DuplicateTrustedKey {
             key: key.unwrap_or_default().to_owned(),
         };
     }
-    e.into()
+    e
 }
 
 /// `NODE_COLUMNS` qualified with the `n.` alias, so they stay unambiguous next to `pools p`.
@@ -234,7 +231,7 @@ fn text(s: &Option<String>) -> SqlValue {
 }
 
 fn int(v: Option<i64>) -> SqlValue {
-    v.map(SqlValue::Integer).unwrap_or(SqlValue::Null)
+    v.map(SqlValue::Int).unwrap_or(SqlValue::Null)
 }
 
 /// The columns whose value differs between `before` and `after`, with the new value. `version`,
@@ -275,7 +272,7 @@ fn changed_columns(before: &NodeRecord, after: &NodeRecord) -> Vec<(&'static str
         text(&a.failed_from.map(|s| s.as_str().to_owned()))
     });
     col(b.maintenance != a.maintenance, "maintenance", &|| {
-        SqlValue::Integer(a.maintenance.into())
+        SqlValue::Int(a.maintenance.into())
     });
     col(
         b.maintenance_reason != a.maintenance_reason,
@@ -283,7 +280,7 @@ fn changed_columns(before: &NodeRecord, after: &NodeRecord) -> Vec<(&'static str
         &|| text(&a.maintenance_reason),
     );
     col(b.cordoned != a.cordoned, "cordoned", &|| {
-        SqlValue::Integer(a.cordoned.into())
+        SqlValue::Int(a.cordoned.into())
     });
     col(b.power != a.power, "power", &|| {
         SqlValue::Text(a.power.as_str().into())
@@ -305,7 +302,7 @@ fn changed_columns(before: &NodeRecord, after: &NodeRecord) -> Vec<(&'static str
     col(
         b.hardware_key_trusted != a.hardware_key_trusted,
         "hardware_key_trusted",
-        &|| SqlValue::Integer(a.hardware_key_trusted.into()),
+        &|| SqlValue::Int(a.hardware_key_trusted.into()),
     );
     col(
         b.identifier_digests != a.identifier_digests,
@@ -313,17 +310,17 @@ fn changed_columns(before: &NodeRecord, after: &NodeRecord) -> Vec<(&'static str
         &|| SqlValue::Text(to_json(&a.identifier_digests)),
     );
     col(b.generation != a.generation, "generation", &|| {
-        SqlValue::Integer(sql_u64(a.generation))
+        SqlValue::Int(sql_u64(a.generation))
     });
     col(
         b.observed_generation != a.observed_generation,
         "observed_generation",
-        &|| SqlValue::Integer(sql_u64(a.observed_generation)),
+        &|| SqlValue::Int(sql_u64(a.observed_generation)),
     );
     col(
         b.identity_generation != a.identity_generation,
         "identity_generation",
-        &|| SqlValue::Integer(sql_u64(a.identity_generation)),
+        &|| SqlValue::Int(sql_u64(a.identity_generation)),
     );
     col(b.labels != a.labels, "labels", &|| {
         SqlValue::Text(to_json(&a.labels))
@@ -337,7 +334,7 @@ fn changed_columns(before: &NodeRecord, after: &NodeRecord) -> Vec<(&'static str
     });
     col(b.boot_id != a.boot_id, "boot_id", &|| text(&a.boot_id));
     col(b.session_epoch != a.session_epoch, "session_epoch", &|| {
-        SqlValue::Integer(sql_u64(a.session_epoch))
+        SqlValue::Int(sql_u64(a.session_epoch))
     });
     col(b.gateway_id != a.gateway_id, "gateway_id", &|| {
         text(&a.gateway_id)
@@ -358,7 +355,7 @@ fn changed_columns(before: &NodeRecord, after: &NodeRecord) -> Vec<(&'static str
     col(
         b.session_broken != a.session_broken,
         "session_broken",
-        &|| SqlValue::Integer(a.session_broken.into()),
+        &|| SqlValue::Int(a.session_broken.into()),
     );
     col(b.inventory_json != a.inventory_json, "inventory", &|| {
         text(&a.inventory_json)
@@ -378,30 +375,23 @@ impl Reader<'_> {
     /// One node by id.
     pub fn node(&self, id: &str) -> Result<Option<NodeRecord>, StoreError> {
         let sql = format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = ?1");
-        let mut stmt = self.sqlite().prepare_cached(&sql)?;
-        let mut rows = stmt.query(params![id])?;
-        match rows.next()? {
-            Some(row) => Ok(Some(NodeRecord::from_row(row)?)),
-            None => Ok(None),
-        }
+        let mut stmt = self.db().prepare_cached(&sql)?;
+        stmt.query_map(params![id], NodeRecord::from_row)?
+            .next()
+            .transpose()
     }
 
     /// Every node, ordered by id.
     pub fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         let sql = format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY id");
-        let mut stmt = self.sqlite().prepare_cached(&sql)?;
-        let mut rows = stmt.query([])?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next()? {
-            out.push(NodeRecord::from_row(row)?);
-        }
-        Ok(out)
+        let mut stmt = self.db().prepare_cached(&sql)?;
+        stmt.query_map(params![], NodeRecord::from_row)?.collect()
     }
 
     /// Whether a node with this id exists.
     pub fn node_exists(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self
-            .sqlite()
+            .db()
             .query_row("SELECT 1 FROM nodes WHERE id = ?1", params![id], |_| Ok(()))
             .optional()?
             .is_some())
@@ -419,12 +409,12 @@ impl Reader<'_> {
             cols = node_columns_n()
         );
         let owner_idx = NODE_COLUMNS.split(',').count();
-        let mut stmt = self.sqlite().prepare_cached(&sql)?;
-        let mut rows = stmt.query(params![id])?;
-        let Some(row) = rows.next()? else {
-            return Ok(None);
-        };
-        Ok(Some((NodeRecord::from_row(row)?, row.get(owner_idx)?)))
+        let mut stmt = self.db().prepare_cached(&sql)?;
+        stmt.query_map(params![id], |row| {
+            Ok((NodeRecord::from_row(row)?, row.get(owner_idx)?))
+        })?
+        .next()
+        .transpose()
     }
 
     /// `nodes.list`: matching nodes by id, each with its pool's owner. The schedulable filter is
@@ -439,33 +429,36 @@ impl Reader<'_> {
             None => String::new(),
         };
         let firmware = match &f.firmware {
-            Some((component, _)) => match super::firmware::firmware_sql(component) {
-                Some(cond) => format!(" AND n.inventory IS NOT NULL AND {cond}"),
-                None => return Ok(Vec::new()),
-            },
+            Some((component, _)) => {
+                match super::firmware::firmware_sql(component, self.db().is_postgres()) {
+                    Some(cond) => format!(" AND n.inventory IS NOT NULL AND {cond}"),
+                    None => return Ok(Vec::new()),
+                }
+            }
             // ?4 is bound either way (a statement takes exactly its parameters).
-            None => " AND ?4 IS NULL".to_owned(),
+            None => " AND CAST(?4 AS TEXT) IS NULL".to_owned(),
         };
-        // PostgreSQL wants `?1::text IS NULL` for an untyped NULL parameter; SQLite takes it as is.
+        // PostgreSQL cannot type a parameter only compared with NULL: the CASTs say it (SQLite
+        // takes them as they are).
         let sql = format!(
             "SELECT {cols}, p.owner_tenant_id FROM nodes n LEFT JOIN pools p ON p.id = n.pool_id \
-             WHERE (?1 IS NULL OR n.pool_id = ?1) AND (?2 IS NULL OR n.provision_state = ?2) \
-             AND (?3 IS NULL OR n.connectivity = ?3){sched}{firmware} ORDER BY n.id",
+             WHERE (CAST(?1 AS TEXT) IS NULL OR n.pool_id = ?1) \
+             AND (CAST(?2 AS TEXT) IS NULL OR n.provision_state = ?2) \
+             AND (CAST(?3 AS TEXT) IS NULL OR n.connectivity = ?3){sched}{firmware} ORDER BY n.id",
             cols = node_columns_n()
         );
         let owner_idx = NODE_COLUMNS.split(',').count();
-        let mut stmt = self.sqlite().prepare_cached(&sql)?;
-        let mut rows = stmt.query(params![
-            f.pool_id,
-            f.provision_state.map(|s| s.as_str()),
-            f.connectivity.map(|c| c.as_str()),
-            f.firmware.as_ref().map(|(_, v)| v.as_str())
-        ])?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next()? {
-            out.push((NodeRecord::from_row(row)?, row.get(owner_idx)?));
-        }
-        Ok(out)
+        let mut stmt = self.db().prepare_cached(&sql)?;
+        stmt.query_map(
+            params![
+                f.pool_id,
+                f.provision_state.map(|s| s.as_str()),
+                f.connectivity.map(|c| c.as_str()),
+                f.firmware.as_ref().map(|(_, v)| v.as_str())
+            ],
+            |row| Ok((NodeRecord::from_row(row)?, row.get(owner_idx)?)),
+        )?
+        .collect()
     }
 
     /// Nodes sharing at least `min_shared` of `digests`, oldest first: `(id, identity_generation)`.
@@ -488,27 +481,25 @@ impl Reader<'_> {
              ORDER BY n.created_at",
             marks.join(", ")
         );
-        let mut stmt = self.sqlite().prepare(&sql)?;
+        let mut stmt = self.db().prepare(&sql)?;
         let min = i64::try_from(min_shared).unwrap_or(i64::MAX);
-        let params = std::iter::once(&min as &dyn rusqlite::ToSql)
-            .chain(unique.iter().map(|d| d as &dyn rusqlite::ToSql));
-        let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
-            Ok((r.get::<_, String>(0)?, u64_col(r, 1)?))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let params: Vec<&dyn ToValue> = std::iter::once(&min as &dyn ToValue)
+            .chain(unique.iter().map(|d| d as &dyn ToValue))
+            .collect();
+        let rows = stmt.query_map(&params, |r| Ok((r.get::<String>(0)?, u64_col(r, 1)?)))?;
+        rows.collect::<Result<_, _>>()
     }
 
     /// The oldest node holding `key` as a trusted hardware key: `(id, identity_generation)`.
     pub fn node_by_trusted_key(&self, key: &str) -> Result<Option<(String, u64)>, StoreError> {
-        Ok(self
-            .sqlite()
+        self.db()
             .query_row(
                 "SELECT id, identity_generation FROM nodes WHERE hardware_key = ?1 \
                  AND hardware_key_trusted = 1 ORDER BY created_at LIMIT 1",
                 params![key],
-                |r| Ok((r.get::<_, String>(0)?, u64_col(r, 1)?)),
+                |r| Ok((r.get::<String>(0)?, u64_col(r, 1)?)),
             )
-            .optional()?)
+            .optional()
     }
 
     /// Another node than `except` that holds `key` as a trusted hardware key.
@@ -517,15 +508,14 @@ impl Reader<'_> {
         key: &str,
         except: &str,
     ) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .sqlite()
+        self.db()
             .query_row(
                 "SELECT id FROM nodes WHERE hardware_key = ?1 AND hardware_key_trusted = 1 \
                  AND id != ?2 LIMIT 1",
                 params![key, except],
                 |r| r.get(0),
             )
-            .optional()?)
+            .optional()
     }
 }
 
@@ -543,7 +533,7 @@ impl Tx<'_> {
         state: ProvisionState,
         now: i64,
     ) -> Result<(), StoreError> {
-        let tx = self.sqlite();
+        let tx = self.db();
         tx.execute(
             "INSERT INTO nodes (id, site_id, pool_id, owner_tenant_id, role, trust, adapter, drivers, \
              provision_state, hostname, hardware_key, hardware_key_trusted, identifier_digests, \
@@ -594,21 +584,22 @@ impl Tx<'_> {
         if bump {
             assignments.push("version = version + 1".to_owned());
             assignments.push(format!("updated_at = ?{}", sets.len() + 3));
-            sets.push(("updated_at", SqlValue::Integer(now)));
+            sets.push(("updated_at", SqlValue::Int(now)));
         }
         let sql = format!(
             "UPDATE nodes SET {} WHERE id = ?1 AND version = ?2",
             assignments.join(", ")
         );
-        let tx = self.sqlite();
+        let tx = self.db();
         let mut values: Vec<SqlValue> = vec![
             SqlValue::Text(before.id.clone()),
-            SqlValue::Integer(sql_u64(before.version)),
+            SqlValue::Int(sql_u64(before.version)),
         ];
         values.extend(sets.into_iter().map(|(_, v)| v));
+        let values: Vec<&dyn ToValue> = values.iter().map(|v| v as &dyn ToValue).collect();
         let n = tx
             .prepare_cached(&sql)?
-            .execute(rusqlite::params_from_iter(values))
+            .execute(&values)
             .map_err(|e| key_conflict(e, after.hardware_key.as_deref()))?;
         if n != 1 {
             return Ok(false);
@@ -621,7 +612,7 @@ impl Tx<'_> {
 
     /// Removes the node's row (its taints and identifier index rows go with it; events stay).
     pub fn delete_node(&self, id: &str) -> Result<(), StoreError> {
-        self.sqlite()
+        self.db()
             .execute("DELETE FROM nodes WHERE id = ?1", params![id])?;
         Ok(())
     }

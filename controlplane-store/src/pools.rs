@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::db::Row;
+use crate::params;
 use bc_protocol::{PoolAgent, PoolKind};
-use rusqlite::{Row, params};
 use serde::{Deserialize, Serialize};
 
 use super::{Reader, StoreError, Tx, from_json, parse_enum, sql_u64, to_json};
@@ -142,7 +143,7 @@ fn from_row(row: &Row<'_>) -> Result<Pool, StoreError> {
         agent: parse_enum("pools.agent", &agent)?,
         owner_tenant_id: row.get(5)?,
         hardware_profile: from_json("pools.hardware_profile", &profile)?,
-        acceptance: from_json("pools.acceptance", &row.get::<_, String>(9)?)?,
+        acceptance: from_json("pools.acceptance", &row.get::<String>(9)?)?,
         version: u64::try_from(version).unwrap_or(0),
         created_at: row.get(8)?,
     })
@@ -161,7 +162,7 @@ impl Tx<'_> {
     }
 
     fn insert_pool_sql(&self, pool: &Pool, on_conflict: &str) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             &format!(
                 "INSERT INTO pools (id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, \
                  version, created_at, acceptance) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9){on_conflict}"
@@ -192,7 +193,7 @@ impl Tx<'_> {
         profile: &HardwareProfile,
         acceptance: &Acceptance,
     ) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "UPDATE pools SET name = ?3, hardware_profile = ?4, acceptance = ?5, \
              version = version + 1 WHERE id = ?1 AND version = ?2",
             params![
@@ -208,7 +209,7 @@ impl Tx<'_> {
 
     /// Deletes a pool if it is still at `version`; returns whether a row went.
     pub fn delete_pool(&self, id: &str, version: u64) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "DELETE FROM pools WHERE id = ?1 AND version = ?2",
             params![id, sql_u64(version)],
         )?;
@@ -220,40 +221,34 @@ impl Reader<'_> {
     /// One pool by id.
     pub fn pool(&self, id: &str) -> Result<Option<Pool>, StoreError> {
         let mut stmt = self
-            .sqlite()
+            .db()
             .prepare_cached(&format!("SELECT {POOL_COLUMNS} FROM pools WHERE id = ?1"))?;
-        let mut rows = stmt.query(params![id])?;
-        rows.next()?.map(from_row).transpose()
+        stmt.query_map(params![id], from_row)?.next().transpose()
     }
 
     /// Every pool, by id.
     pub fn pools(&self) -> Result<Vec<Pool>, StoreError> {
         let mut stmt = self
-            .sqlite()
+            .db()
             .prepare_cached(&format!("SELECT {POOL_COLUMNS} FROM pools ORDER BY id"))?;
-        let mut rows = stmt.query([])?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next()? {
-            out.push(from_row(row)?);
-        }
-        Ok(out)
+        stmt.query_map(params![], from_row)?.collect()
     }
 
     /// Nodes in `adopting`, with their pool and when they entered `adopting` (the newest
     /// `provisionState` event to `adopting`, else the node's creation), ms.
     pub fn adopting_nodes(&self) -> Result<Vec<(String, Option<String>, i64)>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(
+        let mut stmt = self.db().prepare_cached(
             "SELECT n.id, n.pool_id, COALESCE((SELECT MAX(e.at) FROM node_events e \
              WHERE e.node_id = n.id AND e.kind = 'provisionState' AND e.to_value = 'adopting'), \
              n.created_at) FROM nodes n WHERE n.provision_state = 'adopting' ORDER BY n.id",
         )?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = stmt.query_map(params![], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect::<Result<_, _>>()
     }
 
     /// How many nodes are in the pool.
     pub fn pool_node_count(&self, id: &str) -> Result<u64, StoreError> {
-        let n: i64 = self.sqlite().query_row(
+        let n: i64 = self.db().query_row(
             "SELECT COUNT(*) FROM nodes WHERE pool_id = ?1",
             params![id],
             |r| r.get(0),

@@ -2,7 +2,8 @@
 //! trusted hardware key) may re-join in place only once an operator approved it
 //! (`nodes.approveRejoin`). At most one request per node; the row goes with the node.
 
-use rusqlite::{OptionalExtension, params};
+use crate::db::OptionalExt;
+use crate::params;
 use serde::Serialize;
 
 use super::{Reader, StoreError, Tx, from_json, to_json};
@@ -38,7 +39,7 @@ pub struct RejoinRequest {
 const COLUMNS: &str = "id, node_id, token_id, hardware_key, hardware_key_trusted, \
     identifier_digests, hostname, peer, requested_at, approved_at, approved_by";
 
-fn from_row(row: &rusqlite::Row<'_>) -> Result<RejoinRequest, StoreError> {
+fn from_row(row: &crate::db::Row<'_>) -> Result<RejoinRequest, StoreError> {
     let digests: String = row.get(5)?;
     Ok(RejoinRequest {
         id: row.get(0)?,
@@ -59,18 +60,16 @@ impl Reader<'_> {
     /// The node's re-join request, if any.
     pub fn rejoin_request(&self, node_id: &str) -> Result<Option<RejoinRequest>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM rejoin_requests WHERE node_id = ?1");
-        let mut stmt = self.sqlite().prepare_cached(&sql)?;
-        let mut rows = stmt.query(params![node_id])?;
-        match rows.next()? {
-            Some(row) => Ok(Some(from_row(row)?)),
-            None => Ok(None),
-        }
+        let mut stmt = self.db().prepare_cached(&sql)?;
+        stmt.query_map(params![node_id], from_row)?
+            .next()
+            .transpose()
     }
 
     /// The request with this id, if any.
     pub fn rejoin_request_by_id(&self, id: &str) -> Result<Option<RejoinRequest>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM rejoin_requests WHERE id = ?1");
-        self.sqlite()
+        self.db()
             .query_row(&sql, params![id], |row| Ok(from_row(row)))
             .optional()?
             .transpose()
@@ -80,7 +79,7 @@ impl Reader<'_> {
 impl Tx<'_> {
     /// Stores `r` as its node's one request, replacing any earlier one.
     pub fn put_rejoin_request(&self, r: &RejoinRequest) -> Result<(), StoreError> {
-        let tx = self.sqlite();
+        let tx = self.db();
         tx.execute(
             "DELETE FROM rejoin_requests WHERE node_id = ?1",
             params![r.node_id],
@@ -109,7 +108,7 @@ impl Tx<'_> {
 
     /// Marks request `id` approved by `by` at `at`. Returns false when there is no such request.
     pub fn approve_rejoin_request(&self, id: &str, by: &str, at: i64) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "UPDATE rejoin_requests SET approved_at = ?2, approved_by = ?3 WHERE id = ?1",
             params![id, at, by],
         )?;
@@ -118,7 +117,7 @@ impl Tx<'_> {
 
     /// Removes the node's request (used, or the node moved). Returns whether there was one.
     pub fn delete_rejoin_request(&self, node_id: &str) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "DELETE FROM rejoin_requests WHERE node_id = ?1",
             params![node_id],
         )?;

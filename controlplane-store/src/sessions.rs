@@ -2,7 +2,8 @@
 //! transaction per flush, never one write per heartbeat) and the sweep's silent nodes. Any change
 //! of `connectivity` these find is made by the core's edit path, not here.
 
-use rusqlite::{OptionalExtension, params};
+use crate::db::OptionalExt;
+use crate::params;
 
 use super::{Reader, StoreError, Tx, sql_u64};
 
@@ -14,9 +15,10 @@ impl Tx<'_> {
         &self,
         beats: &[(String, u64, i64)],
     ) -> Result<Vec<String>, StoreError> {
-        let tx = self.sqlite();
+        let tx = self.db();
         let mut upd = tx.prepare_cached(
-            "UPDATE nodes SET last_seen = MAX(COALESCE(last_seen, 0), ?3) WHERE id = ?1 AND session_epoch = ?2",
+            "UPDATE nodes SET last_seen = CASE WHEN COALESCE(last_seen, 0) > ?3 THEN last_seen ELSE ?3 END \
+             WHERE id = ?1 AND session_epoch = ?2",
         )?;
         let mut state = tx.prepare_cached(
             "SELECT connectivity FROM nodes WHERE id = ?1 AND session_epoch = ?2",
@@ -46,7 +48,7 @@ impl Reader<'_> {
         unreachable_after_ms: i64,
         lost_after_ms: i64,
     ) -> Result<Vec<String>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(
+        let mut stmt = self.db().prepare_cached(
             "SELECT id FROM nodes WHERE \
              (connectivity IN ('connected', 'disconnected') AND COALESCE(last_seen, 0) < ?1 \
               AND (connectivity = 'connected' OR session_broken = 1)) OR \
@@ -57,8 +59,8 @@ impl Reader<'_> {
                 now - unreachable_after_ms,
                 now - unreachable_after_ms - lost_after_ms
             ],
-            |r| r.get::<_, String>(0),
+            |r| r.get::<String>(0),
         )?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.collect::<Result<_, _>>()
     }
 }

@@ -1,8 +1,9 @@
 //! The `sites` table: where nodes live. A `custom` site belongs to a tenant, and nodes that join
 //! it are `tenant-owned` (spec "Identity, ownership and generations").
 
+use crate::db::{OptionalExt, Row};
+use crate::params;
 use bc_protocol::SiteKind;
-use rusqlite::{OptionalExtension, Row, params};
 use serde::Serialize;
 
 use super::{Reader, StoreError, Tx, parse_enum, sql_u64};
@@ -49,7 +50,7 @@ impl Tx<'_> {
     }
 
     fn insert_site_sql(&self, site: &Site, on_conflict: &str) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             &format!(
                 "INSERT INTO sites (id, name, kind, owner_tenant_id, version, created_at) \
                  VALUES (?1, ?2, ?3, ?4, 1, ?5){on_conflict}"
@@ -67,7 +68,7 @@ impl Tx<'_> {
 
     /// Renames a site if it is still at `version`; returns whether a row changed.
     pub fn rename_site(&self, id: &str, version: u64, name: &str) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "UPDATE sites SET name = ?3, version = version + 1 WHERE id = ?1 AND version = ?2",
             params![id, sql_u64(version), name],
         )?;
@@ -76,7 +77,7 @@ impl Tx<'_> {
 
     /// Deletes a site if it is still at `version`; returns whether a row went.
     pub fn delete_site(&self, id: &str, version: u64) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "DELETE FROM sites WHERE id = ?1 AND version = ?2",
             params![id, sql_u64(version)],
         )?;
@@ -88,28 +89,22 @@ impl Reader<'_> {
     /// One site by id.
     pub fn site(&self, id: &str) -> Result<Option<Site>, StoreError> {
         let mut stmt = self
-            .sqlite()
+            .db()
             .prepare_cached(&format!("SELECT {SITE_COLUMNS} FROM sites WHERE id = ?1"))?;
-        let mut rows = stmt.query(params![id])?;
-        rows.next()?.map(from_row).transpose()
+        stmt.query_map(params![id], from_row)?.next().transpose()
     }
 
     /// Every site, by id.
     pub fn sites(&self) -> Result<Vec<Site>, StoreError> {
         let mut stmt = self
-            .sqlite()
+            .db()
             .prepare_cached(&format!("SELECT {SITE_COLUMNS} FROM sites ORDER BY id"))?;
-        let mut rows = stmt.query([])?;
-        let mut out = Vec::new();
-        while let Some(row) = rows.next()? {
-            out.push(from_row(row)?);
-        }
-        Ok(out)
+        stmt.query_map(params![], from_row)?.collect()
     }
 
     /// How many pools and nodes still reference the site.
     pub fn site_references(&self, id: &str) -> Result<(u64, u64), StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         let pools: i64 = conn.query_row(
             "SELECT COUNT(*) FROM pools WHERE site_id = ?1",
             params![id],

@@ -1,7 +1,7 @@
 //! Operator taints (`nodes.taint`): each taint `key` puts `taint:<key>` into the node's
 //! `noScheduleReasons`, written by the core in the same transaction.
 
-use rusqlite::params;
+use crate::params;
 use serde::Serialize;
 
 use super::{Reader, StoreError, Tx};
@@ -22,7 +22,7 @@ pub struct Taint {
 impl Reader<'_> {
     /// The node's taints, by key.
     pub fn taints(&self, node_id: &str) -> Result<Vec<Taint>, StoreError> {
-        let mut stmt = self.sqlite().prepare_cached(
+        let mut stmt = self.db().prepare_cached(
             "SELECT key, value, created_by, created_at FROM node_taints WHERE node_id = ?1 ORDER BY key",
         )?;
         let rows = stmt.query_map(params![node_id], |r| {
@@ -33,14 +33,14 @@ impl Reader<'_> {
                 created_at: r.get(3)?,
             })
         })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.collect::<Result<_, _>>()
     }
 }
 
 impl Tx<'_> {
     /// Adds or replaces the taint `key` on `node_id`.
     pub fn put_taint(&self, node_id: &str, taint: &Taint) -> Result<(), StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         conn.execute(
             "DELETE FROM node_taints WHERE node_id = ?1 AND key = ?2",
             params![node_id, taint.key],
@@ -61,7 +61,7 @@ impl Tx<'_> {
 
     /// Removes the taint `key`; returns whether it was there.
     pub fn remove_taint(&self, node_id: &str, key: &str) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "DELETE FROM node_taints WHERE node_id = ?1 AND key = ?2",
             params![node_id, key],
         )?;

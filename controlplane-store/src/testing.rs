@@ -1,9 +1,10 @@
 //! Test support for crates above the store (feature `test-support`): views of what the SQL
 //! computes, so their tests can compare it with the Rust side without writing SQL themselves.
 
+use crate::params;
 use bc_protocol::CapacityBucket;
 
-use super::{Reader, StoreError, parse_enum};
+use super::{PostgresOptions, Reader, Store, StoreError, parse_enum};
 
 impl Reader<'_> {
     /// `(id, capacity bucket, schedulable)` of every node as the SQL predicate computes them, by
@@ -15,17 +16,46 @@ impl Reader<'_> {
             super::schedulable::capacity_bucket_sql(),
             super::schedulable::schedulable_sql()
         );
-        let mut stmt = self.sqlite().prepare(&sql)?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, bool>(2)?,
-            ))
+        let mut stmt = self.db().prepare(&sql)?;
+        let rows = stmt.query_map(params![], |r| {
+            Ok((r.get::<String>(0)?, r.get::<String>(1)?, r.get::<bool>(2)?))
         })?;
         let rows: Vec<(String, String, bool)> = rows.collect::<Result<_, _>>()?;
         rows.into_iter()
             .map(|(id, b, s)| Ok((id, parse_enum("capacity bucket", &b)?, s)))
             .collect()
     }
+}
+
+/// The environment variable that picks the test store's backend: `postgres` for PostgreSQL,
+/// anything else (or unset) for in-memory SQLite.
+pub const BACKEND_VAR: &str = "BC_TEST_STORE";
+/// The environment variable with the PostgreSQL URL the tests use (`tests/pg/cluster.sh start`
+/// prints one).
+pub const POSTGRES_URL_VAR: &str = "BC_TEST_POSTGRES";
+
+/// Whether the tests run their stores on PostgreSQL (`BC_TEST_STORE=postgres`).
+pub fn on_postgres() -> bool {
+    std::env::var(BACKEND_VAR).is_ok_and(|v| v == "postgres")
+}
+
+/// A fresh, empty store for one test: in-memory SQLite; or, with `BC_TEST_STORE=postgres`, a new
+/// schema (`t_` and 16 random characters) in the database `BC_TEST_POSTGRES` names, so tests
+/// running at once never see each other's rows.
+///
+/// # Errors
+/// `BC_TEST_STORE=postgres` without `BC_TEST_POSTGRES`, or the database unreachable.
+pub fn store() -> Result<Store, StoreError> {
+    if !on_postgres() {
+        return Store::open_in_memory();
+    }
+    let url = std::env::var(POSTGRES_URL_VAR).map_err(|_| {
+        StoreError::Database(crate::DatabaseError(crate::BackendError::Unavailable(format!(
+            "{BACKEND_VAR}=postgres needs {POSTGRES_URL_VAR} (tests/pg/cluster.sh start prints it)"
+        ))))
+    })?;
+    let mut opts = PostgresOptions::new(url);
+    opts.schema = Some(format!("t_{}", crate::random_lowercase(16)));
+    opts.max_connections = 4;
+    Store::open_postgres(&opts)
 }

@@ -1,7 +1,9 @@
 //! Join tokens, `<id>.<secret>` (kubeadm's bootstrap-token form: 6 and 16 characters of
 //! `[a-z0-9]`). Only the SHA-256 of the secret is stored.
 
-use rusqlite::{OptionalExtension, params};
+use crate::db::Db;
+use crate::db::OptionalExt;
+use crate::params;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -77,7 +79,7 @@ fn hash_secret(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-fn row_to_token(row: &rusqlite::Row<'_>) -> rusqlite::Result<JoinToken> {
+fn row_to_token(row: &crate::db::Row<'_>) -> Result<JoinToken, StoreError> {
     let max_uses: Option<i64> = row.get(4)?;
     let uses: i64 = row.get(5)?;
     Ok(JoinToken {
@@ -102,7 +104,7 @@ impl Tx<'_> {
         new: &NewToken,
         now: i64,
     ) -> Result<(JoinToken, String), StoreError> {
-        let conn = self.sqlite();
+        let conn = self.db();
         let id = super::random_lowercase(6);
         let secret = super::random_lowercase(16);
         let expires_at = now.saturating_add(new.ttl_ms);
@@ -140,18 +142,18 @@ impl Tx<'_> {
         token: &str,
         now: i64,
     ) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
-        consume(self.sqlite(), token, now)
+        consume(self.db(), token, now)
     }
 
     /// Spends one use of the token `id` (after [`Reader::authenticate_token`] and
     /// [`JoinToken::refusal_at`] allowed it).
     pub fn spend_token(&self, id: &str) -> Result<(), StoreError> {
-        spend(self.sqlite(), id)
+        spend(self.db(), id)
     }
 
     /// `tokens.revoke`: the token is refused from now on. Returns false for an unknown id.
     pub fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
-        let n = self.sqlite().execute(
+        let n = self.db().execute(
             "UPDATE join_tokens SET revoked = 1 WHERE id = ?1",
             params![id],
         )?;
@@ -167,23 +169,20 @@ impl Reader<'_> {
         &self,
         token: &str,
     ) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
-        authenticate(self.sqlite(), token)
+        authenticate(self.db(), token)
     }
 
     /// Every token, newest first.
     pub fn tokens(&self) -> Result<Vec<JoinToken>, StoreError> {
-        let mut stmt = self.sqlite().prepare(&format!(
+        let mut stmt = self.db().prepare(&format!(
             "SELECT {TOKEN_COLUMNS} FROM join_tokens ORDER BY created_at DESC, id"
         ))?;
-        let rows = stmt.query_map([], row_to_token)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = stmt.query_map(params![], row_to_token)?;
+        rows.collect::<Result<_, _>>()
     }
 }
 
-fn authenticate(
-    conn: &rusqlite::Connection,
-    token: &str,
-) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
+fn authenticate(conn: Db<'_>, token: &str) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
     let Some((id, secret)) = token.trim().split_once('.') else {
         return Ok(Err(TokenRefusal::Malformed));
     };
@@ -194,7 +193,7 @@ fn authenticate(
         .query_row(
             &format!("SELECT {TOKEN_COLUMNS}, secret_hash FROM join_tokens WHERE id = ?1"),
             params![id],
-            |row| Ok((row_to_token(row)?, row.get::<_, String>(8)?)),
+            |row| Ok((row_to_token(row)?, row.get::<String>(8)?)),
         )
         .optional()?;
     let Some((tok, hash)) = found else {
@@ -207,7 +206,7 @@ fn authenticate(
     Ok(Ok(tok))
 }
 
-fn spend(conn: &rusqlite::Connection, id: &str) -> Result<(), StoreError> {
+fn spend(conn: Db<'_>, id: &str) -> Result<(), StoreError> {
     conn.execute(
         "UPDATE join_tokens SET uses = uses + 1 WHERE id = ?1",
         params![id],
@@ -216,7 +215,7 @@ fn spend(conn: &rusqlite::Connection, id: &str) -> Result<(), StoreError> {
 }
 
 fn consume(
-    conn: &rusqlite::Connection,
+    conn: Db<'_>,
     token: &str,
     now: i64,
 ) -> Result<Result<JoinToken, TokenRefusal>, StoreError> {
@@ -237,13 +236,12 @@ fn consume(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Store;
 
     #[test]
     fn token_lifecycle_refusals() -> Result<(), StoreError> {
-        let store = Store::open_in_memory()?;
+        let store = crate::testing::store()?;
         store.write_blocking(|tx| {
-            let c = tx.sqlite();
+            let c = tx.db();
             let (_, t) = tx.create_token(
                 &NewToken {
                     ttl_ms: 1000,
@@ -267,8 +265,11 @@ mod tests {
                 consume(c, &t, 10)?,
                 Err(TokenRefusal::UsedUp { max: 1, .. })
             ));
-            let stored: String =
-                c.query_row("SELECT secret_hash FROM join_tokens", [], |r| r.get(0))?;
+            let stored: String = c.query_row(
+                "SELECT secret_hash FROM join_tokens",
+                crate::params![],
+                |r| r.get(0),
+            )?;
             assert!(!t.ends_with(&stored), "secret must be stored hashed");
             Ok(())
         })

@@ -87,7 +87,7 @@ struct World {
 }
 
 fn world() -> Result<World, Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let sessions = Arc::new(Sessions::default());
     let commands = Commands {
         store: store.clone(),

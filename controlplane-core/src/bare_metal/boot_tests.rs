@@ -47,7 +47,7 @@ pub(super) struct Bed {
 /// A node `inspecting` with a verified BMC that reported UUID, SERIAL and MAC, in a pool with
 /// `profile_gpus` expected GPUs.
 pub(super) fn bed(profile_gpus: Option<u32>) -> Result<Bed, Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let key = CredentialKey::generate();
     let node = "node_rd".to_owned();
     store.write_blocking(|tx| {

@@ -320,7 +320,7 @@ fn release_is_refused_where_there_is_nothing_to_release() -> TestResult {
         .write_blocking(|tx| release::release(tx, &b.node, n.version, "operator:t"));
     assert!(matches!(r, Err(OpError::InvalidTransition { .. })), "{r:?}");
     // A server without a BMC has no machine to boot and clean.
-    let store = cpl_store::Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.write_blocking(|tx| -> Result<(), OpError> {
         crate::test_utils::node(tx, "node_a", None)?;
         let a = crate::test_utils::ready_host(tx, "node_a", 2)?;

@@ -80,7 +80,6 @@ pub fn matches(node: &NodeRecord, selector: &BTreeMap<Key, ShortText>) -> bool {
 mod tests {
     use super::*;
     use crate::test_utils::node;
-    use cpl_store::Store;
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<Key, ShortText> {
         pairs
@@ -91,7 +90,7 @@ mod tests {
 
     #[test]
     fn labels_are_set_replaced_removed_with_version_and_events() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|c| -> Result<(), OpError> {
             let n = node(c, "node_a", None)?;
             let a = set_labels(
@@ -148,7 +147,7 @@ mod tests {
 
     #[test]
     fn a_node_carries_at_most_max_labels() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|c| -> Result<(), OpError> {
             let n = node(c, "node_a", None)?;
             let full: BTreeMap<Key, ShortText> = (0..MAX_LABELS)

@@ -19,7 +19,7 @@ use crate::test_utils::{
 const OP: &str = "operator:alice";
 
 fn setup() -> Result<(Store, String), Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let pool_id = store.with(|c| {
         let p = pool(c, PoolKind::MetalHost, None)
             .map_err(|e| cpl_store::StoreError::Task(e.to_string()))?;
@@ -151,7 +151,7 @@ fn illegal_move_is_invalid_state_naming_from_and_to() -> TestResult {
 
 #[test]
 fn failure_records_failed_from_and_maintenance_and_recover_goes_back() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.with(|c| node(c, "node_b", None).map(|_| ()))?;
     let v = version(&store, "node_b")?; // adopting
     let failed = store.with(|c| {

@@ -41,11 +41,10 @@ pub fn retire(
 mod tests {
     use super::*;
     use crate::test_utils::{node, ready_host};
-    use cpl_store::Store;
 
     #[test]
     fn an_adopted_node_is_retired_and_others_follow_the_table() -> Result<(), OpError> {
-        let store = Store::open_in_memory()?;
+        let store = cpl_store::testing::store()?;
         store.write_blocking(|tx| -> Result<(), OpError> {
             node(tx, "node_a", None)?;
             let a = ready_host(tx, "node_a", 2)?;

@@ -41,7 +41,7 @@ fn assert_refused(store: &Store, method: &str, body: Value, field: &str) {
 
 #[test]
 fn operator_strings_have_limits_and_a_character_set() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let huge = "n".repeat(65_536);
     assert_refused(
         &store,
@@ -178,7 +178,7 @@ fn the_openapi_document_carries_the_string_limits() -> TestResult {
 
 #[test]
 fn a_max_uses_the_store_cannot_hold_is_refused_not_clamped() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let (code, msg) = refusal(call(&store, "tokens.create", json!({"maxUses": u64::MAX})))
         .ok_or("2^64-1 was accepted")?;
     assert_eq!(code, ErrorCode::InvalidArgument);
@@ -194,7 +194,7 @@ fn a_max_uses_the_store_cannot_hold_is_refused_not_clamped() -> TestResult {
 
 #[test]
 fn command_arguments_are_checked_against_their_contract_at_create() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.with(|c| {
         crate::test_utils::node(c, "node_1", None)?;
         Ok(())
@@ -235,7 +235,7 @@ fn command_arguments_are_checked_against_their_contract_at_create() -> TestResul
 
 #[test]
 fn labels_through_the_verbs_and_the_list_filter() -> TestResult {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     store.with(|c| {
         crate::test_utils::node(c, "node_1", None)?;
         crate::test_utils::node(c, "node_2", None)?;

@@ -52,7 +52,7 @@ pub(super) fn call(store: &Store, method: &str, body: Value) -> Result<Value, Op
 
 #[test]
 fn a_node_through_the_verbs() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let site = call(
         &store,
         "sites.create",
@@ -135,7 +135,7 @@ fn a_node_through_the_verbs() -> Result<(), Box<dyn std::error::Error>> {
 
 #[test]
 fn bad_requests_are_clear_errors() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let unknown = call(&store, "nodes.frobnicate", json!({}));
     assert_eq!(
         unknown.err().map(|e| e.code()),
@@ -174,7 +174,7 @@ fn bad_requests_are_clear_errors() -> Result<(), Box<dyn std::error::Error>> {
 
 #[test]
 fn tokens_create_is_one_verb_with_the_served_defaults() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let before = cpl_store::now_ms();
     let tok = call(&store, "tokens.create", json!({}))?;
     let mut keys: Vec<&str> = tok
@@ -230,7 +230,7 @@ fn tokens_create_is_one_verb_with_the_served_defaults() -> Result<(), Box<dyn st
 
 #[test]
 fn command_verbs_refuse_with_their_codes() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let code = |r: Result<Value, OpError>| r.err().map(|e| (e.code(), e.to_string()));
     assert_eq!(
         code(call(&store, "commands.get", json!({"commandId": "cmd_x"}))),
@@ -329,7 +329,7 @@ fn the_openapi_document_has_every_method_and_resolves_every_reference()
 /// retryable UNAVAILABLE refusal, kept, and now declared in the document.
 #[test]
 fn the_openapi_document_declares_the_capacity_refusal() -> Result<(), Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let pool = call(
         &store,
         "pools.create",

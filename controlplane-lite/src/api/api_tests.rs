@@ -31,7 +31,7 @@ fn the_bearer_check_is_constant_time_and_exact() {
 
 /// The router over an in-memory store, token `t0k`.
 fn app() -> Result<Router, StoreError> {
-    let store = cpl_store::Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let sessions: Arc<dyn cpl_core::port::AgentSessions> = Arc::new(cpl_core::port::NoSessions);
     let commands = cpl_core::commands::Commands {
         store: store.clone(),

@@ -59,6 +59,26 @@ pub struct ServeArgs {
     /// Where the store, CA and API token live.
     #[arg(long, env = "BCCTL_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// The store on a PostgreSQL server instead of the state dir's state.db:
+    /// `postgres://USER@HOST:PORT/DATABASE?sslmode=require&sslrootcert=CA.pem`. Replicas on one
+    /// database need the same ca.key, ca.crt and bmc-credentials.key in their state dirs. Keep
+    /// the password out of the command line: --store-password-file, or BCCTL_STORE in
+    /// /etc/default/bcctl. Empty: state.db.
+    #[arg(long, env = "BCCTL_STORE")]
+    pub store: Option<String>,
+    /// A file holding the database password (its first line).
+    #[arg(long, env = "BCCTL_STORE_PASSWORD_FILE")]
+    pub store_password_file: Option<PathBuf>,
+    /// The CA that signed the database server's certificate (PEM), instead of `sslrootcert`.
+    #[arg(long, env = "BCCTL_STORE_CA")]
+    pub store_ca: Option<PathBuf>,
+    /// Database connections of this replica, at most.
+    #[arg(long, default_value_t = 16)]
+    pub store_max_connections: u32,
+    /// How long connecting to the database, or waiting for a free connection, may take before a
+    /// request fails with "database unavailable".
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub store_timeout: Duration,
     /// Gateway address (gRPC over TLS) for agents. Port 0 picks a free port.
     #[arg(long, default_value = "0.0.0.0:7443")]
     pub listen: SocketAddr,
@@ -182,7 +202,7 @@ fn parse_optional_addr(s: &str) -> Result<OptionalAddr, String> {
 
 impl ServeArgs {
     /// The server configuration these flags describe.
-    pub fn config(&self) -> controlplane_lite::server::ServeConfig {
+    pub fn config(&self) -> Result<controlplane_lite::server::ServeConfig, String> {
         let mut cfg = controlplane_lite::server::ServeConfig::new(
             self.state_dir.clone(),
             self.listen,
@@ -216,7 +236,36 @@ impl ServeArgs {
         cfg.bare_metal.verify_deadline = self.bmc_verify_deadline;
         cfg.bare_metal.power_sync_interval = self.power_sync_interval;
         cfg.bare_metal.max_requests_per_bmc = self.max_requests_per_bmc;
-        cfg
+        cfg.postgres = self.postgres()?;
+        Ok(cfg)
+    }
+
+    /// The PostgreSQL options of `--store` and its companions; `None` for state.db.
+    fn postgres(&self) -> Result<Option<cpl_store::PostgresOptions>, String> {
+        let Some(url) = self
+            .store
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+        else {
+            return Ok(None);
+        };
+        if !cpl_store::is_postgres_url(url) {
+            return Err(format!(
+                "--store {}: expected postgres://… or postgresql://… (leave it out for state.db)",
+                controlplane_lite::server::redacted_url(url)
+            ));
+        }
+        let mut opts = cpl_store::PostgresOptions::new(url);
+        opts.ca_file = self.store_ca.clone();
+        opts.max_connections = self.store_max_connections;
+        opts.connect_timeout = self.store_timeout;
+        if let Some(path) = &self.store_password_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--store-password-file {}: {e}", path.display()))?;
+            opts.password = Some(text.lines().next().unwrap_or_default().to_owned());
+        }
+        Ok(Some(opts))
     }
 }
 

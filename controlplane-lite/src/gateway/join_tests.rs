@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bc_protocol::pb::join_server::Join;
 use bc_protocol::pb::{HardwareIdentity, JoinRequest};
-use cpl_store::{NewToken, Store, now_ms};
+use cpl_store::{NewToken, now_ms};
 use rcgen::{CertificateParams, KeyPair};
 
 use super::join::{JoinService, RateLimiter};
@@ -16,7 +16,7 @@ use crate::ca::CertificateAuthority;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn service(dir: &std::path::Path) -> Result<(JoinService, String), Box<dyn std::error::Error>> {
-    let store = Store::open_in_memory()?;
+    let store = cpl_store::testing::store()?;
     let (_, token) = store.write_blocking(|tx| {
         tx.create_token(
             &NewToken {

@@ -83,7 +83,7 @@ async fn fleet_gauges_come_from_the_store_at_scrape_time() {
         c.update_node(&before, &after, false, 1)?;
         Ok(())
     }
-    let store = Store::open_in_memory().unwrap();
+    let store = cpl_store::testing::store().unwrap();
     store
         .write(|c| {
             for id in ["node_a", "node_b", "node_c"] {
@@ -192,7 +192,7 @@ async fn fleet_gauges_come_from_the_store_at_scrape_time() {
 
 #[tokio::test]
 async fn serves_get_metrics_with_the_openmetrics_content_type() {
-    let store = Store::open_in_memory().unwrap();
+    let store = cpl_store::testing::store().unwrap();
     let m = Metrics::new();
     m.heartbeat();
     let (_stop_tx, stop) = watch::channel(false);
@@ -230,7 +230,7 @@ async fn an_address_in_use_is_a_bind_error() {
     let err = serve(
         addr,
         Metrics::new(),
-        Store::open_in_memory().unwrap(),
+        cpl_store::testing::store().unwrap(),
         Arc::new(Sessions::default()),
         stop,
     )

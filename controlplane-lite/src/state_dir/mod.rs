@@ -191,6 +191,12 @@ impl StateDir {
     /// ([`crate::ca::CertificateAuthority::load`]); their pin against the marker's by
     /// [`StateDir::check_pin`].
     pub fn check(&self, init: Init) -> Result<bool, StateDirError> {
+        self.check_with(init, false)
+    }
+
+    /// [`StateDir::check`] for a control plane whose store is a database server
+    /// (`--store postgres://…`): the dir holds the CA and keys but no `state.db`.
+    pub fn check_with(&self, init: Init, external_store: bool) -> Result<bool, StateDirError> {
         let dir = &self.path;
         let evidence = self.evidence();
         match (evidence, init) {
@@ -200,6 +206,9 @@ impl StateDir {
             }),
             (Some(evidence), Init::IfEmpty) => {
                 for name in REQUIRED {
+                    if external_store && name == STORE_FILE {
+                        continue;
+                    }
                     self.check_file(name, &evidence)?;
                 }
                 Ok(false)

@@ -1,0 +1,352 @@
+//! Issue 17, step 1: `bcctl serve --store postgres://…`. Real `bcctl serve` and `bcd agent`
+//! processes on a real PostgreSQL server (the throwaway cluster `.ci/run` starts with
+//! `tests/pg/cluster.sh`, named by `BC_TEST_POSTGRES` and `BC_TEST_POSTGRES_DIR`): a node joins
+//! and survives a restart with its rows in the database; two replicas share one database and a
+//! third with another CA is refused; TLS to the database is verified against its CA; a database
+//! outage refuses writes with UNAVAILABLE, keeps the session, and heals without a restart.
+//!
+//! Each test makes its own database. They take one lock: the outage test stops the server.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bc_e2e::{Agent, ControlPlane, bins, eventually};
+use serde_json::{Value, json};
+
+static SERVER: Mutex<()> = Mutex::new(());
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The test cluster: its admin URL and its directory (`tests/pg/cluster.sh start DIR`).
+struct Pg {
+    url: String,
+    dir: PathBuf,
+}
+
+/// The cluster, or — outside CI — `None` after saying loudly why the test cannot run.
+fn pg(test: &str) -> Option<Pg> {
+    let url = std::env::var("BC_TEST_POSTGRES").ok();
+    let dir = std::env::var("BC_TEST_POSTGRES_DIR").ok();
+    match (url, dir) {
+        (Some(url), Some(dir)) => Some(Pg {
+            url,
+            dir: PathBuf::from(dir),
+        }),
+        _ => {
+            let why = "BC_TEST_POSTGRES and BC_TEST_POSTGRES_DIR are not set (start a server with \
+                       `tests/pg/cluster.sh start DIR`; .ci/run does)";
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{test}: {why}"
+            );
+            eprintln!("!!! {test}: SKIPPED, {why}");
+            None
+        }
+    }
+}
+
+fn psql(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([url, "-v", "ON_ERROR_STOP=1", "-tAc", sql])
+        .output()
+        .expect("psql (Debian's postgresql-client) runs");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+impl Pg {
+    /// A new database; its URL (the admin URL's options kept).
+    fn database(&self) -> String {
+        let name = format!(
+            "bc_{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        );
+        psql(&self.url, &format!("CREATE DATABASE {name}"));
+        self.url_of(&name, None)
+    }
+
+    /// The URL of database `name`, on `host` instead of the admin URL's when given.
+    fn url_of(&self, name: &str, host: Option<&str>) -> String {
+        let (base, query) = self.url.split_once('?').unwrap_or((&self.url, ""));
+        let (server, _) = base.rsplit_once('/').unwrap();
+        let server = match host {
+            Some(h) => {
+                let (scheme_user, host_port) = server.rsplit_once('@').unwrap();
+                let port = host_port.rsplit_once(':').map(|(_, p)| p).unwrap_or("5432");
+                format!("{scheme_user}@{h}:{port}")
+            }
+            None => server.to_owned(),
+        };
+        if query.is_empty() || host.is_some() {
+            format!("{server}/{name}")
+        } else {
+            format!("{server}/{name}?{query}")
+        }
+    }
+
+    fn ctl(&self, verb: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../pg/cluster.sh");
+        let st = Command::new(script)
+            .args([verb, &self.dir.to_string_lossy()])
+            .status()
+            .expect("tests/pg/cluster.sh runs");
+        assert!(st.success(), "cluster.sh {verb} failed");
+    }
+}
+
+fn wait_node(cp: &ControlPlane, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    eventually(WAIT, what, || {
+        let n = cp.node(id);
+        pred(&n).then_some(n)
+    })
+}
+
+fn adopted(n: &Value) -> bool {
+    n["provisionState"] == "adopted" && n["connectivity"] == "connected"
+}
+
+#[test]
+fn a_node_joins_on_postgres_and_its_rows_survive_a_restart() {
+    let Some(pg) = pg("a_node_joins_on_postgres_and_its_rows_survive_a_restart") else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cp = ControlPlane::start_with(&tmp.path().join("cp"), &["--store", &db]);
+    assert!(
+        !cp.dir.join("state.db").exists(),
+        "the store is the database server, not a file in the state dir"
+    );
+    let token = cp.create_token(&["--uses", "1"]);
+    let agent = Agent::start(&cp, &tmp.path().join("agent"), Some(&token), &[]);
+    let id = agent.node_id();
+    wait_node(&cp, &id, "adopted and connected", adopted);
+    // The row is PostgreSQL's.
+    assert_eq!(
+        psql(
+            &db,
+            &format!("SELECT provision_state FROM nodes WHERE id = '{id}'")
+        ),
+        "adopted"
+    );
+    assert_eq!(psql(&db, "SELECT MAX(version) FROM bc_schema_version"), "9");
+
+    cp.kill9();
+    cp.restart(&["--store", &db]);
+    wait_node(
+        &cp,
+        &id,
+        "adopted and connected again after the restart",
+        adopted,
+    );
+    let version = cp.node(&id)["version"].clone();
+    cp.ok("nodes.cordon", json!({"nodeId": id, "version": version}));
+    assert_eq!(
+        psql(
+            &db,
+            &format!("SELECT cordoned FROM nodes WHERE id = '{id}'")
+        ),
+        "1"
+    );
+}
+
+/// `bcctl serve` that must fail to start; its output.
+fn refused_start(dir: &Path, store: &str) -> String {
+    let (bcctl, _) = bins();
+    let mut child = Command::new(bcctl)
+        .args([
+            "serve",
+            "--init",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--state-dir")
+        .arg(dir)
+        .args(["--store", store, "--store-timeout", "3s"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > WAIT {
+            let _ = child.kill();
+            panic!("bcctl serve with {store} did not refuse to start");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "bcctl serve should have refused");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn two_replicas_share_a_database_and_one_with_another_ca_is_refused() {
+    let Some(pg) = pg("two_replicas_share_a_database_and_one_with_another_ca_is_refused") else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let a = ControlPlane::start_with(&tmp.path().join("a"), &["--store", &db]);
+    // The second replica's state dir: the first one's CA, keys, token and marker.
+    let b_dir = tmp.path().join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    for f in [
+        "ca.key",
+        "ca.crt",
+        "api-token",
+        "bmc-credentials.key",
+        "state-dir.json",
+    ] {
+        std::fs::copy(a.dir.join(f), b_dir.join(f)).unwrap();
+    }
+    let b = ControlPlane::start_with(&b_dir, &["--store", &db]);
+    assert_eq!(a.ca_pin, b.ca_pin);
+    let site = a.ok("sites.create", json!({"name": "dc1", "kind": "platform"}));
+    let seen = b.ok("sites.list", json!({}));
+    assert!(
+        seen["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == site["id"]),
+        "a site created on one replica is read on the other: {seen}"
+    );
+    // A node joined through replica B is adopted and read on replica A.
+    let token = b.create_token(&["--uses", "1"]);
+    let agent = Agent::start(&b, &tmp.path().join("agent"), Some(&token), &[]);
+    let id = agent.node_id();
+    wait_node(
+        &a,
+        &id,
+        "adopted and connected, read on the other replica",
+        adopted,
+    );
+
+    // A state dir with a CA of its own is refused: its certificates would not chain.
+    let text = refused_start(&tmp.path().join("c"), &db);
+    assert!(text.contains("records CA pin"), "{text}");
+    assert!(text.contains(&a.ca_pin), "the stored pin is named: {text}");
+}
+
+#[test]
+fn tls_to_the_database_is_verified_against_its_ca() {
+    let Some(pg) = pg("tls_to_the_database_is_verified_against_its_ca") else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let name = db
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let ca = pg.dir.join("ca.crt");
+    let tls_url = format!(
+        "{}?sslmode=require&sslrootcert={}",
+        pg.url_of(&name, Some("localhost")),
+        ca.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(&tmp.path().join("cp"), &["--store", &tls_url]);
+    cp.ok("sites.create", json!({"name": "tls", "kind": "platform"}));
+    assert_eq!(
+        psql(
+            &db,
+            "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.application_name = 'bcctl'"
+        ),
+        "t",
+        "every connection of bcctl is TLS"
+    );
+    // Another CA (the control plane's own) does not vouch for the database's certificate.
+    let wrong = format!(
+        "{}?sslmode=require&sslrootcert={}",
+        pg.url_of(&name, Some("localhost")),
+        cp.dir.join("ca.crt").display()
+    );
+    let text = refused_start(&tmp.path().join("other"), &wrong);
+    assert!(
+        text.to_lowercase().contains("certificate"),
+        "the refusal names the certificate: {text}"
+    );
+}
+
+#[test]
+fn a_database_outage_refuses_writes_keeps_sessions_and_heals() {
+    let Some(pg) = pg("a_database_outage_refuses_writes_keeps_sessions_and_heals") else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start_with(
+        &tmp.path().join("cp"),
+        &[
+            "--store",
+            &db,
+            "--store-timeout",
+            "1s",
+            // Later than the outage: this test is about the store, not Liveness.
+            "--unreachable-after",
+            "20s",
+        ],
+    );
+    let token = cp.create_token(&["--uses", "1"]);
+    let agent = Agent::start(&cp, &tmp.path().join("agent"), Some(&token), &[]);
+    let id = agent.node_id();
+    let before = wait_node(&cp, &id, "adopted and connected", adopted);
+    let epoch = before["session"]["epoch"].clone();
+
+    pg.ctl("stop");
+    let version = before["version"].clone();
+    let (status, body) = cp.call("nodes.cordon", json!({"nodeId": id, "version": version}));
+    let outage = (status, body.clone());
+    std::thread::sleep(Duration::from_secs(2));
+    pg.ctl("resume");
+    assert_eq!(
+        outage.0, 503,
+        "a write without the database is refused as retryable: {body}"
+    );
+    assert_eq!(body["code"], "UNAVAILABLE", "{body}");
+    assert!(
+        body["message"].as_str().unwrap_or("").contains("database"),
+        "the refusal says it is the database: {body}"
+    );
+
+    // Without a restart: writes work again, and the node kept its session.
+    let n = eventually(WAIT, "cordon accepted after the database is back", || {
+        let version = cp.node(&id)["version"].clone();
+        let (s, _) = cp.call("nodes.cordon", json!({"nodeId": id, "version": version}));
+        (s == 200).then(|| cp.node(&id))
+    });
+    assert_eq!(n["cordoned"], true);
+    let n = wait_node(&cp, &id, "connected after the outage", adopted);
+    assert_eq!(n["session"]["epoch"], epoch, "the session stayed open: {n}");
+    let events = cp.ok("nodes.events", json!({"nodeId": id}));
+    assert!(
+        !events.to_string().contains("\"unreachable\""),
+        "no unreachable transition: {events}"
+    );
+}
