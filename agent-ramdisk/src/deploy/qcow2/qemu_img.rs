@@ -12,8 +12,11 @@ use super::super::DeployError;
 use super::super::nbd;
 use super::served::Served;
 
-/// The converter, looked up on `PATH` (Debian: qemu-utils; the ramdisk has it at /usr/bin).
+/// The converter's name (Debian: qemu-utils).
 pub const QEMU_IMG: &str = "qemu-img";
+/// Where Debian and the ramdisk (`packaging/ramdisk/build.sh`) put it; else it is looked up
+/// on `PATH` (the ramdisk's is `/bin`).
+const QEMU_IMG_PATH: &str = "/usr/bin/qemu-img";
 /// The largest NBD read served, bytes (the export's announced maximum block size).
 const MAX_READ_BYTES: u32 = 4 << 20;
 /// How long `qemu-img` may take to connect after it started, ms.
@@ -59,7 +62,12 @@ pub fn run(args: &[&str], served: &mut Served) -> Result<Vec<u8>, DeployError> {
         .map(|a| if *a == "{source}" { source.as_str() } else { a })
         .collect();
     let verb = args.first().copied().unwrap_or("");
-    let mut child = Command::new(QEMU_IMG)
+    let program = if Path::new(QEMU_IMG_PATH).exists() {
+        QEMU_IMG_PATH
+    } else {
+        QEMU_IMG
+    };
+    let mut child = Command::new(program)
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
