@@ -70,9 +70,10 @@ pub async fn open(url: &str) -> Result<Opened, DeployError> {
 }
 
 /// Fetches bytes `start..start + buf.len()` of a file of `total` bytes into `buf` with a Range
-/// request (`If-Match: etag` when given): the answer must be `206` with exactly that
-/// `Content-Range`, so a server that ignores ranges, or whose file changed size or version, is
-/// refused rather than believed. The reason as text on failure.
+/// request (`If-Match: etag` when given): `Ok(false)` when the server answered `200` (it does
+/// not serve ranges; nothing was read), else the answer must be `206` with exactly that
+/// `Content-Range`, so a server whose file changed size or version is refused rather than
+/// believed. The reason as text on failure.
 pub async fn fetch_range(
     client: &reqwest::Client,
     url: &str,
@@ -80,12 +81,12 @@ pub async fn fetch_range(
     buf: &mut [u8],
     total: u64,
     etag: Option<&str>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let Some(last) = start
         .checked_add(buf.len() as u64)
         .and_then(|e| e.checked_sub(1))
     else {
-        return Ok(());
+        return Ok(true);
     };
     let mut req = client
         .get(url)
@@ -95,6 +96,9 @@ pub async fn fetch_range(
     }
     let mut response = req.send().await.map_err(|e| error_chain(&e))?;
     let status = response.status();
+    if status == reqwest::StatusCode::OK {
+        return Ok(false);
+    }
     if status != reqwest::StatusCode::PARTIAL_CONTENT {
         return Err(format!(
             "a range request for bytes {start}-{last} was answered {status}, not 206 Partial \
@@ -128,7 +132,7 @@ pub async fn fetch_range(
             "a range request for bytes {start}-{last} ended after {at} bytes"
         ));
     }
-    Ok(())
+    Ok(true)
 }
 
 /// The body as a blocking reader: each `read` that finds no chunk left waits for the next one

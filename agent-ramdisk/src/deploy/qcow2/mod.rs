@@ -110,7 +110,7 @@ pub fn write(
     let target = job.path.to_string_lossy().into_owned();
     progress.touched = true;
     let converted = qemu_img::run(
-        &["convert", "-n", "-O", "raw", "{source}", &target],
+        &["convert", "-n", "-m", "1", "-O", "raw", "{source}", &target],
         &mut image.served,
     );
     if let Err(e) = converted {
@@ -139,14 +139,8 @@ pub fn write(
 
 /// Drains the stream and compares its SHA-256 with `sha256`.
 fn check_hash(served: &mut Served, sha256: &str) -> Result<(), DeployError> {
-    let body = served.body_mut();
-    if let Err(e) = body.drain() {
-        return Err(DeployError::Unreachable {
-            url: body.url().to_owned(),
-            reason: body.failure.clone().unwrap_or_else(|| e.to_string()),
-        });
-    }
-    let actual = body.sha256_so_far();
+    served.drain()?;
+    let actual = served.body().sha256_so_far();
     if actual != sha256 {
         return Err(DeployError::ChecksumMismatch {
             expected: sha256.to_owned(),

@@ -1,10 +1,15 @@
 //! The qcow2 file as served, as an NBD export for `qemu-img`: one GET read front to back and
-//! hashed as it goes (the same [`Body`] as a raw image), so a read at or after the stream's
-//! position is served from it (the bytes in between read and hashed, not kept); the file's
-//! first [`HEAD_BYTES`] kept, for the header and tables `qemu-img` reads again when it opens
-//! the image twice (`info`, then `convert`). A read behind both is fetched with a Range request
-//! and its SHA-256 recorded, to be checked against a second full read after the conversion
-//! ([`recheck`]): then every byte `qemu-img` used is one of a file whose SHA-256 was checked.
+//! hashed as it goes (the same [`Body`] as a raw image), so a read at most
+//! [`FORWARD_SKIP_BYTES`] after the stream's position is served from it (the bytes in between
+//! read and hashed, not kept); the file's first [`HEAD_BYTES`] kept, for the header and tables
+//! `qemu-img` reads again when it opens the image twice (`info`, then `convert`).
+//!
+//! Other reads are fetched with Range requests and their SHA-256 recorded. One further ahead
+//! (`qemu-img convert` first walks every L2 table, spread through the file, to count what is
+//! allocated) is checked when the stream passes it; one behind the stream is checked against a
+//! second full read after the conversion ([`recheck`]). Either way every byte `qemu-img` used
+//! is one of the file whose SHA-256 was checked. A server that does not serve ranges gets the
+//! stream skipped forward instead; a read behind the stream then fails.
 
 use std::io::{self, Read};
 
@@ -21,6 +26,9 @@ pub const HEAD_BYTES: usize = 2 << 20;
 /// reads a file past its end): QEMU's NBD client, asked to read across an export's end that is
 /// not sector-aligned, waits for the bytes past it and hangs.
 const EXPORT_ALIGN_BYTES: u64 = 512;
+/// How far ahead of the stream a read may be and still be served by reading the stream up to
+/// it, bytes; further ahead it is fetched with a Range request.
+pub const FORWARD_SKIP_BYTES: u64 = 32 << 20;
 /// The scratch buffer that forward skips read through, bytes.
 const SKIP_BUFFER_BYTES: usize = 1 << 20;
 
@@ -41,8 +49,13 @@ pub struct Served {
     scratch: Vec<u8>,
     client: reqwest::Client,
     etag: Option<String>,
-    /// What was served from Range requests, in the order asked.
+    /// What was served from Range requests behind the stream, in the order asked.
     pub fetched: Vec<Fetched>,
+    /// What was served from Range requests ahead of the stream, each with the hash of the
+    /// stream's bytes there so far; checked and dropped once the stream has passed it.
+    ahead: Vec<(Fetched, Sha256)>,
+    /// The server answered a Range request with the whole file.
+    no_ranges: bool,
     /// Why the last read failed, as the error to report (the NBD client only hears `EIO`).
     pub failure: Option<DeployError>,
 }
@@ -62,6 +75,8 @@ impl Served {
             client,
             etag,
             fetched: Vec::new(),
+            ahead: Vec::new(),
+            no_ranges: false,
             failure: None,
         })
     }
@@ -93,6 +108,51 @@ impl Served {
             let keep = buf.len().min(HEAD_BYTES - at);
             self.head.extend_from_slice(&buf[..keep]);
         }
+        self.check_ahead(at, buf)
+    }
+
+    /// Feeds the stream's bytes `buf` at `at` to the ranges served ahead of it; those it has
+    /// passed must hash as they did when served.
+    fn check_ahead(&mut self, at: u64, buf: &[u8]) -> io::Result<()> {
+        let end = at + buf.len() as u64;
+        let mut changed = None;
+        self.ahead.retain_mut(|(f, h)| {
+            let (lo, hi) = (f.offset.max(at), (f.offset + f.len).min(end));
+            if lo < hi {
+                h.update(&buf[(lo - at) as usize..(hi - at) as usize]);
+            }
+            if f.offset + f.len > end {
+                return true;
+            }
+            if <[u8; 32]>::from(h.clone().finalize()) != f.sha256 {
+                changed = Some((f.offset, f.len));
+            }
+            false
+        });
+        let Some((offset, len)) = changed else {
+            return Ok(());
+        };
+        let why = format!("its {len} bytes at offset {offset} differ between two reads");
+        self.failure = Some(DeployError::ChangedWhileRead(why.clone()));
+        Err(io::Error::other(why))
+    }
+
+    /// Reads the stream to the file's end, checking the ranges served ahead of it.
+    pub fn drain(&mut self) -> Result<(), DeployError> {
+        let end = self.size;
+        if self.skip_to(end).is_err() || self.body.drain().is_err() {
+            return Err(self
+                .failure
+                .take()
+                .unwrap_or_else(|| DeployError::Unreachable {
+                    url: self.body.url().to_owned(),
+                    reason: self
+                        .body
+                        .failure
+                        .clone()
+                        .unwrap_or_else(|| "the body failed".into()),
+                }));
+        }
         Ok(())
     }
 
@@ -113,8 +173,9 @@ impl Served {
         result
     }
 
-    /// Fetches `buf` at `offset` with a Range request, and records it.
-    fn fetch(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// Fetches `buf` at `offset` with a Range request, and records it; `Ok(false)` when the
+    /// server does not serve ranges.
+    fn fetch(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
         let (client, url, etag) = (&self.client, self.body.url(), self.etag.as_deref());
         let mut cancel = self.body.cancel();
         let got = self.body.handle().block_on(async {
@@ -123,19 +184,31 @@ impl Served {
                 _ = cancel.changed() => Err("the command was cancelled".to_owned()),
             }
         });
-        if let Err(reason) = got {
-            self.failure = Some(DeployError::Unreachable {
-                url: url.to_owned(),
-                reason: reason.clone(),
-            });
-            return Err(io::Error::other(reason));
+        match got {
+            Ok(true) => {}
+            Ok(false) => {
+                self.no_ranges = true;
+                return Ok(false);
+            }
+            Err(reason) => {
+                self.failure = Some(DeployError::Unreachable {
+                    url: url.to_owned(),
+                    reason: reason.clone(),
+                });
+                return Err(io::Error::other(reason));
+            }
         }
-        self.fetched.push(Fetched {
+        let f = Fetched {
             offset,
             len: buf.len() as u64,
             sha256: Sha256::digest(&*buf).into(),
-        });
-        Ok(())
+        };
+        if offset >= self.body.bytes {
+            self.ahead.push((f, Sha256::new()));
+        } else {
+            self.fetched.push(f);
+        }
+        Ok(true)
     }
 }
 
@@ -159,6 +232,9 @@ impl Export for Served {
         let pos = self.body.bytes;
         let head = self.head.len() as u64;
         if offset >= pos {
+            if offset - pos > FORWARD_SKIP_BYTES && !self.no_ranges && self.fetch(offset, buf)? {
+                return Ok(());
+            }
             self.skip_to(offset)?;
             return self.stream(buf);
         }
@@ -179,7 +255,16 @@ impl Export for Served {
             pos,
             "qcow2: a read behind the stream"
         );
-        self.fetch(offset, buf)
+        if self.no_ranges || !self.fetch(offset, buf)? {
+            let why = format!(
+                "qemu-img read {} bytes at {offset}, behind the stream (at {pos}), and the \
+                 server does not serve byte ranges",
+                buf.len()
+            );
+            self.failure = Some(DeployError::Qcow2(why.clone()));
+            return Err(io::Error::other(why));
+        }
+        Ok(())
     }
 }
 
