@@ -1,9 +1,12 @@
 //! `image.write` streaming an image much larger than a ramdisk machine's memory: the throughput
 //! and the peak resident memory of the process that writes it (docs/benchmarks.md).
 //!
-//! `cargo bench -p bcd-ramdisk --bench image_write [-- GIB]` (default 2 GiB, more than the
-//! 1 GiB the QEMU machines of the VM tests have). The image is a sparse file served by Python's
-//! `http.server` on loopback; the "disk" is a sparse file under a fake root (`/sys/block/vda`,
+//! `cargo bench -p bcd-ramdisk --bench image_write [-- GIB [qcow2]]` (default 2 GiB, more than
+//! the 1 GiB the QEMU machines of the VM tests have). With `qcow2` the raw image holds 1 MiB of
+//! data in every 4 MiB (the rest zeros), is converted to qcow2 by `qemu-img`, and the qcow2 file
+//! is served and written (`format: qcow2`); MiB/s is of the virtual disk written. The image is
+//! a sparse file served by Python's `http.server` on loopback (busybox httpd for qcow2, which
+//! needs byte ranges); the "disk" is a sparse file under a fake root (`/sys/block/vda`,
 //! `/dev/vda`) a little larger than the image, so the same code path as in the ramdisk runs:
 //! the HTTP stream, SHA-256 as served, the 4 MiB write buffer, fsync. Prints MiB/s and VmHWM
 //! (the process's peak RSS, `/proc/self/status`) before and after.
@@ -32,6 +35,7 @@ fn main() {
         .find_map(|a| a.parse().ok())
         .unwrap_or(2);
     let size = gib << 30;
+    let qcow2 = std::env::args().any(|a| a == "qcow2");
     let tmp = tempfile::tempdir().unwrap();
     let served = tmp.path().join("served");
     std::fs::create_dir_all(&served).unwrap();
@@ -40,8 +44,38 @@ fn main() {
         .unwrap()
         .set_len(size)
         .unwrap();
-    // SHA-256 of `size` zero bytes, as the server will send them.
-    let sha = {
+    let sha = if qcow2 {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap();
+        let data: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8 | 1).collect();
+        for at in (0..size).step_by(4 * MIB as usize) {
+            f.seek(SeekFrom::Start(at)).unwrap();
+            f.write_all(&data).unwrap();
+        }
+        drop(f);
+        let q = served.join("big.qcow2");
+        let ok = Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(&image)
+            .arg(&q)
+            .status()
+            .expect("qemu-img");
+        assert!(ok.success());
+        std::fs::remove_file(&image).unwrap();
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        std::io::copy(&mut std::fs::File::open(&q).unwrap(), &mut h).unwrap();
+        println!(
+            "qcow2 file: {} MiB for a {} MiB disk",
+            std::fs::metadata(&q).unwrap().len() / MIB,
+            size / MIB
+        );
+        hex::encode(h.finalize())
+    } else {
+        // SHA-256 of `size` zero bytes, as the server will send them.
         use sha2::{Digest, Sha256};
         let mut h = Sha256::new();
         let zeros = vec![0u8; MIB as usize];
@@ -49,6 +83,11 @@ fn main() {
             h.update(&zeros);
         }
         hex::encode(h.finalize())
+    };
+    let (file, format) = if qcow2 {
+        ("big.qcow2", ImageFormat::Qcow2)
+    } else {
+        ("big.raw", ImageFormat::Raw)
     };
     let root = tmp.path().join("root");
     let block = root.join("sys/block/vda");
@@ -66,15 +105,27 @@ fn main() {
         .local_addr()
         .unwrap()
         .port();
-    let mut server = Command::new("python3")
-        .args(["-m", "http.server", "--bind", "127.0.0.1"])
-        .arg(port.to_string())
-        .arg("--directory")
-        .arg(&served)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3 -m http.server");
+    // qcow2 needs a server that serves byte ranges (qemu-img reads some tables out of order):
+    // busybox httpd does, Python's http.server does not.
+    let mut server = if qcow2 {
+        Command::new("busybox")
+            .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
+            .arg(&served)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("busybox httpd")
+    } else {
+        Command::new("python3")
+            .args(["-m", "http.server", "--bind", "127.0.0.1"])
+            .arg(port.to_string())
+            .arg("--directory")
+            .arg(&served)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server")
+    };
     let started = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -85,9 +136,9 @@ fn main() {
     }
     let args = ImageWriteArgs {
         image: ImageSource {
-            url: format!("http://127.0.0.1:{port}/big.raw"),
+            url: format!("http://127.0.0.1:{port}/{file}"),
             sha256: sha,
-            format: ImageFormat::Raw,
+            format,
             compression: Compression::None,
         },
         root_device: None,

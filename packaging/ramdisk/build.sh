@@ -3,7 +3,7 @@
 # server needs, /init and the udhcpc hook; and the kernel beside it.
 #
 #   packaging/ramdisk/build.sh --kernel-root DIR --bcd PATH --out DIR [--kernel-version V]
-#                              [--busybox PATH] [--dropbear PATH] [--zstd]
+#                              [--busybox PATH] [--dropbear PATH] [--qemu-img PATH] [--zstd]
 #
 #   --kernel-root DIR     where Debian's linux-image package is unpacked (`dpkg-deb -x`, or `/` for
 #                         the installed kernel): DIR/boot/vmlinuz-V and DIR/lib/modules/V with
@@ -14,6 +14,9 @@
 #   --dropbear PATH       the SSH server of rescue.start (package dropbear-bin), default
 #                         /usr/sbin/dropbear when it exists (else the image has no rescue);
 #                         dropbearkey is taken from beside it, else from PATH
+#   --qemu-img PATH       image.write's qcow2 converter (package qemu-utils; its NBD client and
+#                         qcow2 driver are built in, no block module is needed), default
+#                         /usr/bin/qemu-img when it exists (else the image writes raw images only)
 #   --out DIR             writes DIR/initrd.img (gzip -9), DIR/vmlinuz, and with --zstd
 #                         DIR/initrd.zst (the Debian kernel has RD_ZSTD)
 #
@@ -22,7 +25,7 @@
 # owners 0:0, cpio --reproducible, gzip -n). Prints the sizes and the sha256 of what it wrote.
 # What goes in: /bin/busybox with a link per applet, /sbin -> bin (the kernel's request_module
 # runs /sbin/modprobe), /bin/bcd and the shared libraries ldd lists, /usr/sbin/dropbear and
-# /usr/bin/dropbearkey with theirs, /etc/passwd with root (home /root, shell /bin/sh), the
+# /usr/bin/dropbearkey with theirs, /usr/bin/qemu-img with its, /etc/passwd with root (home /root, shell /bin/sh), the
 # modules of packaging/ramdisk/modules with their dependencies at their paths plus modules.order
 # and modules.builtin*, depmod'ed (busybox modprobe reads modules.dep), /init, /etc/udhcpc.sh.
 set -euo pipefail
@@ -30,7 +33,7 @@ umask 022
 export LC_ALL=C
 
 here=$(cd "$(dirname "$0")" && pwd)
-kroot='' kver='' bcd='' out='' busybox=/bin/busybox dropbear='' zstd=0
+kroot='' kver='' bcd='' out='' busybox=/bin/busybox dropbear='' qemuimg='' zstd=0
 die() { echo "build.sh: $*" >&2; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,9 +42,10 @@ while [ $# -gt 0 ]; do
     --bcd) bcd=${2:?}; shift 2 ;;
     --busybox) busybox=${2:?}; shift 2 ;;
     --dropbear) dropbear=${2:?}; shift 2 ;;
+    --qemu-img) qemuimg=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
     --zstd) zstd=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -63,6 +67,14 @@ if [ -z "$dropbear" ]; then
     echo "build.sh: warning: /usr/sbin/dropbear is missing (package dropbear-bin): this ramdisk cannot serve rescue.start" >&2
   fi
 fi
+if [ -z "$qemuimg" ]; then
+  if [ -x /usr/bin/qemu-img ]; then
+    qemuimg=/usr/bin/qemu-img
+  else
+    echo "build.sh: warning: /usr/bin/qemu-img is missing (package qemu-utils): this ramdisk cannot write qcow2 images" >&2
+  fi
+fi
+[ -z "$qemuimg" ] || [ -x "$qemuimg" ] || die "$qemuimg is not an executable"
 dropbearkey=''
 if [ -n "$dropbear" ]; then
   [ -x "$dropbear" ] || die "$dropbear is not an executable"
@@ -105,6 +117,13 @@ if [ -n "$dropbear" ]; then
   install -m 0755 "$dropbearkey" "$st/usr/bin/dropbearkey"
   libs "$dropbear"
   libs "$dropbearkey"
+fi
+
+# image.write's qcow2 converter, where bcd looks for it (PATH)
+if [ -n "$qemuimg" ]; then
+  mkdir -p "$st/usr/bin"
+  install -m 0755 "$qemuimg" "$st/usr/bin/qemu-img"
+  libs "$qemuimg"
 fi
 
 # the modules and their dependencies, then depmod for that subset

@@ -20,6 +20,9 @@
 //!   `BLKRRPART` (`bcd_probes::erase::block`); zeroing of both ends on failure.
 //! - [`config_drive`]: a GPT partition after the image's last one, the GPT's backup moved to
 //!   the disk's real end, a vfat filesystem labelled `cidata` with `meta-data` and `user-data`.
+//! - [`qcow2`]: `format: qcow2` through `qemu-img convert`, which reads the file over NBD
+//!   (`nbd`) from the same hashed stream (reads behind it by Range request, checked by a
+//!   second read), and writes the disk; then the same fsync, config drive and erase on failure.
 //!
 //! The HTTP request and the disk choice run on the runtime; the copy runs on a blocking thread
 //! that pulls each chunk of the body from the runtime as the disk takes it. Memory: the write
@@ -27,14 +30,13 @@
 //! compressed with, at most 128 MiB for `--long=27`, the libzstd default limit).
 //!
 //! # Limitations
-//! `format: qcow2` fails with `IMAGE_WRITE_FAILED` ("qcow2 is not supported by this ramdisk
-//! yet"): converting qcow2 needs random access to the file (its L1/L2 tables may sit anywhere),
-//! so it cannot be streamed; the well-kept converter (`qemu-img convert`) needs the file on a
-//! disk or its curl driver, neither of which this ramdisk has. Bytes of the disk past the image
-//! (and its config drive) are left as they were. https trusts the public web PKI roots only.
+//! Bytes of the disk past the image (and its config drive) are left as they were. https trusts
+//! the public web PKI roots only. qcow2: see [`qcow2`]'s Limitations (no gzip/zstd around it).
 
 pub mod config_drive;
 pub mod disks;
+mod nbd;
+pub mod qcow2;
 mod region;
 pub mod source;
 pub mod write;
@@ -81,9 +83,19 @@ pub enum DeployError {
         compression: &'static str,
         reason: String,
     },
-    /// `format: qcow2` (see the module's Limitations).
-    #[error("qcow2 is not supported by this ramdisk yet (serve the image raw, gzip or zstd)")]
-    Qcow2Unsupported,
+    /// `format: qcow2` with `compression` (see [`qcow2`]'s Limitations).
+    #[error(
+        "a qcow2 image cannot also be {0}-compressed: qcow2 needs random access (serve it \
+         uncompressed; qcow2 compresses inside with qemu-img convert -c)"
+    )]
+    Qcow2Compressed(&'static str),
+    /// The qcow2 image cannot be written: `qemu-img` refused it or failed, or is missing.
+    #[error("qcow2: {0}")]
+    Qcow2(String),
+    /// A qcow2 image's bytes read twice (once by the stream, once by a Range request or a second
+    /// read) differ: the file changed on the server during the write.
+    #[error("the image changed on the server while it was written: {0}")]
+    ChangedWhileRead(String),
     /// The config drive could not be written.
     #[error("config drive on /dev/{device}: {source}")]
     ConfigDrive {
@@ -119,8 +131,10 @@ impl DeployError {
             Self::Disk { .. }
             | Self::TooLarge { .. }
             | Self::Decompress { .. }
-            | Self::Qcow2Unsupported
+            | Self::Qcow2Compressed(_)
+            | Self::Qcow2(_)
             | Self::ConfigDrive { .. } => CommandErrorCode::ImageWriteFailed,
+            Self::ChangedWhileRead(_) => CommandErrorCode::ChecksumMismatch,
             Self::Erased { cause, .. } | Self::EraseFailed { cause, .. } => cause.code(),
             Self::Task(_) => CommandErrorCode::Internal,
         }
@@ -138,14 +152,33 @@ pub async fn image_write(
     args: ImageWriteArgs,
 ) -> Result<ImageWriteResult, DeployError> {
     let started = Instant::now();
-    if args.image.format == ImageFormat::Qcow2 {
-        return Err(DeployError::Qcow2Unsupported);
+    let qcow2 = args.image.format == ImageFormat::Qcow2;
+    if qcow2 && args.image.compression != Compression::None {
+        return Err(DeployError::Qcow2Compressed(write::compression_name(
+            args.image.compression,
+        )));
     }
+    let sha256 = args.image.sha256.trim().to_ascii_lowercase();
     let opened = source::open(&args.image.url).await?;
-    // Only a raw, uncompressed file's length is the size it takes on the disk.
-    let need = match (args.image.compression, opened.length) {
-        (Compression::None, Some(n)) => n,
-        _ => 0,
+    let length = opened.length;
+    // Dropped with this future (a deadline, a cancel): the copy's next read fails and the disk's
+    // ends are zeroed, instead of the blocking thread writing on unobserved.
+    let (_cancel_on_drop, cancel) = tokio::sync::watch::channel(());
+    let etag = opened.etag.clone();
+    let body = source::Body::new(opened, tokio::runtime::Handle::current(), cancel);
+    let (need, input) = if qcow2 {
+        let want = sha256.clone();
+        let image = tokio::task::spawn_blocking(move || qcow2::inspect(body, etag, &want))
+            .await
+            .map_err(|e| DeployError::Task(e.to_string()))??;
+        (image.virtual_size, write::Input::Qcow2(image))
+    } else {
+        // Only a raw, uncompressed file's length is the size it takes on the disk.
+        let need = match (args.image.compression, length) {
+            (Compression::None, Some(n)) => n,
+            _ => 0,
+        };
+        (need, write::Input::Raw(body))
     };
     let hints = args.root_device.clone().unwrap_or_default();
     let r = root.clone();
@@ -158,14 +191,10 @@ pub async fn image_write(
         device = %choice.name,
         because = %choice.because,
         url = %args.image.url,
-        length = ?opened.length,
+        length = ?length,
+        format = if qcow2 { "qcow2" } else { "raw" },
         "image.write: streaming the image"
     );
-    // Dropped with this future (a deadline, a cancel): the copy's next read fails and the disk's
-    // ends are zeroed, instead of the blocking thread writing on unobserved.
-    let (_cancel_on_drop, cancel) = tokio::sync::watch::channel(());
-    let body = source::Body::new(opened, tokio::runtime::Handle::current(), cancel);
-    let sha256 = args.image.sha256.trim().to_ascii_lowercase();
     let job = write::Job {
         path: root.path(format!("/dev/{}", choice.name)),
         device: choice.name.clone(),
@@ -180,7 +209,7 @@ pub async fn image_write(
             drive: c,
         }),
     };
-    let done = tokio::task::spawn_blocking(move || write::run(job, body))
+    let done = tokio::task::spawn_blocking(move || write::run(job, input))
         .await
         .map_err(|e| DeployError::Task(e.to_string()))??;
     Ok(ImageWriteResult {

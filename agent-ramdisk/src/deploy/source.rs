@@ -24,6 +24,18 @@ pub struct Opened {
     pub length: Option<u64>,
     /// The URL asked for.
     pub url: String,
+    /// A strong `ETag` the server sent (quotes kept), to pin later range requests to this
+    /// version of the file.
+    pub etag: Option<String>,
+}
+
+/// The HTTP client of every request of an image: its connect and read timeouts.
+pub fn client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .read_timeout(Duration::from_millis(READ_TIMEOUT_MS))
+        .build()
+        .map_err(|e| error_chain(&e))
 }
 
 /// Sends the GET and waits for the status line and headers.
@@ -32,11 +44,7 @@ pub async fn open(url: &str) -> Result<Opened, DeployError> {
         url: url.to_owned(),
         reason,
     };
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-        .read_timeout(Duration::from_millis(READ_TIMEOUT_MS))
-        .build()
-        .map_err(|e| unreachable(error_chain(&e)))?;
+    let client = client().map_err(unreachable)?;
     let response = client
         .get(url)
         .send()
@@ -47,11 +55,84 @@ pub async fn open(url: &str) -> Result<Opened, DeployError> {
         return Err(unreachable(format!("the server answered {status}")));
     }
     let length = response.content_length();
+    let etag = response
+        .headers()
+        .get(reqwest::header::ETAG)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.starts_with('"'))
+        .map(str::to_owned);
     Ok(Opened {
         response,
         length,
         url: url.to_owned(),
+        etag,
     })
+}
+
+/// Fetches bytes `start..start + buf.len()` of a file of `total` bytes into `buf` with a Range
+/// request (`If-Match: etag` when given): `Ok(false)` when the server answered `200` (it does
+/// not serve ranges; nothing was read), else the answer must be `206` with exactly that
+/// `Content-Range`, so a server whose file changed size or version is refused rather than
+/// believed. The reason as text on failure.
+pub async fn fetch_range(
+    client: &reqwest::Client,
+    url: &str,
+    start: u64,
+    buf: &mut [u8],
+    total: u64,
+    etag: Option<&str>,
+) -> Result<bool, String> {
+    let Some(last) = start
+        .checked_add(buf.len() as u64)
+        .and_then(|e| e.checked_sub(1))
+    else {
+        return Ok(true);
+    };
+    let mut req = client
+        .get(url)
+        .header(reqwest::header::RANGE, format!("bytes={start}-{last}"));
+    if let Some(tag) = etag {
+        req = req.header(reqwest::header::IF_MATCH, tag);
+    }
+    let mut response = req.send().await.map_err(|e| error_chain(&e))?;
+    let status = response.status();
+    if status == reqwest::StatusCode::OK {
+        return Ok(false);
+    }
+    if status != reqwest::StatusCode::PARTIAL_CONTENT {
+        return Err(format!(
+            "a range request for bytes {start}-{last} was answered {status}, not 206 Partial \
+             Content (qcow2 needs a server that serves byte ranges, of an unchanged file)"
+        ));
+    }
+    let want = format!("bytes {start}-{last}/{total}");
+    let got = response
+        .headers()
+        .get(reqwest::header::CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if got != want {
+        return Err(format!(
+            "a range request got Content-Range {got:?}, not {want:?}"
+        ));
+    }
+    let mut at = 0usize;
+    while let Some(chunk) = response.chunk().await.map_err(|e| error_chain(&e))? {
+        let end = at.saturating_add(chunk.len());
+        let Some(dst) = buf.get_mut(at..end) else {
+            return Err(format!(
+                "a range request for bytes {start}-{last} got more bytes"
+            ));
+        };
+        dst.copy_from_slice(&chunk);
+        at = end;
+    }
+    if at != buf.len() {
+        return Err(format!(
+            "a range request for bytes {start}-{last} ended after {at} bytes"
+        ));
+    }
+    Ok(true)
 }
 
 /// The body as a blocking reader: each `read` that finds no chunk left waits for the next one
@@ -111,6 +192,21 @@ impl Body {
         &self.url
     }
 
+    /// The file's length as the server announced it, bytes.
+    pub fn expected_len(&self) -> Option<u64> {
+        self.expected
+    }
+
+    /// The runtime the body is read through.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+
+    /// A receiver that ends (`changed()` errs) when the command's future is dropped.
+    pub fn cancel(&self) -> tokio::sync::watch::Receiver<()> {
+        self.cancel.clone()
+    }
+
     fn fail(&mut self, why: String) -> io::Error {
         self.failure = Some(why.clone());
         io::Error::other(why)
@@ -159,7 +255,7 @@ impl Read for Body {
 
 /// An error with its sources, `a: b: c`: reqwest's own message ("error sending request") says
 /// little without what caused it (connection refused, a certificate, end of file).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,8 +16,15 @@ pub const PATTERN_CHUNK: usize = 1 << 20;
 /// What one path answers.
 #[derive(Debug, Clone)]
 pub enum Serve {
-    /// These bytes, 200.
+    /// These bytes, 200, or 206 for a `Range: bytes=a-b` request.
     Bytes(Arc<Vec<u8>>),
+    /// Versions of a file: the `n`th request (counted in `requests`) gets `versions[n]`, or the
+    /// last; ranges as [`Serve::Bytes`], each counted in `ranges`.
+    Versions {
+        versions: Arc<Vec<Arc<Vec<u8>>>>,
+        requests: Arc<AtomicUsize>,
+        ranges: Arc<AtomicUsize>,
+    },
     /// `Content-Length` of these bytes, then only the first `after`, then the connection closes.
     Cut { bytes: Arc<Vec<u8>>, after: usize },
     /// `Content-Length` of these bytes, the first `after`, then nothing more, the connection
@@ -88,6 +96,14 @@ async fn serve(mut sock: TcpStream, routes: &HashMap<String, Serve>) -> std::io:
     }
     let line = String::from_utf8_lossy(&req);
     let path = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    let range = line.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        let (a, b) = k
+            .eq_ignore_ascii_case("range")
+            .then(|| v.trim().strip_prefix("bytes="))??
+            .split_once('-')?;
+        Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?))
+    });
     let head = |status: &str, len: u64| {
         format!("HTTP/1.1 {status}\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n")
     };
@@ -97,10 +113,18 @@ async fn serve(mut sock: TcpStream, routes: &HashMap<String, Serve>) -> std::io:
             sock.write_all(head(&format!("{s} Nope"), 0).as_bytes())
                 .await?;
         }
-        Some(Serve::Bytes(b)) => {
-            sock.write_all(head("200 OK", b.len() as u64).as_bytes())
-                .await?;
-            sock.write_all(b).await?;
+        Some(Serve::Bytes(b)) => send(&mut sock, b, range).await?,
+        Some(Serve::Versions {
+            versions,
+            requests,
+            ranges,
+        }) => {
+            let n = requests.fetch_add(1, Ordering::SeqCst);
+            if range.is_some() {
+                ranges.fetch_add(1, Ordering::SeqCst);
+            }
+            let last = versions.len().saturating_sub(1);
+            send(&mut sock, &versions[n.min(last)], range).await?;
         }
         Some(Serve::Cut { bytes, after }) => {
             sock.write_all(head("200 OK", bytes.len() as u64).as_bytes())
@@ -127,4 +151,27 @@ async fn serve(mut sock: TcpStream, routes: &HashMap<String, Serve>) -> std::io:
         }
     }
     sock.shutdown().await
+}
+
+/// `b` whole (200), or bytes `a..=z` of it (206, `Content-Range`).
+async fn send(
+    sock: &mut TcpStream,
+    b: &[u8],
+    range: Option<(usize, usize)>,
+) -> std::io::Result<()> {
+    let (status, part, extra) = match range {
+        Some((a, z)) if a <= z && z < b.len() => (
+            "206 Partial Content",
+            &b[a..=z],
+            format!("Content-Range: bytes {a}-{z}/{}\r\n", b.len()),
+        ),
+        Some(_) => ("416 Range Not Satisfiable", &b[..0], String::new()),
+        None => ("200 OK", b, String::new()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
+        part.len()
+    );
+    sock.write_all(head.as_bytes()).await?;
+    sock.write_all(part).await
 }

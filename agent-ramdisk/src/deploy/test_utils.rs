@@ -78,6 +78,39 @@ pub(crate) fn have_blkid() -> bool {
     have("blkid", "util-linux")
 }
 
+/// `qemu-img` (and `qemu-io`, of the same package), which make the qcow2 test images and which
+/// image.write runs for them.
+pub(crate) fn have_qemu_img() -> bool {
+    have("qemu-img", "qemu-utils") && have("qemu-io", "qemu-utils")
+}
+
+/// Runs `qemu-img` (or `qemu-io`) with `args`, panicking with its stderr when it fails.
+pub(crate) fn qemu(tool: &str, args: &[&str]) {
+    let out = std::process::Command::new(tool)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `raw` converted to qcow2 by `qemu-img convert` with `extra` options (`-c`: compressed
+/// clusters); the file's bytes.
+pub(crate) fn qcow2_of(raw: &[u8], extra: &[&str]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dst) = (dir.path().join("img.raw"), dir.path().join("img.qcow2"));
+    std::fs::write(&src, raw).unwrap();
+    let (src, dst) = (src.to_string_lossy(), dst.to_string_lossy());
+    let mut args = vec!["convert", "-f", "raw", "-O", "qcow2"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[&*src, &*dst]);
+    qemu("qemu-img", &args);
+    std::fs::read(&*dst).unwrap()
+}
+
 /// A 6 MiB GPT disk image made by sfdisk: partition 1 at 1 MiB (1 MiB), partition 2 at 2 MiB
 /// (2 MiB) whose first bytes are `marker`.
 pub(crate) fn gpt_image(marker: &[u8]) -> Vec<u8> {

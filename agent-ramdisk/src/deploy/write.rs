@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bc_protocol::commands::deploy::Compression;
 
 use super::source::Body;
-use super::{DeployError, ERASE_BYTES, WRITE_BUFFER_BYTES, config_drive};
+use super::{DeployError, ERASE_BYTES, WRITE_BUFFER_BYTES, config_drive, qcow2};
 
 /// How often progress is logged, ms.
 const PROGRESS_EVERY_MS: u64 = 5_000;
@@ -46,8 +46,17 @@ pub struct Done {
     pub config_drive_partition: Option<String>,
 }
 
-/// Writes `body` onto the disk of `job`.
-pub fn run(job: Job, mut body: Body) -> Result<Done, DeployError> {
+/// What is written: a raw (maybe compressed) image's body, or a qcow2 image `qemu-img` opened.
+// One per command, moved once onto the blocking thread: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Input {
+    Raw(Body),
+    Qcow2(qcow2::Image),
+}
+
+/// Writes `input` onto the disk of `job`.
+pub fn run(job: Job, input: Input) -> Result<Done, DeployError> {
     let disk_err = |op, source| DeployError::Disk {
         device: job.device.clone(),
         op,
@@ -70,10 +79,12 @@ pub fn run(job: Job, mut body: Body) -> Result<Done, DeployError> {
             disk_err(op, e)
         })?;
     let mut progress = Progress::default();
-    let result = write_verified(&job, &mut body, &mut file, &mut progress);
-    let result = result.and_then(|()| {
-        let image_bytes = body.bytes;
-        let sha256 = body.sha256_so_far();
+    let result = match input {
+        Input::Raw(mut body) => write_verified(&job, &mut body, &mut file, &mut progress)
+            .map(|()| (body.bytes, body.sha256_so_far())),
+        Input::Qcow2(image) => qcow2::write(&job, image, &mut progress),
+    };
+    let result = result.and_then(|(image_bytes, sha256)| {
         file.sync_all().map_err(|e| disk_err("fsync", e))?;
         let partition =
             match &job.config_drive {
@@ -174,12 +185,12 @@ enum Copy {
 
 /// How far the copy got.
 #[derive(Debug, Default)]
-struct Progress {
+pub struct Progress {
     /// Bytes written onto the disk.
-    written: u64,
+    pub written: u64,
     /// A write was attempted: the disk may differ from what it was, even when `written` is 0
     /// (a first write that failed half-way).
-    touched: bool,
+    pub touched: bool,
 }
 
 fn copy(job: &Job, body: &mut Body, file: &mut File, p: &mut Progress) -> Result<(), Copy> {
@@ -254,7 +265,7 @@ fn disk(job: &Job, op: &'static str, source: io::Error) -> DeployError {
     }
 }
 
-fn compression_name(c: Compression) -> &'static str {
+pub fn compression_name(c: Compression) -> &'static str {
     match c {
         Compression::None => "raw",
         Compression::Gzip => "gzip",

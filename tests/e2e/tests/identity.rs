@@ -108,6 +108,61 @@ fn revoke_closes_the_stream_and_the_old_certificate_never_works_again() {
     agent.kill9();
 }
 
+/// Issue 16's "retire → `retired`, not schedulable, no identity; its old certificate is
+/// refused", with a real agent: the certificate the control plane issued it before the retire
+/// (saved, then put back after the agent dropped it) is refused by the gateway.
+#[test]
+fn a_retired_node_holds_no_identity_and_its_old_certificate_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&tmp.path().join("cp"));
+    let token = cp.create_token(&["--uses", "1"]);
+    let dir = tmp.path().join("agent");
+    let agent = Agent::start(&cp, &dir, Some(&token), &[]);
+    let id = agent.node_id();
+    let n = connected(&cp, &id);
+    assert_eq!(n["provisionState"], "adopted", "{n}");
+    assert_eq!(n["identityGeneration"], 1);
+    let saved: Vec<(String, Vec<u8>)> = ["node.json", "cert.pem", "key.pem"]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(dir.join(f)).unwrap()))
+        .collect();
+
+    let (ok, _, err) = cp.bcctl(&["nodes", "retire", &id]);
+    assert!(ok, "{err}");
+    let n = cp.node(&id);
+    assert_eq!(n["provisionState"], "retired", "{n}");
+    assert_eq!(n["schedulable"], false, "{n}");
+    assert_eq!(
+        n["identityGeneration"], 2,
+        "the retire ended the identity: {n}"
+    );
+    eventually(WAIT, "the agent drops the retired identity", || {
+        (agent.log_text().contains("identity was revoked") && !dir.join("node.json").exists())
+            .then_some(())
+    });
+    let mut agent = agent;
+    agent.kill9();
+
+    // The old certificate and key back in place: the gateway refuses them.
+    for (f, data) in &saved {
+        std::fs::write(dir.join(f), data).unwrap();
+    }
+    let mut agent = Agent::start(&cp, &dir, None, &[]);
+    eventually(WAIT, "the old certificate refused", || {
+        agent
+            .log_text()
+            .matches("identity was revoked")
+            .count()
+            .ge(&2)
+            .then_some(())
+    });
+    let n = cp.node(&id);
+    assert_ne!(n["connectivity"], "connected", "{n}");
+    assert_eq!(n["provisionState"], "retired", "{n}");
+    assert_eq!(n["identityGeneration"], 2, "{n}");
+    agent.kill9();
+}
+
 #[test]
 fn wiped_state_rejoins_in_place_and_a_clone_is_refused_while_the_original_is_connected() {
     let Some(root) = fixture_root() else { return };
