@@ -10,7 +10,7 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Crates only the store may depend on.
-const SQL_CRATES: &[&str] = &["rusqlite", "rusqlite_migration"];
+const SQL_CRATES: &[&str] = &["rusqlite", "rusqlite_migration", "tokio-postgres", "r2d2"];
 /// The one crate that may.
 const STORE: &str = "cpl-store";
 /// The core crate and the transport crates it must not reach.

@@ -37,8 +37,10 @@ pub(super) struct Harness {
     pub(super) api_token: String,
     pub(super) token: String,
     pub(super) heartbeat: Duration,
-    /// The store, read-only beside `bcctl serve`.
+    /// The store, read-only beside `bcctl serve` (SQLite), or a second client of its database.
     pub(super) db: Store,
+    /// `--store` given to `bcctl serve`, when the store is PostgreSQL.
+    pub(super) store_url: Option<String>,
 }
 
 pub(super) fn port_of(url: &str) -> String {
@@ -86,13 +88,25 @@ impl Harness {
         };
         std::fs::create_dir_all(&dir)?;
         let db_path = dir.join("state.db");
+        let postgres = args
+            .store
+            .as_deref()
+            .map(|url| {
+                if cpl_store::is_postgres_url(url) {
+                    Ok(cpl_store::PostgresOptions::new(url))
+                } else {
+                    Err(anyhow::anyhow!("--store {url}: expected postgres://…"))
+                }
+            })
+            .transpose()?;
         let token = {
             // Locked and initialised (or checked) as `bcctl serve` does; the lock is released
             // before `bcctl serve` starts on the dir.
-            let state = controlplane_lite::server::open_state(
+            let state = controlplane_lite::server::open_state_with(
                 &dir,
                 "bc.local",
                 controlplane_lite::state_dir::Init::IfEmpty,
+                postgres.as_ref(),
             )?;
             let store = state.store.clone();
             crate::cli::dev::ensure_dev_pool(&store)?;
@@ -105,7 +119,10 @@ impl Harness {
                 "bcctl bench",
             )?
         };
-        let db = Store::open_read_only(&db_path)?;
+        let db = match &postgres {
+            Some(opts) => Store::open_postgres(opts)?,
+            None => Store::open_read_only(&db_path)?,
+        };
         let mut h = Self {
             exe: std::env::current_exe().context("locating bcctl")?,
             dir,
@@ -122,6 +139,7 @@ impl Harness {
             token,
             heartbeat: args.heartbeat_interval,
             db,
+            store_url: args.store.clone(),
         };
         h.start_serve("127.0.0.1:0", "127.0.0.1:0").await?;
         Ok(h)
@@ -145,6 +163,7 @@ impl Harness {
             .args(["--gateway-max-connections-per-address", "0"])
             .args(["--gateway-max-connections", "0"])
             .args(["--metrics-listen", "127.0.0.1:0"])
+            .args(self.store_url.iter().flat_map(|u| ["--store", u.as_str()]))
             .arg("--heartbeat-interval")
             .arg(humantime::format_duration(self.heartbeat).to_string())
             .arg("--unreachable-after")

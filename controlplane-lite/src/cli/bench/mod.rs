@@ -51,6 +51,10 @@ pub struct BenchArgs {
     /// Keep the control plane's state here (default: a temporary dir, removed on exit).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Run `bcctl serve --store URL` (a PostgreSQL database, `postgres://…`) instead of the state
+    /// dir's state.db. Use an empty database: the bench's nodes stay in it.
+    #[arg(long)]
+    pub store: Option<String>,
     /// Heartbeat interval told to agents.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub heartbeat_interval: Duration,
@@ -283,6 +287,7 @@ pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<
         nodes,
         bcd: dev.bcd.clone(),
         state_dir: dev.state_dir.clone(),
+        store: None,
         heartbeat_interval: dev.heartbeat_interval,
         window: Duration::from_secs(0),
         timeout: dev.timeout,
