@@ -27,6 +27,7 @@ pub mod bundle_store;
 pub mod ca;
 pub mod client;
 pub mod gateway;
+pub mod leadership;
 pub mod limits;
 pub mod metrics;
 pub mod server;

@@ -107,6 +107,8 @@ pub struct ServeConfig {
     pub gateway_limits: crate::gateway::listener::Limits,
     /// The store on a PostgreSQL server instead of the state dir's `state.db`.
     pub postgres: Option<cpl_store::PostgresOptions>,
+    /// How long the controller lease lasts unless renewed ([`crate::leadership`]).
+    pub controller_lease_ttl: Duration,
 }
 
 impl ServeConfig {
@@ -129,6 +131,7 @@ impl ServeConfig {
             bundle_retention: crate::bundle_store::Retention::default(),
             gateway_limits: crate::gateway::listener::Limits::default(),
             postgres: None,
+            controller_lease_ttl: crate::leadership::DEFAULT_TTL,
         }
     }
 }
@@ -497,13 +500,41 @@ fn spawn_api(
     });
 }
 
-/// Spawns the controllers: the heartbeat flusher, command deadlines and Liveness.
+/// Spawns the controllers: this replica's heartbeat flusher and bundle pruning, the controller
+/// lease, and — while this replica holds it ([`crate::leadership`]) — command deadlines, site
+/// leases, NodeLifecycle and Liveness.
 fn spawn_controllers(
     tasks: &mut tokio::task::JoinSet<()>,
     cfg: &ServeConfig,
     p: &Parts,
     stop: &watch::Receiver<bool>,
 ) {
+    use crate::leadership::while_leader;
+    let (lead_tx, leading) = watch::channel(false);
+    tasks.spawn(crate::leadership::run(
+        p.store.clone(),
+        p.gateway.cfg.gateway_id.clone(),
+        cfg.controller_lease_ttl,
+        lead_tx,
+        stop.clone(),
+    ));
+    let (metrics, mut lead_seen) = (p.metrics.clone(), leading.clone());
+    let until = stopped(stop.clone());
+    tasks.spawn(async move {
+        let watch = async {
+            loop {
+                metrics.set_leader(*lead_seen.borrow_and_update());
+                if lead_seen.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            _ = watch => {}
+            _ = until => {}
+        }
+    });
+
     let flush_period =
         (cfg.heartbeat_interval / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let gw_flush = p.gateway.clone();
@@ -516,33 +547,37 @@ fn spawn_controllers(
         gw_flush.flush_once().await;
     });
 
-    let deadlines = p.commands.clone();
+    let (deadlines, lead) = (p.commands.clone(), leading.clone());
     let until = stopped(stop.clone());
     tasks.spawn(async move {
         tokio::select! {
-            _ = deadlines.run_deadlines(Duration::from_millis(500)) => {}
+            _ = while_leader("deadlines", lead, || deadlines.clone().run_deadlines(Duration::from_millis(500))) => {}
             _ = until => {}
         }
     });
 
-    let (leases, gw_lease) = (p.bare_metal.clone(), p.gateway.clone());
+    let (leases, gw_lease, lead) = (p.bare_metal.clone(), p.gateway.clone(), leading.clone());
     let until = stopped(stop.clone());
     tasks.spawn(async move {
-        tokio::select! {
-            _ = leases.run_leases(move || {
+        let run = while_leader("site leases", lead, || {
+            let gw_lease = gw_lease.clone();
+            leases.clone().run_leases(move || {
                 let gw = gw_lease.clone();
                 async move { gw.flush_once().await }
-            }) => {}
+            })
+        });
+        tokio::select! {
+            _ = run => {}
             _ = until => {}
         }
     });
 
     // NodeLifecycle: nodes still adopting past their pool's acceptance deadline fail.
-    let lifecycle_store = p.store.clone();
+    let (lifecycle_store, lead) = (p.store.clone(), leading.clone());
     let until = stopped(stop.clone());
     tasks.spawn(async move {
         tokio::select! {
-            _ = cpl_core::acceptance::run(lifecycle_store) => {}
+            _ = while_leader("NodeLifecycle", lead, || cpl_core::acceptance::run(lifecycle_store.clone())) => {}
             _ = until => {}
         }
     });
@@ -571,11 +606,16 @@ fn spawn_controllers(
     let (live_store, gw_live, live_cfg) = (p.store.clone(), p.gateway.clone(), cfg.liveness);
     let until = stopped(stop.clone());
     tasks.spawn(async move {
-        tokio::select! {
-            _ = liveness::run(live_store, live_cfg, move || {
+        // A new leader starts Liveness afresh, with its startup grace.
+        let run = while_leader("Liveness", leading, || {
+            let gw_live = gw_live.clone();
+            liveness::run(live_store.clone(), live_cfg, move || {
                 let gw = gw_live.clone();
                 async move { gw.flush_once().await }
-            }) => {}
+            })
+        });
+        tokio::select! {
+            _ = run => {}
             _ = until => {}
         }
     });

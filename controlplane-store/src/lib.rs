@@ -40,6 +40,7 @@ mod bare_metal;
 mod bench;
 mod boots;
 mod commands;
+mod controller_lease;
 pub(crate) mod db;
 mod events;
 mod firmware;
@@ -74,6 +75,7 @@ pub use bare_metal::{BmcIdentifier, BmcRecord, SiteLease};
 pub use bench::BenchCounts;
 pub use boots::BootRecord;
 pub use commands::{CommandRecord, CommandState};
+pub use controller_lease::ControllerLease;
 pub use events::{NewEvent, NodeEvent};
 pub use fleet::FleetCounts;
 pub use leases::DedicatedRootLease;
@@ -384,6 +386,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M007_BARE_METAL),
         M::up(migrations::M008_BOOTS),
         M::up(migrations::M009_WORKFLOWS),
+        M::up(migrations::M010_CONTROLLER_LEASE),
     ])
 }
 

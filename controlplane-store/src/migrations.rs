@@ -346,3 +346,16 @@ ALTER TABLE node_bmcs ADD COLUMN deployed INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE node_bmcs ADD COLUMN deployment TEXT;       -- nodes.deploy's image and config, JSON
 ALTER TABLE node_bmcs ADD COLUMN rescue TEXT;           -- nodes.rescue's keys, JSON
 "#;
+
+/// Issue 17: the controllers' lease. Liveness, NodeLifecycle, the deadlines and the bare-metal
+/// controllers run on one replica at a time: the one holding the row `controllers`, until
+/// `expires_at` unless renewed; `epoch` counts holders.
+pub const M010_CONTROLLER_LEASE: &str = r#"
+CREATE TABLE controller_leases (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,            -- the replica (its gateway id)
+    epoch      BIGINT NOT NULL,
+    acquired_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+"#;

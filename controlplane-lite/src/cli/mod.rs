@@ -79,6 +79,12 @@ pub struct ServeArgs {
     /// request fails with "database unavailable".
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub store_timeout: Duration,
+    /// How long the controller lease lasts unless renewed: of several replicas on one database,
+    /// the lease holder runs Liveness, NodeLifecycle and the deadlines; another takes over this
+    /// long (and a third more) after it dies. Replicas' clocks must agree well within a third of
+    /// it.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub controller_lease_ttl: Duration,
     /// Gateway address (gRPC over TLS) for agents. Port 0 picks a free port.
     #[arg(long, default_value = "0.0.0.0:7443")]
     pub listen: SocketAddr,
@@ -237,6 +243,7 @@ impl ServeArgs {
         cfg.bare_metal.power_sync_interval = self.power_sync_interval;
         cfg.bare_metal.max_requests_per_bmc = self.max_requests_per_bmc;
         cfg.postgres = self.postgres()?;
+        cfg.controller_lease_ttl = self.controller_lease_ttl;
         Ok(cfg)
     }
 

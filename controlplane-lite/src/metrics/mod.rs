@@ -218,6 +218,7 @@ struct Inner {
     gateway_connections: Gauge,
     gateway_refused: Family<ReasonLabel, Counter>,
     gateway_closed: Family<ReasonLabel, Counter>,
+    leader: Gauge,
     /// One scrape at a time: the scrape-time gauges are set and encoded together.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -338,6 +339,12 @@ impl Metrics {
             "Bundle uploads refused because the bundle store or the disk had no room",
             bundles_refused.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "bcctl_controllers_leader",
+            "1 while this replica holds the controller lease and runs Liveness, NodeLifecycle and the deadlines",
+            leader.clone(),
+        );
         for o in JoinOutcome::ALL {
             let _ = joins.get_or_create(&OutcomeLabel {
                 outcome: o.as_str(),
@@ -361,11 +368,17 @@ impl Metrics {
                 gateway_connections,
                 gateway_refused,
                 gateway_closed,
+                leader,
                 scrape: tokio::sync::Mutex::new(()),
             }),
         };
         m.set_fleet(&FleetCounts::default(), 0);
         m
+    }
+
+    /// Whether this replica leads (`bcctl_controllers_leader`).
+    pub fn set_leader(&self, leads: bool) {
+        self.inner.leader.set(i64::from(leads));
     }
 
     /// A heartbeat arrived (`bcctl_heartbeats_total`).

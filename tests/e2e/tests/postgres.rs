@@ -139,7 +139,10 @@ fn a_node_joins_on_postgres_and_its_rows_survive_a_restart() {
         ),
         "adopted"
     );
-    assert_eq!(psql(&db, "SELECT MAX(version) FROM bc_schema_version"), "9");
+    assert_eq!(
+        psql(&db, "SELECT MAX(version) FROM bc_schema_version"),
+        "10"
+    );
 
     cp.kill9();
     cp.restart(&["--store", &db]);
@@ -348,5 +351,90 @@ fn a_database_outage_refuses_writes_keeps_sessions_and_heals() {
     assert!(
         !events.to_string().contains("\"unreachable\""),
         "no unreachable transition: {events}"
+    );
+}
+
+/// `bcctl_controllers_leader` of the replica whose state dir is `dir` (its endpoints.json names
+/// the metrics URL); `None` while it does not answer.
+fn leads(dir: &Path) -> Option<bool> {
+    let ep: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("endpoints.json")).ok()?).ok()?;
+    let url = ep["metricsUrl"].as_str()?;
+    let text = reqwest::blocking::get(url).ok()?.text().ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("bcctl_controllers_leader "))
+        .map(|v| v.trim() == "1")
+}
+
+#[test]
+fn the_controllers_run_on_one_replica_and_fail_over_when_it_dies() {
+    let Some(pg) = pg("the_controllers_run_on_one_replica_and_fail_over_when_it_dies") else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let flags = [
+        "--store",
+        &db,
+        "--controller-lease-ttl",
+        "1s",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let mut a = ControlPlane::start_with(&tmp.path().join("a"), &flags);
+    eventually(WAIT, "replica A leads", || leads(&a.dir).filter(|l| *l));
+    let b_dir = tmp.path().join("b");
+    std::fs::create_dir_all(&b_dir).unwrap();
+    for f in [
+        "ca.key",
+        "ca.crt",
+        "api-token",
+        "bmc-credentials.key",
+        "state-dir.json",
+    ] {
+        std::fs::copy(a.dir.join(f), b_dir.join(f)).unwrap();
+    }
+    let b = ControlPlane::start_with(&b_dir, &flags);
+    let token = b.create_token(&["--uses", "1"]);
+    let agent = Agent::start(&b, &tmp.path().join("agent"), Some(&token), &[]);
+    let id = agent.node_id();
+    // Adopted: the lifecycle work of replica A (the leader) and the session on replica B.
+    wait_node(&b, &id, "adopted and connected through replica B", adopted);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(leads(&a.dir), Some(true), "A still leads");
+    assert_eq!(
+        leads(&b.dir),
+        Some(false),
+        "B is a standby: one leader at a time"
+    );
+
+    // kill -9 the leader: B takes the lease once it lapses, within the lease and a third more.
+    let killed = Instant::now();
+    a.kill9();
+    eventually(Duration::from_secs(10), "replica B leads", || {
+        leads(&b.dir).filter(|l| *l)
+    });
+    let failover = killed.elapsed();
+    eprintln!(
+        "failover: B led {} ms after A was killed",
+        failover.as_millis()
+    );
+    assert!(failover < Duration::from_secs(5), "{failover:?}");
+    let lease = psql(
+        &db,
+        "SELECT epoch FROM controller_leases WHERE name = 'controllers'",
+    );
+    assert_eq!(lease, "2", "a second holder");
+
+    // The new leader's Liveness judges B's node by the heartbeats B keeps storing: it stays
+    // connected through the failover and well past the 1 s unreachable timeout.
+    std::thread::sleep(Duration::from_secs(4));
+    let n = b.node(&id);
+    assert!(adopted(&n), "{n}");
+    let events = b.ok("nodes.events", json!({"nodeId": id}));
+    assert!(
+        !events.to_string().contains("\"unreachable\""),
+        "no node marked unreachable by the failover: {events}"
     );
 }
