@@ -26,6 +26,7 @@ pub mod api;
 pub mod bundle_store;
 pub mod ca;
 pub mod client;
+pub mod cluster;
 pub mod gateway;
 pub mod leadership;
 pub mod limits;

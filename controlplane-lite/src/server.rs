@@ -371,6 +371,8 @@ struct Parts {
     store: Store,
     ca: Arc<CertificateAuthority>,
     registry: Arc<Registry>,
+    /// The core's sessions: this replica's registry and the other replicas' ([`crate::cluster`]).
+    cluster: Arc<crate::cluster::ClusterSessions>,
     metrics: crate::metrics::Metrics,
     commands: Commands,
     gateway: GatewayService,
@@ -385,10 +387,16 @@ fn parts(
     boot: cpl_core::bare_metal::boot::BootSettings,
 ) -> Parts {
     let registry = Arc::new(Registry::default());
+    let gateway_id = format!("gw-{}", &hex::encode(rand::random::<[u8; 4]>()));
+    let cluster = crate::cluster::ClusterSessions::new(
+        Arc::clone(&registry),
+        store.clone(),
+        gateway_id.clone(),
+    );
     let metrics = crate::metrics::Metrics::new();
     let commands = Commands {
         store: store.clone(),
-        sessions: Arc::clone(&registry) as Arc<dyn cpl_core::port::AgentSessions>,
+        sessions: Arc::clone(&cluster) as Arc<dyn cpl_core::port::AgentSessions>,
     };
     let mut bm_cfg = cfg.bare_metal;
     // A restart must not flap a lease: no move while agents may still be reconnecting (the same
@@ -400,7 +408,7 @@ fn parts(
         store: store.clone(),
         ca: Arc::clone(&ca),
         cfg: GatewayConfig {
-            gateway_id: format!("gw-{}", &hex::encode(rand::random::<[u8; 4]>())),
+            gateway_id,
             heartbeat_interval: cfg.heartbeat_interval,
             node_cert_ttl: cfg.node_cert_ttl,
             hello_timeout: Duration::from_secs(10),
@@ -419,6 +427,7 @@ fn parts(
         store,
         ca,
         registry,
+        cluster,
         metrics,
         commands,
         gateway,
@@ -675,12 +684,24 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
             let _ = server.await;
         });
     }
+    // Other replicas on the database: their sessions, and verbs for nodes connected here.
+    if let Some(notices) = p.store.listen(crate::cluster::CHANNEL) {
+        let events = p.registry.announce();
+        let (cluster, commands) = (Arc::clone(&p.cluster), p.commands.clone());
+        let until = stopped(shutdown_rx.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = cluster.run(notices, events, commands) => {}
+                _ = until => {}
+            }
+        });
+    }
     spawn_gateway(&mut tasks, &cfg, &p, listeners.gateway, shutdown_rx.clone())?;
     let core = Core {
         store: p.store.clone(),
         commands: p.commands.clone(),
         bare_metal: p.bare_metal.clone(),
-        sessions: Arc::clone(&p.registry) as Arc<dyn cpl_core::port::AgentSessions>,
+        sessions: Arc::clone(&p.cluster) as Arc<dyn cpl_core::port::AgentSessions>,
         issuer: TokenIssuer {
             ca_pin: endpoints.ca_pin.clone(),
             control_plane: gateway_url,

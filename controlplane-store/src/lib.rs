@@ -293,6 +293,16 @@ impl PostgresOptions {
     }
 }
 
+/// What a [`Store::listen`] receiver yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The listening connection is (again) up: what was published while it was down is lost,
+    /// so the listener should re-read what it keeps from the store.
+    Resync,
+    /// One payload, as published.
+    Message(String),
+}
+
 /// Whether `location` names a PostgreSQL database (`postgres://` or `postgresql://`) rather than
 /// an SQLite file.
 pub fn is_postgres_url(location: &str) -> bool {
@@ -422,6 +432,39 @@ impl Store {
         match self.backend {
             Backend::Sqlite(_) => "sqlite",
             Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Publishes `payload` (at most 8,000 bytes) to every replica listening on `channel`
+    /// (PostgreSQL `NOTIFY`; `channel` a lowercase identifier). Returns false on SQLite: one
+    /// process, nobody else to tell.
+    pub async fn notify(&self, channel: &'static str, payload: String) -> Result<bool, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(false),
+            Backend::Postgres(pg) => {
+                let pg = Arc::clone(pg);
+                tokio::task::spawn_blocking(move || pg.notify(channel, &payload))
+                    .await
+                    .map_err(|e| StoreError::Task(e.to_string()))??;
+                Ok(true)
+            }
+        }
+    }
+
+    /// What the replicas publish on `channel` ([`Store::notify`]), as [`Notice`]s, on a
+    /// connection of its own that comes back by itself after the database does. `None` on
+    /// SQLite.
+    pub fn listen(
+        &self,
+        channel: &'static str,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<Notice>> {
+        match &self.backend {
+            Backend::Sqlite(_) => None,
+            Backend::Postgres(pg) => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                pg.listen(channel, tx);
+                Some(rx)
+            }
         }
     }
 

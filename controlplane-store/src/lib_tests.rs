@@ -234,3 +234,34 @@ fn migration_5_demotes_duplicate_trusted_keys_and_then_refuses_them() -> Result<
     assert_eq!(version, 10);
     Ok(())
 }
+
+async fn recv(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Notice>,
+) -> Result<Option<Notice>, StoreError> {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .map_err(|_| StoreError::Task("no notice in 10 s".into()))
+}
+
+#[tokio::test]
+async fn what_one_replica_notifies_another_hears() -> Result<(), StoreError> {
+    let store = crate::testing::store()?;
+    let Some(mut rx) = store.listen("bc_test_notices") else {
+        // SQLite: one process, nobody to tell.
+        assert!(!crate::testing::on_postgres());
+        assert!(!store.notify("bc_test_notices", "x".into()).await?);
+        return Ok(());
+    };
+    assert_eq!(recv(&mut rx).await?, Some(Notice::Resync));
+    // A second store handle stands in for another replica.
+    assert!(
+        store
+            .notify("bc_test_notices", "node_a open 3".into())
+            .await?
+    );
+    assert_eq!(
+        recv(&mut rx).await?,
+        Some(Notice::Message("node_a open 3".into()))
+    );
+    Ok(())
+}

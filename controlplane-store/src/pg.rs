@@ -125,7 +125,16 @@ impl r2d2::ManageConnection for Manager {
 /// The PostgreSQL side of a [`crate::Store`].
 pub(crate) struct PgStore {
     pool: r2d2::Pool<Manager>,
+    /// How the pool connects, for the LISTEN connections made outside it.
+    listen: ListenConfig,
     _io: Arc<IoRuntime>,
+}
+
+#[derive(Clone)]
+struct ListenConfig {
+    config: tokio_postgres::Config,
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    io: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -254,11 +263,19 @@ impl PgStore {
             .connection_timeout(opts.connect_timeout)
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(Manager {
+                config: config.clone(),
+                tls: tls.clone(),
+                io: handle.clone(),
+            });
+        let store = Self {
+            pool,
+            listen: ListenConfig {
                 config,
                 tls,
                 io: handle,
-            });
-        let store = Self { pool, _io: io };
+            },
+            _io: io,
+        };
         store.migrate(opts.schema.as_deref())?;
         Ok(store)
     }
@@ -358,6 +375,101 @@ impl PgStore {
         let unlock = s.batch(&format!("SELECT pg_advisory_unlock({MIGRATE_LOCK})"));
         result.and(unlock)
     }
+}
+
+impl PgStore {
+    /// `SELECT pg_notify(channel, payload)` outside any transaction: every session listening on
+    /// `channel` gets `payload` (PostgreSQL's NOTIFY; at most 8,000 bytes).
+    pub(crate) fn notify(&self, channel: &str, payload: &str) -> Result<(), StoreError> {
+        let s = self.session()?;
+        s.query("SELECT pg_notify(?1, ?2)", crate::params![channel, payload])
+            .map(|_| ())
+    }
+
+    /// Listens on `channel` on a connection of its own, reconnecting with a backoff (0.2 s
+    /// doubling to 5 s) when it drops. `out` gets [`crate::Notice::Resync`] after every
+    /// (re)connection, then each payload; the task ends when `out` is dropped.
+    pub(crate) fn listen(
+        &self,
+        channel: &str,
+        out: tokio::sync::mpsc::UnboundedSender<crate::Notice>,
+    ) {
+        let ListenConfig { config, tls, io } = self.listen.clone();
+        let channel = channel.to_owned();
+        io.spawn(async move {
+            let mut pause = Duration::from_millis(200);
+            while !out.is_closed() {
+                match listen_once(&config, tls.clone(), &channel, &out).await {
+                    Ok(()) => pause = Duration::from_millis(200),
+                    Err(e) => tracing::warn!(error = %crate::postgres_message(&e), channel = %channel, "LISTEN connection lost; reconnecting"),
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        });
+    }
+}
+
+type Pumped = Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>;
+
+/// Drives a LISTEN connection, handing its asynchronous messages (notifications, notices, the
+/// error that ends it) to `tx` until it closes.
+async fn pump<S, T>(
+    mut conn: tokio_postgres::Connection<S, T>,
+    tx: tokio::sync::mpsc::UnboundedSender<Pumped>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    while let Some(m) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+        let end = m.is_err();
+        if tx.send(m).is_err() || end {
+            break;
+        }
+    }
+}
+
+/// One LISTEN connection until it drops (`Ok` when it ended without an error).
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    channel: &str,
+    out: &tokio::sync::mpsc::UnboundedSender<crate::Notice>,
+) -> Result<(), tokio_postgres::Error> {
+    use tokio_postgres::AsyncMessage;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let client = match tls {
+        Some(tls) => {
+            let (client, conn) = config.connect(tls).await?;
+            tokio::spawn(pump(conn, tx));
+            client
+        }
+        None => {
+            let (client, conn) = config.connect(tokio_postgres::NoTls).await?;
+            tokio::spawn(pump(conn, tx));
+            client
+        }
+    };
+    // `channel` is one of the store's own names, an identifier.
+    client.batch_execute(&format!("LISTEN {channel}")).await?;
+    if out.send(crate::Notice::Resync).is_err() {
+        return Ok(());
+    }
+    while let Some(m) = rx.recv().await {
+        match m {
+            Ok(AsyncMessage::Notification(n)) => {
+                if out
+                    .send(crate::Notice::Message(n.payload().to_owned()))
+                    .is_err()
+                {
+                    return Ok(());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// One checked-out connection, inside a transaction while the store's closure runs.

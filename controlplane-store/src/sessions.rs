@@ -59,6 +59,19 @@ impl Tx<'_> {
 }
 
 impl Reader<'_> {
+    /// `(node_id, session_epoch, gateway_id)` of every node `connected` through a gateway: which
+    /// replica holds which session, as the sessions' opens recorded it.
+    pub fn connected_sessions(&self) -> Result<Vec<(String, u64, String)>, StoreError> {
+        self.db()
+            .query_map(
+                "SELECT id, session_epoch, gateway_id FROM nodes \
+                 WHERE connectivity = 'connected' AND gateway_id IS NOT NULL ORDER BY id",
+                params![],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?
+            .collect()
+    }
+
     /// Liveness candidates at `now`: `connected` nodes, and `disconnected` ones whose session
     /// broke without a Goodbye, silent for `unreachable_after_ms`; `unreachable` nodes silent for
     /// `unreachable_after_ms + lost_after_ms`.

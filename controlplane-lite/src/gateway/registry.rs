@@ -25,6 +25,15 @@ pub struct SessionHandle {
 #[derive(Debug, Default)]
 pub struct Registry {
     sessions: Mutex<HashMap<String, SessionHandle>>,
+    /// Where opens and ends are announced (the other replicas learn them: [`crate::cluster`]).
+    events: Mutex<Option<mpsc::UnboundedSender<SessionEvent>>>,
+}
+
+/// A session of this replica opened or ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    Open { node: String, epoch: u64 },
+    Gone { node: String, epoch: u64 },
 }
 
 /// A Goodbye message.
@@ -44,6 +53,26 @@ fn end(old: SessionHandle, reason: GoodbyeReason, message: &str) {
 }
 
 impl Registry {
+    /// From now on, every session opened or ended here is sent to the returned receiver.
+    pub fn announce(&self) -> mpsc::UnboundedReceiver<SessionEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.events.lock() = Some(tx);
+        rx
+    }
+
+    fn tell(&self, ev: SessionEvent) {
+        if let Some(tx) = self.events.lock().as_ref() {
+            let _ = tx.send(ev);
+        }
+    }
+
+    fn gone(&self, node_id: &str, epoch: u64) {
+        self.tell(SessionEvent::Gone {
+            node: node_id.to_owned(),
+            epoch,
+        });
+    }
+
     /// Registers a session; an older session of the node gets `Goodbye{superseded}` and is ended.
     /// Two sessions of one node opening at once may reach here out of epoch order: the one with
     /// the lower epoch is the one ended, whichever came second.
@@ -58,8 +87,13 @@ impl Registry {
             );
             return;
         }
+        let epoch = handle.epoch;
         let old = map.insert(node_id.to_owned(), handle);
         drop(map);
+        self.tell(SessionEvent::Open {
+            node: node_id.to_owned(),
+            epoch,
+        });
         if let Some(old) = old {
             end(
                 old,
@@ -74,6 +108,8 @@ impl Registry {
         let mut map = self.sessions.lock();
         if map.get(node_id).is_some_and(|h| h.epoch == epoch) {
             map.remove(node_id);
+            drop(map);
+            self.gone(node_id, epoch);
         }
     }
 
@@ -82,6 +118,7 @@ impl Registry {
         let old = self.sessions.lock().remove(node_id);
         match old {
             Some(old) => {
+                self.gone(node_id, old.epoch);
                 end(old, reason, message);
                 true
             }
@@ -91,8 +128,9 @@ impl Registry {
 
     /// Ends every session (control plane shutdown).
     pub fn close_all(&self, reason: GoodbyeReason, message: &str) {
-        let all: Vec<SessionHandle> = self.sessions.lock().drain().map(|(_, h)| h).collect();
-        for h in all {
+        let all: Vec<(String, SessionHandle)> = self.sessions.lock().drain().collect();
+        for (node, h) in all {
+            self.gone(&node, h.epoch);
             end(h, reason, message);
         }
     }
@@ -138,6 +176,7 @@ impl cpl_core::port::AgentSessions for Registry {
     fn close(&self, node_id: &str, reason: GoodbyeReason, message: &str) -> Option<u64> {
         let old = self.sessions.lock().remove(node_id)?;
         let epoch = old.epoch;
+        self.gone(node_id, epoch);
         end(old, reason, message);
         Some(epoch)
     }

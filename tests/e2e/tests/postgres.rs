@@ -438,3 +438,113 @@ fn the_controllers_run_on_one_replica_and_fail_over_when_it_dies() {
         "no node marked unreachable by the failover: {events}"
     );
 }
+
+/// A replica beside `first`: a state dir with its CA, keys, token and marker.
+fn replica(first: &ControlPlane, dir: &Path, flags: &[&str]) -> ControlPlane {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in [
+        "ca.key",
+        "ca.crt",
+        "api-token",
+        "bmc-credentials.key",
+        "state-dir.json",
+    ] {
+        std::fs::copy(first.dir.join(f), dir.join(f)).unwrap();
+    }
+    ControlPlane::start_with(dir, flags)
+}
+
+#[test]
+fn verbs_on_one_replica_reach_nodes_connected_to_others() {
+    let Some(pg) = pg("verbs_on_one_replica_reach_nodes_connected_to_others") else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let flags = ["--store", db.as_str()];
+    let a = ControlPlane::start_with(&tmp.path().join("a"), &flags);
+    let b = replica(&a, &tmp.path().join("b"), &flags);
+    let c = replica(&a, &tmp.path().join("c"), &flags);
+    // One node on B, one on C; the operator talks to A only.
+    let on_b = Agent::start(
+        &b,
+        &tmp.path().join("agent-b"),
+        Some(&b.create_token(&["--uses", "1"])),
+        &[],
+    );
+    let on_c = Agent::start(
+        &c,
+        &tmp.path().join("agent-c"),
+        Some(&c.create_token(&["--uses", "1"])),
+        &[],
+    );
+    let (nb, nc) = (on_b.node_id(), on_c.node_id());
+    let gw_b = wait_node(&a, &nb, "B's node adopted", adopted)["session"]["gatewayId"].clone();
+    let gw_c = wait_node(&a, &nc, "C's node adopted", adopted)["session"]["gatewayId"].clone();
+    assert_ne!(gw_b, gw_c, "the nodes' sessions are on two replicas");
+    std::thread::sleep(Duration::from_millis(500));
+
+    // A new spec pushed from A reaches the agent on B: it converges at once.
+    let n = a.node(&nb);
+    let pushed = Instant::now();
+    let v = a.ok(
+        "nodes.updateSpec",
+        json!({"nodeId": nb, "version": n["version"], "spec": {}}),
+    );
+    let generation = v["generation"].clone();
+    eventually(
+        Duration::from_secs(5),
+        "B's node at the new generation",
+        || (a.node(&nb)["observedGeneration"] == generation).then_some(()),
+    );
+    eprintln!(
+        "spec from A to a node on B: observed after {} ms",
+        pushed.elapsed().as_millis()
+    );
+
+    // A command created on A runs on the node connected to C.
+    let created = Instant::now();
+    let cmd = a.ok(
+        "commands.create",
+        json!({"nodeId": nc, "name": "inventory.refresh"}),
+    );
+    let cid = cmd["id"].as_str().unwrap().to_owned();
+    let done = eventually(
+        Duration::from_secs(10),
+        "the command succeeded on C's node",
+        || {
+            let v = a.ok("commands.get", json!({"commandId": cid}));
+            (v["state"] == "succeeded").then_some(v)
+        },
+    );
+    eprintln!(
+        "command from A to a node on C: succeeded after {} ms",
+        created.elapsed().as_millis()
+    );
+    assert_eq!(done["nodeId"], nc.as_str());
+
+    // A revocation on A cuts B's session within a second.
+    let n = a.node(&nb);
+    let revoked = Instant::now();
+    a.ok(
+        "nodes.revokeIdentity",
+        json!({"nodeId": nb, "version": n["version"]}),
+    );
+    eventually(Duration::from_secs(3), "B's node disconnected", || {
+        (b.node(&nb)["connectivity"] != "connected").then_some(())
+    });
+    let cut = revoked.elapsed();
+    eprintln!(
+        "revocation from A cut the session on B after {} ms",
+        cut.as_millis()
+    );
+    assert!(cut < Duration::from_secs(2), "{cut:?}");
+    assert!(eventually(
+        WAIT,
+        "the agent on B told its identity was revoked",
+        || { on_b.log_text().contains("revoked").then_some(true) }
+    ));
+    // C's node is untouched.
+    assert!(adopted(&a.node(&nc)));
+}
