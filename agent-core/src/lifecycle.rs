@@ -209,8 +209,9 @@ where
                 Err(e) => return Err(e.into()),
             }
             let cfg = self.lc.config;
-            let (false, Some(pin)) = (cfg.control_planes.is_empty(), cfg.ca_pin.as_deref()) else {
-                return Err(LifecycleError::NoJoinTarget);
+            let pin = match cfg.ca_pin.as_deref() {
+                Some(pin) if !cfg.control_planes.is_empty() => pin,
+                _ => return Err(LifecycleError::NoJoinTarget),
             };
             let fresh = self
                 .lc
