@@ -32,9 +32,16 @@ impl Backoff {
 
     /// The next wait: uniform in [0, ceiling]; the ceiling doubles.
     pub fn next_delay(&mut self) -> Duration {
-        let ceiling = self.ceiling();
+        let d = self.delay();
         self.attempt = self.attempt.saturating_add(1);
-        let ms = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
+        d
+    }
+
+    /// A wait uniform in [0, ceiling] that leaves the ceiling as it is: between attempts at
+    /// the URLs of one round ([`crate::endpoints::Endpoints`]), which still spreads a fleet's
+    /// reconnects out, while the ceiling doubles only once per round.
+    pub fn delay(&self) -> Duration {
+        let ms = u64::try_from(self.ceiling().as_millis()).unwrap_or(u64::MAX);
         Duration::from_millis(rand::rng().random_range(0..=ms))
     }
 
@@ -66,5 +73,15 @@ mod tests {
         );
         b.reset();
         assert_eq!(b.ceiling(), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn delay_draws_under_the_ceiling_without_raising_it() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(120));
+        b.next_delay();
+        for _ in 0..50 {
+            assert!(b.delay() <= Duration::from_millis(200));
+        }
+        assert_eq!(b.ceiling(), Duration::from_millis(200));
     }
 }

@@ -57,6 +57,17 @@ impl JoinError {
             JoinError::Connect(_) | JoinError::Hardware(_) => false,
         }
     }
+
+    /// Whether another replica may answer where this one did not: the TCP connection or the
+    /// TLS handshake failed (a pin mismatch too: the token was not sent). An answer never is,
+    /// a refusal included: replicas share one database, so one replica's refusal is the control
+    /// plane's, and trying the others would only spend the token.
+    pub fn tries_next(&self) -> bool {
+        matches!(
+            self,
+            JoinError::Connect(ChannelError::Connect(_)) | JoinError::PinMismatch { .. }
+        )
+    }
 }
 
 /// Where to join and with what.

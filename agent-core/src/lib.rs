@@ -22,6 +22,8 @@
 //!   reported, with its deadline, cancel handle and a `command` span (command id).
 //! - [`handlers`] (`inventory.refresh`) and [`ops`] (`logs.collect`, `node.reboot`): commands any
 //!   mode serves as they are.
+//! - [`endpoints`]: the control plane's gateway URLs (one per replica), shuffled once and
+//!   tried round-robin by the join and the session loop.
 //! - [`tls`] (CA-pin verifier, mutual TLS, the tonic connector), [`state`] (the state dir's
 //!   files and its lock), [`identity_check`] (a stored identity checked file by file before use:
 //!   a broken one is named and, with a join token, moved aside), [`status`] (`status.json`).
@@ -34,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod endpoints;
 pub mod executor;
 pub mod handlers;
 pub mod identity;

@@ -5,6 +5,14 @@
 //! retiring a revoked identity and waiting for a new token (never retrying the one in use when
 //! the identity died).
 //!
+//! The control plane may have several gateway URLs (replicas): joins and sessions go to them
+//! in one shuffled order, round-robin ([`crate::endpoints::Endpoints`]). A join moves on to the
+//! next URL when one cannot be reached and stops at the first answer; a session that fails to
+//! open or breaks is followed by an attempt at the next URL. Every attempt waits a jittered
+//! backoff first; its ceiling doubles once per round of failures (every URL once) and resets
+//! once a session is acknowledged. One session at a time: the next attempt starts only after
+//! the last one ended.
+//!
 //! Each identity in use runs inside a `node` span (`node_id`), each session attempt inside a
 //! `session` span (`epoch`, recorded at Welcome).
 
@@ -15,6 +23,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::backoff::Backoff;
+use crate::endpoints::Endpoints;
 use crate::executor::Executor;
 use crate::identity::IdentityStore;
 use crate::join::{JoinError, JoinParams};
@@ -29,8 +38,9 @@ pub const TOKEN_RECHECK: Duration = Duration::from_secs(30);
 /// Settings of the lifecycle.
 #[derive(Debug, Clone)]
 pub struct LifecycleConfig {
-    /// Gateway URL to join (a stored identity carries its own).
-    pub control_plane: Option<String>,
+    /// Gateway URLs (one per control-plane replica) to join and hold sessions with, tried in a
+    /// shuffled order. Empty: a stored identity's own (`node.json`), and no join.
+    pub control_planes: Vec<String>,
     /// CA pin to join with.
     pub ca_pin: Option<String>,
     /// First reconnect wait ceiling; doubles per failure.
@@ -94,6 +104,8 @@ struct Run<'a, 'h, M, S, T, H> {
     joined_once: bool,
     /// A token in use when the identity died is never tried again: only a new one re-joins.
     stale_token: Option<String>,
+    /// Where joins and sessions go: the configured URLs, else the identity's.
+    endpoints: Option<Endpoints>,
 }
 
 /// Runs the node until `stop` turns true (Ok) or a fatal error.
@@ -115,6 +127,7 @@ where
         stop,
         joined_once: false,
         stale_token: None,
+        endpoints: Endpoints::shuffled(&lc.config.control_planes),
     };
     let outcome = run.all().await;
     run.hooks.stopped();
@@ -154,24 +167,26 @@ where
         }
     }
 
-    /// `id` with the configured control-plane address when one is configured and differs from the
-    /// address the node joined at (kept in `node.json`): the operator's configuration says where
-    /// the control plane is now (it moved, or `bcctl dev --state-dir` restarted it on another
-    /// port); the certificate still proves the same identity to the same CA. `node.json` is left
-    /// as it is.
-    fn at_configured_address(&self, id: Arc<Identity>) -> Arc<Identity> {
-        match self.lc.config.control_plane.as_deref() {
-            Some(cp) if cp != id.node.control_plane => {
-                tracing::info!(
-                    joined_at = %id.node.control_plane,
-                    configured = %cp,
-                    "the configured control plane differs from the one this node joined at; using the configured one"
-                );
-                let mut moved = (*id).clone();
-                moved.node.control_plane = cp.to_owned();
-                Arc::new(moved)
+    /// Where the sessions of `id` go: the configured URLs, else (nothing configured) the one it
+    /// joined at, kept in `node.json`. The configuration wins because it says where the control
+    /// plane is now (it moved, or `bcctl dev --state-dir` restarted it on another port); the
+    /// certificate still proves the same identity to the same CA. `node.json` is left as it is.
+    fn use_endpoints_for(&mut self, id: &Identity) {
+        let joined_at = &id.node.control_plane;
+        match &self.endpoints {
+            None => self.endpoints = Endpoints::in_order(std::slice::from_ref(joined_at)),
+            Some(e) if self.lc.config.control_planes.is_empty() => {
+                // The URL of an earlier identity: this one's replaces it.
+                if e.urls() != std::slice::from_ref(joined_at) {
+                    self.endpoints = Endpoints::in_order(std::slice::from_ref(joined_at));
+                }
             }
-            _ => id,
+            Some(e) if !e.urls().contains(joined_at) => tracing::info!(
+                joined_at = %joined_at,
+                configured = ?e.urls(),
+                "the configured control plane differs from the one this node joined at; using the configured one"
+            ),
+            Some(_) => {}
         }
     }
 
@@ -181,7 +196,8 @@ where
             match self.lc.store.load_checked() {
                 Ok(Some(id)) => {
                     tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "using stored identity");
-                    return Ok(Some(self.at_configured_address(id)));
+                    self.use_endpoints_for(&id);
+                    return Ok(Some(id));
                 }
                 Ok(None) => {}
                 Err(e) if e.is_broken() => {
@@ -193,9 +209,9 @@ where
                 Err(e) => return Err(e.into()),
             }
             let cfg = self.lc.config;
-            let (Some(cp), Some(pin)) = (cfg.control_plane.as_deref(), cfg.ca_pin.as_deref())
-            else {
-                return Err(LifecycleError::NoJoinTarget);
+            let pin = match cfg.ca_pin.as_deref() {
+                Some(pin) if !cfg.control_planes.is_empty() => pin,
+                _ => return Err(LifecycleError::NoJoinTarget),
             };
             let fresh = self
                 .lc
@@ -215,18 +231,13 @@ where
                 }
                 continue;
             };
-            self.hooks.joining(cp);
-            let params = JoinParams {
-                control_plane: cp,
-                token: &token,
-                ca_pin: pin,
-            };
-            match crate::join::join(self.lc.executor.machine().as_ref(), &params).await {
+            match self.join_round(&token, pin).await {
                 Ok(id) => {
                     let id = Arc::new(id);
                     self.lc.store.save(&id)?;
-                    tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, "joined");
+                    tracing::info!(node_id = %id.node.node_id, identity_generation = id.node.identity_generation, control_plane = %id.node.control_plane, "joined");
                     self.hooks.joined(&id);
+                    self.use_endpoints_for(&id);
                     return Ok(Some(id));
                 }
                 Err(e) => {
@@ -248,6 +259,63 @@ where
                         return Ok(None);
                     }
                 }
+            }
+        }
+    }
+
+    /// One round of join attempts with `token`: the URLs in turn from the current one, moving
+    /// on while a replica cannot be reached, stopping at the first answer. A retryable answer
+    /// (`UNAVAILABLE`, ...) leaves the next round to begin at the next URL. When no URL answered,
+    /// the last failure: a connect error (retried after a backoff) if any URL gave one, else a
+    /// pin mismatch (fatal, as with one URL: the pin or the list is wrong).
+    async fn join_round(&mut self, token: &str, pin: &str) -> Result<Identity, JoinError> {
+        let urls = self.endpoints.as_ref().map_or(0, Endpoints::len);
+        let mut last_connect = None;
+        let mut tried = 0;
+        loop {
+            let url = self
+                .endpoints
+                .as_ref()
+                .map(|e| e.current().to_owned())
+                .unwrap_or_default();
+            self.hooks.joining(&url);
+            let params = JoinParams {
+                control_plane: &url,
+                token,
+                ca_pin: pin,
+            };
+            let e = match crate::join::join(self.lc.executor.machine().as_ref(), &params).await {
+                Ok(id) => {
+                    if let Some(eps) = self.endpoints.as_mut() {
+                        eps.succeeded();
+                    }
+                    return Ok(id);
+                }
+                Err(e) => e,
+            };
+            let moves_on = e.tries_next();
+            if (moves_on || (matches!(e, JoinError::Refused(_)) && !e.is_fatal()))
+                && let Some(eps) = self.endpoints.as_mut()
+            {
+                eps.failed();
+            }
+            tried += 1;
+            if !moves_on {
+                return Err(e);
+            }
+            let mismatch = matches!(e, JoinError::PinMismatch { .. });
+            if tried >= urls {
+                return Err(if mismatch {
+                    last_connect.unwrap_or(e)
+                } else {
+                    e
+                });
+            }
+            if mismatch {
+                tracing::error!(control_plane = %url, error = %e, "trying the next control plane URL");
+            } else {
+                tracing::warn!(control_plane = %url, error = %e, "control plane unreachable; trying the next URL");
+                last_connect = Some(e);
             }
         }
     }
@@ -337,7 +405,7 @@ where
                     pending = Some((key_pem, cert_pem));
                 }
                 SessionEnd::Retry(reason) => {
-                    let wait = self.backoff.next_delay();
+                    let wait = self.next_wait();
                     self.hooks.disconnected(&reason, wait);
                     tracing::debug!(reason = %reason, retry_in = ?wait, "session ended; reconnecting");
                     if !self.sleep(wait).await {
@@ -348,9 +416,19 @@ where
         }
     }
 
+    /// After a session attempt that failed or broke: the next attempt goes to the next URL,
+    /// after a wait drawn under the backoff's ceiling, which doubles only when this completed a
+    /// round (every URL failed once). With one URL every failure does, as without a list.
+    fn next_wait(&mut self) -> Duration {
+        match self.endpoints.as_mut() {
+            Some(e) => e.wait_after_failure(&mut self.backoff),
+            None => self.backoff.next_delay(),
+        }
+    }
+
     /// One session attempt with `current` (or the just-renewed `pending` key and certificate,
-    /// which `tls` carries), renewing at `renew_at`; returns how it ended and whether it had
-    /// opened.
+    /// which `tls` carries) at the current URL, renewing at `renew_at`; returns how it ended and
+    /// whether it had opened.
     async fn attempt(
         &mut self,
         current: &Identity,
@@ -358,12 +436,16 @@ where
         renew_at: Option<tokio::time::Instant>,
         pending: Option<&(String, String)>,
     ) -> (SessionEnd, bool) {
-        self.lc
-            .executor
-            .set_upload(current.node.control_plane.clone(), Arc::clone(tls));
+        let url = self.endpoints.as_ref().map_or_else(
+            || current.node.control_plane.clone(),
+            |e| e.current().to_owned(),
+        );
+        // Commands arrive only on the session that opens here: their uploads go to its replica.
+        self.lc.executor.set_upload(url.clone(), Arc::clone(tls));
         let mut welcomed = false;
         let params = SessionParams {
             identity: current,
+            control_plane: &url,
             tls: Arc::clone(tls),
             executor: self.lc.executor,
             outbound_capacity: self.lc.config.outbound_capacity,
@@ -380,6 +462,9 @@ where
         let end = crate::session::run_once(params, state, self.hooks)
             .instrument(span)
             .await;
+        if welcomed && let Some(e) = self.endpoints.as_mut() {
+            e.succeeded();
+        }
         self.hooks.session_closed(&end, welcomed);
         (end, welcomed)
     }
@@ -434,6 +519,9 @@ pub fn renew_at(cert_pem: &str) -> Option<tokio::time::Instant> {
 #[cfg(test)]
 #[path = "broken_identity_tests.rs"]
 mod broken_identity_tests;
+#[cfg(test)]
+#[path = "replica_tests.rs"]
+mod replica_tests;
 #[cfg(test)]
 #[path = "lifecycle_tests.rs"]
 mod tests;

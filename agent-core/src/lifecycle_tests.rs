@@ -65,6 +65,8 @@ impl Machine for TestMachine {
 #[derive(Debug, Default)]
 pub(super) struct Recorder {
     pub(super) events: Arc<Mutex<Vec<String>>>,
+    /// The gateway URL of each session that opened, in order.
+    pub(super) opened_at: Arc<Mutex<Vec<String>>>,
 }
 
 impl Recorder {
@@ -89,8 +91,9 @@ impl Observer for Recorder {
     fn joined(&mut self, identity: &Identity) {
         self.note(format!("joined {}", identity.node.node_id));
     }
-    fn session_open(&mut self, epoch: u64, _gateway_id: &str) {
+    fn session_open(&mut self, epoch: u64, _gateway_id: &str, control_plane: &str) {
         self.note(format!("open {epoch}"));
+        self.opened_at.lock().push(control_plane.to_owned());
     }
     fn revoked(&mut self, _why: &str) {
         self.note("revoked");
@@ -127,7 +130,7 @@ impl TokenSource for Token {
 
 pub(super) fn config(fake: &FakeControlPlane) -> LifecycleConfig {
     LifecycleConfig {
-        control_plane: Some(fake.url.clone()),
+        control_planes: vec![fake.url.clone()],
         ca_pin: Some(fake.pin.clone()),
         reconnect_base: Duration::from_millis(50),
         reconnect_max: Duration::from_millis(200),

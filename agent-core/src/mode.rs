@@ -110,8 +110,9 @@ pub trait Observer: Send {
     fn identity_broken(&mut self, _why: &str, _rejoining: bool) {}
     /// A session to `control_plane` is being opened.
     fn connecting(&mut self, _control_plane: &str) {}
-    /// Welcome arrived: the session of `epoch` is open.
-    fn session_open(&mut self, _epoch: u64, _gateway_id: &str) {}
+    /// Welcome arrived: the session of `epoch` is open, with the gateway `gateway_id` at the
+    /// URL `control_plane` (one of the replicas).
+    fn session_open(&mut self, _epoch: u64, _gateway_id: &str, _control_plane: &str) {}
     /// Heartbeat `seq` was sent.
     fn heartbeat_sent(&mut self, _seq: u64) {}
     /// Heartbeat `seq` was acknowledged.

@@ -137,6 +137,8 @@ async fn renew(
 pub struct SessionParams<'a, M> {
     /// Who we are.
     pub identity: &'a Identity,
+    /// The gateway URL to open the session at (one replica of the control plane).
+    pub control_plane: &'a str,
     /// Mutual TLS with `identity`'s (or a just-renewed) key and certificate.
     pub tls: Arc<rustls::ClientConfig>,
     /// The node's command executor.
@@ -173,8 +175,8 @@ where
     H: SessionHooks + Observer,
 {
     let node = &p.identity.node;
-    hooks.connecting(&node.control_plane);
-    let channel = match crate::tls::channel(&node.control_plane, Arc::clone(&p.tls)).await {
+    hooks.connecting(p.control_plane);
+    let channel = match crate::tls::channel(p.control_plane, Arc::clone(&p.tls)).await {
         Ok(c) => c,
         Err(e) => return SessionEnd::Retry(e.to_string()),
     };
@@ -216,8 +218,8 @@ where
     H: SessionHooks + Observer,
 {
     tracing::Span::current().record("epoch", welcome.epoch);
-    tracing::info!(gateway = %welcome.gateway_id, heartbeat = ?interval(welcome), "session open");
-    hooks.session_open(welcome.epoch, &welcome.gateway_id);
+    tracing::info!(control_plane = %p.control_plane, gateway = %welcome.gateway_id, heartbeat = ?interval(welcome), "session open");
+    hooks.session_open(welcome.epoch, &welcome.gateway_id, p.control_plane);
     p.executor.attach(link.clone());
     if let Some((store, key, cert)) = p.promote
         && let Err(e) = store.replace_certificate(key, cert)

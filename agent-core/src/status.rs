@@ -21,6 +21,8 @@ pub struct AgentStatus {
     pub state: String,
     pub node_id: Option<String>,
     pub identity_generation: Option<u64>,
+    /// The gateway URL (replica) of the open session; while joining or connecting, the one
+    /// being tried.
     pub control_plane: Option<String>,
     pub session_epoch: Option<u64>,
     pub gateway_id: Option<String>,
@@ -112,10 +114,11 @@ impl StatusFile {
         self.write(&snapshot);
     }
 
-    /// A session opened.
-    pub fn connected(&self, epoch: u64, gateway_id: &str) {
+    /// A session opened at the gateway URL `control_plane`.
+    pub fn connected(&self, epoch: u64, gateway_id: &str, control_plane: &str) {
         self.update(|s| {
             s.state = "connected".to_owned();
+            s.control_plane = Some(control_plane.to_owned());
             s.session_epoch = Some(epoch);
             s.gateway_id = Some(gateway_id.to_owned());
             s.message = String::new();

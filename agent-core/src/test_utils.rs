@@ -4,7 +4,9 @@
 //! then sends its script, and acknowledges heartbeats. A test can also push a message to every
 //! open session ([`FakeControlPlane::push`]) and choose the site lease expiry the
 //! acknowledgements carry ([`FakeControlPlane::set_site_lease_expiry`]), or stop acknowledging
-//! ([`FakeControlPlane::pause_acks`]). Not for production builds.
+//! ([`FakeControlPlane::pause_acks`]), refuse joins ([`FakeControlPlane::refuse_joins`]), and
+//! start a replica on another port with the same CA and the same records
+//! ([`FakeControlPlane::replica`]). Not for production builds.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::pin::Pin;
@@ -43,6 +45,8 @@ pub struct Seen {
     pub sessions: Vec<(String, Vec<AgentMessage>)>,
     /// Every `Gateway.Session` call, refused ones included.
     pub session_attempts: usize,
+    /// Every `Join.Join` call, refused ones included.
+    pub join_attempts: usize,
 }
 
 impl Seen {
@@ -67,6 +71,21 @@ pub struct FakeControlPlane {
     push: tokio::sync::broadcast::Sender<gateway_message::Msg>,
     site_lease_expiry: Arc<AtomicI64>,
     acks_paused: Arc<AtomicBool>,
+    refuse_joins: Arc<Mutex<Option<(tonic::Code, String)>>>,
+    /// What a replica is started from.
+    seed: Arc<Seed>,
+}
+
+/// The service and TLS identity of a fake, kept to start replicas of it.
+struct Seed {
+    service: Service,
+    tls: ServerTlsConfig,
+}
+
+impl std::fmt::Debug for Seed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Seed")
+    }
 }
 
 #[derive(Clone)]
@@ -80,12 +99,18 @@ struct Service {
     acks_paused: Arc<AtomicBool>,
     /// Refuse every session with this status (code, message).
     refuse: Option<(tonic::Code, String)>,
+    /// Refuse every join with this status (code, message), per replica.
+    refuse_joins: Arc<Mutex<Option<(tonic::Code, String)>>>,
 }
 
 #[tonic::async_trait]
 impl Join for Service {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let req = request.into_inner();
+        self.seen.lock().join_attempts += 1;
+        if let Some((code, message)) = self.refuse_joins.lock().clone() {
+            return Err(Status::new(code, message));
+        }
         let csr = CertificateSigningRequestParams::from_pem(&req.csr_pem)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let cert = CertificateParams::default()
@@ -237,24 +262,32 @@ impl FakeControlPlane {
             site_lease_expiry: Arc::new(AtomicI64::new(0)),
             acks_paused: Arc::new(AtomicBool::new(false)),
             refuse,
+            refuse_joins: Arc::default(),
         };
-        let (seen, push, site_lease_expiry, acks_paused) = (
-            Arc::clone(&service.seen),
-            service.push.clone(),
-            Arc::clone(&service.site_lease_expiry),
-            Arc::clone(&service.acks_paused),
-        );
         let tls = ServerTlsConfig::new().identity(Identity::from_pem(
             format!("{}{}", leaf.pem(), ca_cert.pem()),
             leaf_key.serialize_pem(),
         ));
+        Self::serve(Arc::new(Seed { service, tls }), pin).await
+    }
+
+    /// Serves `seed` on a new loopback port.
+    async fn serve(seed: Arc<Seed>, pin: String) -> Self {
+        let service = seed.service.clone();
+        let (seen, push, site_lease_expiry, acks_paused, refuse_joins) = (
+            Arc::clone(&service.seen),
+            service.push.clone(),
+            Arc::clone(&service.site_lease_expiry),
+            Arc::clone(&service.acks_paused),
+            Arc::clone(&service.refuse_joins),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!(
             "https://127.0.0.1:{}",
             listener.local_addr().unwrap().port()
         );
         let server = Server::builder()
-            .tls_config(tls)
+            .tls_config(seed.tls.clone())
             .unwrap()
             .add_service(JoinServer::new(service.clone()))
             .add_service(GatewayServer::new(service));
@@ -268,7 +301,25 @@ impl FakeControlPlane {
             push,
             site_lease_expiry,
             acks_paused,
+            refuse_joins,
+            seed,
         }
+    }
+
+    /// Another replica of this control plane on a new port: the same CA (and pin), script and
+    /// records ([`FakeControlPlane::seen`]); its own [`FakeControlPlane::refuse_joins`], and
+    /// refusing every session with `refuse` (code, message) when given.
+    pub async fn replica(&self, refuse: Option<(tonic::Code, String)>) -> Self {
+        let mut service = self.seed.service.clone();
+        service.refuse_joins = Arc::default();
+        service.refuse = refuse;
+        let tls = self.seed.tls.clone();
+        Self::serve(Arc::new(Seed { service, tls }), self.pin.clone()).await
+    }
+
+    /// Refuses every later join on this replica with `code` and `message` (`None`: joins again).
+    pub fn refuse_joins(&self, refusal: Option<(tonic::Code, &str)>) {
+        *self.refuse_joins.lock() = refusal.map(|(c, m)| (c, m.to_owned()));
     }
 
     /// Sends `m` on every session open now (a command, a site assignment, ...).

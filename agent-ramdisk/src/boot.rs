@@ -115,7 +115,7 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
     let p = &cfg.params;
     tracing::info!(
         node = p.node.as_deref().unwrap_or("-"),
-        control_plane = %p.url,
+        control_plane = ?p.urls,
         "bcd ramdisk starting"
     );
     if !p.unknown.is_empty() {
@@ -153,7 +153,7 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
     let forward = tokio::spawn(forward_stop(stop, stop_tx.clone()));
     let mut hooks = RamdiskHooks::new(stop_tx);
     let config = LifecycleConfig {
-        control_plane: Some(p.url.clone()),
+        control_planes: p.urls.clone(),
         ca_pin: Some(p.pin.clone()),
         reconnect_base: cfg.reconnect_base,
         reconnect_max: cfg.reconnect_max,

@@ -3,6 +3,8 @@
 //!
 //! `bcd.url=https://10.0.2.2:7443 bcd.pin=sha256:<64 hex> bcd.token=<token> bcd.node=<node id>`
 //!
+//! `bcd.url` may list several gateway URLs (one per control-plane replica), comma-separated.
+//!
 //! and optionally `bcd.log=<tracing filter>`, `bcd.modules=a,b,c` (modules to load besides the
 //! defaults), `bcd.dhcp_timeout=<seconds>` and `bcd.lldp_wait=<seconds>`. Words are split as the kernel splits them
 //! (`next_arg()` in the kernel's `lib/cmdline.c`): on whitespace outside double quotes, with the
@@ -57,8 +59,9 @@ pub enum CmdlineError {
 /// The ramdisk's settings. `Debug` leaves the token out.
 #[derive(Clone, PartialEq, Eq)]
 pub struct BootParams {
-    /// The gateway URL to join (`bcd.url`), `https://host:port`.
-    pub url: String,
+    /// The gateway URLs to join and hold the session with (`bcd.url`, `https://host:port`;
+    /// several, one per control-plane replica, comma-separated), tried in a shuffled order.
+    pub urls: Vec<String>,
     /// The control plane's CA pin (`bcd.pin`), `sha256:<hex>`, as `bcd agent --ca-pin` takes.
     pub pin: String,
     /// The one-time token (`bcd.token`), sent verbatim as `JoinRequest.token`.
@@ -82,7 +85,7 @@ pub struct BootParams {
 impl fmt::Debug for BootParams {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BootParams")
-            .field("url", &self.url)
+            .field("urls", &self.urls)
             .field("pin", &self.pin)
             .field("token", &"<redacted>")
             .field("node", &self.node)
@@ -177,7 +180,13 @@ pub fn parse(cmdline: &str) -> Result<BootParams, CmdlineError> {
     let url = get("bcd.url").ok_or(CmdlineError::Missing("bcd.url"))?;
     let pin = get("bcd.pin").ok_or(CmdlineError::Missing("bcd.pin"))?;
     let token = get("bcd.token").ok_or(CmdlineError::Missing("bcd.token"))?;
-    check_url(&url)?;
+    let urls = bcd_core::endpoints::split_list(&url);
+    if urls.is_empty() {
+        return Err(CmdlineError::Missing("bcd.url"));
+    }
+    for u in &urls {
+        check_url(u)?;
+    }
     if bcd_core::tls::parse_pin(&pin).is_err() {
         return Err(CmdlineError::Malformed {
             key: "bcd.pin",
@@ -193,7 +202,7 @@ pub fn parse(cmdline: &str) -> Result<BootParams, CmdlineError> {
         });
     }
     Ok(BootParams {
-        url,
+        urls,
         pin,
         token,
         node: get("bcd.node"),

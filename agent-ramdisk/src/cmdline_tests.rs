@@ -17,7 +17,7 @@ fn the_boot_scripts_line_gives_every_setting() {
         "bcd.log=debug bcd.modules=tg3,r8169 bcd.dhcp_timeout=90 bcd.lldp_wait=2\n",
     ))
     .unwrap();
-    assert_eq!(p.url, "https://10.0.2.2:7443");
+    assert_eq!(p.urls, ["https://10.0.2.2:7443"]);
     assert_eq!(p.pin, PIN);
     assert_eq!(p.token, "abc.def");
     assert_eq!(p.node.as_deref(), Some("node_1"));
@@ -99,6 +99,24 @@ fn the_url_must_be_https() {
             "{bad}: {err:?}"
         );
     }
+}
+
+#[test]
+fn bcd_url_may_list_every_replica() {
+    let two = "https://10.0.2.2:7443,https://10.0.2.3:7443";
+    let p = parse(&line("").replace("https://10.0.2.2:7443", two)).unwrap();
+    assert_eq!(p.urls, ["https://10.0.2.2:7443", "https://10.0.2.3:7443"]);
+    let err = parse(&line("").replace("https://10.0.2.2:7443", "https://a:1,http://b:2"));
+    assert_eq!(
+        err.err(),
+        Some(CmdlineError::Malformed {
+            key: "bcd.url",
+            value: "http://b:2".to_owned(),
+            why: "expected https://host:port of the control plane's gateway",
+        })
+    );
+    let err = parse(&line("").replace("https://10.0.2.2:7443", ","));
+    assert_eq!(err.err(), Some(CmdlineError::Missing("bcd.url")));
 }
 
 #[test]

@@ -64,8 +64,8 @@ impl Observer for RamdiskHooks {
         }
     }
 
-    fn session_open(&mut self, epoch: u64, gateway_id: &str) {
-        tracing::info!(epoch, gateway_id = %gateway_id, "session open");
+    fn session_open(&mut self, epoch: u64, gateway_id: &str, control_plane: &str) {
+        tracing::info!(epoch, gateway_id = %gateway_id, control_plane = %control_plane, "session open");
     }
 
     fn disconnected(&mut self, reason: &str, retry_in: Duration) {

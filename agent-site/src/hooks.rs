@@ -148,7 +148,6 @@ impl<P: ProcessSignals> Observer for SiteHooks<P> {
         self.status.update(|s| {
             s.node_id = Some(id.node.node_id.clone());
             s.identity_generation = Some(id.node.identity_generation);
-            s.control_plane = Some(id.node.control_plane.clone());
             s.certificate_not_after = cert_validity(&id.cert_pem)
                 .and_then(|v| chrono::DateTime::from_timestamp_millis(v.not_after_ms))
                 .map(|t| t.to_rfc3339());
@@ -166,12 +165,14 @@ impl<P: ProcessSignals> Observer for SiteHooks<P> {
     }
 
     fn connecting(&mut self, control_plane: &str) {
+        self.status
+            .update(|s| s.control_plane = Some(control_plane.to_owned()));
         self.signals
             .status(&format!("connecting to {control_plane}"));
     }
 
-    fn session_open(&mut self, epoch: u64, gateway_id: &str) {
-        self.status.connected(epoch, gateway_id);
+    fn session_open(&mut self, epoch: u64, gateway_id: &str, control_plane: &str) {
+        self.status.connected(epoch, gateway_id, control_plane);
     }
 
     fn heartbeat_sent(&mut self, seq: u64) {

@@ -12,6 +12,9 @@
 //! [`ConfigOverrides::from_env`] and the caller's flags are applied in that order with
 //! [`Config::apply_overrides`]; [`Config::validate`] then reports every problem at once.
 //!
+//! `control_plane` is a list (one URL per control-plane replica); the file also takes a single
+//! URL string, as it did before lists, so existing files keep working.
+//!
 //! `bcd site` reads the same file: the shared keys (control plane, join token file, CA pin, log,
 //! root, journalctl) and its own `[site]` section (`bcd_site::config::SiteConfig`).
 //!
@@ -22,7 +25,8 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use bcd_core::endpoints::EndpointError;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Where the packaged service reads its config (`ExecStart=… --config /etc/bcd/bcd.toml`).
 pub const DEFAULT_PATH: &str = "/etc/bcd/bcd.toml";
@@ -57,8 +61,12 @@ pub enum ConfigError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Control plane gateway URL, `https://host:port`. Needed to join and connect.
-    pub control_plane: Option<String>,
+    /// Control plane gateway URLs, `https://host:port`, one per replica: in the file one URL or
+    /// a list of them (`BCD_CONTROL_PLANE` and `--control-plane` take a comma-separated list).
+    /// Joins and sessions go to them in a shuffled order. Needed to join; empty: the URL the
+    /// node joined at (`node.json`).
+    #[serde(deserialize_with = "one_or_many")]
+    pub control_plane: Vec<String>,
     /// File holding the join token `<id>.<secret>`; read only while the node has no identity.
     pub join_token_file: Option<PathBuf>,
     /// Pin of the control plane's CA: `sha256:<64 hex digits of the CA's SubjectPublicKeyInfo
@@ -95,7 +103,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            control_plane: None,
+            control_plane: Vec::new(),
             join_token_file: None,
             ca_pin: None,
             ca_file: None,
@@ -117,7 +125,7 @@ impl Default for Config {
 /// flags (built by the caller). `None` leaves a value as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfigOverrides {
-    pub control_plane: Option<String>,
+    pub control_plane: Option<Vec<String>>,
     pub join_token_file: Option<PathBuf>,
     pub ca_pin: Option<String>,
     pub ca_file: Option<PathBuf>,
@@ -149,7 +157,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
 
 impl ConfigOverrides {
     /// Overrides from `BCD_*` variables (see [`ENV_VARS`]), looked up through `var` so tests pass
-    /// a map. An empty value counts as unset. `BCD_REBOOT_COMMAND` is split on whitespace.
+    /// a map. An empty value counts as unset. `BCD_CONTROL_PLANE` is split on commas,
+    /// `BCD_REBOOT_COMMAND` on whitespace.
     pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let metrics_listen =
@@ -164,7 +173,9 @@ impl ConfigOverrides {
                 })?),
             };
         Ok(Self {
-            control_plane: get("BCD_CONTROL_PLANE"),
+            control_plane: get("BCD_CONTROL_PLANE")
+                .map(|v| bcd_core::endpoints::split_list(&v))
+                .filter(|l| !l.is_empty()),
             join_token_file: get("BCD_JOIN_TOKEN_FILE").map(PathBuf::from),
             ca_pin: get("BCD_CA_PIN"),
             ca_file: get("BCD_CA_FILE").map(PathBuf::from),
@@ -225,7 +236,7 @@ impl Config {
                 dst.clone_from(src);
             }
         }
-        set_opt(&mut self.control_plane, &o.control_plane);
+        set(&mut self.control_plane, &o.control_plane);
         set_opt(&mut self.join_token_file, &o.join_token_file);
         set_opt(&mut self.ca_pin, &o.ca_pin);
         set_opt(&mut self.ca_file, &o.ca_file);
@@ -262,10 +273,13 @@ impl Config {
     /// command. Every problem is reported, not just the first.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
-        if let Some(cp) = &self.control_plane
-            && !(cp.starts_with("https://") || cp.starts_with("http://"))
-        {
-            problems.push(format!("control_plane {cp:?}: expected https://host:port"));
+        for e in bcd_core::endpoints::check_list(&self.control_plane) {
+            problems.push(match e {
+                EndpointError::BadUrl(u) => {
+                    format!("control_plane {u:?}: expected https://host:port")
+                }
+                EndpointError::Duplicate(u) => format!("control_plane {u:?}: listed twice"),
+            });
         }
         if let Some(pin) = &self.ca_pin {
             let ok = pin
@@ -292,6 +306,42 @@ impl Config {
             Err(ConfigError::Invalid(problems))
         }
     }
+}
+
+/// A list flag's values (`--control-plane a,b --control-plane c`): trimmed, empty items dropped;
+/// `None` when nothing is left, so the file's or the environment's value stays.
+pub fn flag_list(values: &[String]) -> Option<Vec<String>> {
+    let list: Vec<String> = values
+        .iter()
+        .flat_map(|v| bcd_core::endpoints::split_list(v))
+        .collect();
+    (!list.is_empty()).then_some(list)
+}
+
+/// `control_plane` in the file: one URL as before lists (a comma-separated string is split
+/// like `BCD_CONTROL_PLANE`), or an array of URLs.
+fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Urls;
+    impl<'de> serde::de::Visitor<'de> for Urls {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a URL \"https://host:port\" or an array of them")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(bcd_core::endpoints::split_list(v))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut urls = Vec::new();
+            while let Some(u) = seq.next_element::<String>()? {
+                urls.push(u.trim().to_owned());
+            }
+            Ok(urls)
+        }
+    }
+    d.deserialize_any(Urls)
 }
 
 #[cfg(test)]
@@ -331,7 +381,7 @@ mod tests {
         let c = Config::from_toml(&uncommented, Path::new("x"));
         assert!(c.is_ok(), "{c:?}");
         let c = c.unwrap_or_default();
-        assert!(c.control_plane.is_some(), "example keys were uncommented");
+        assert!(!c.control_plane.is_empty(), "example keys were uncommented");
         assert!(c.validate().is_ok(), "{:?}", c.validate());
     }
 
@@ -374,7 +424,7 @@ mod tests {
             ..ConfigOverrides::default()
         };
         let c = Config::resolve(&path, true, &env, &flags)?;
-        assert_eq!(c.control_plane.as_deref(), Some("https://file:7443"));
+        assert_eq!(c.control_plane, ["https://file:7443"]);
         assert_eq!(c.state_dir, PathBuf::from("/env/bcd"));
         assert_eq!(c.log, "warn");
         assert_eq!(c.reboot_command, ["/sbin/reboot", "-f"]);
@@ -399,7 +449,7 @@ mod tests {
     #[test]
     fn validate_reports_every_problem() {
         let c = Config {
-            control_plane: Some("cp.example:7443".to_owned()),
+            control_plane: vec!["cp.example:7443".to_owned()],
             ca_pin: Some("sha256:abc".to_owned()),
             state_dir: PathBuf::from("var/lib/bcd"),
             reboot_command: vec![],
@@ -407,6 +457,68 @@ mod tests {
         };
         match c.validate() {
             Err(ConfigError::Invalid(p)) => assert_eq!(p.len(), 4, "{p:?}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn control_plane_is_a_url_or_a_list_in_the_file() -> Result<(), ConfigError> {
+        let path = Path::new("bcd.toml");
+        let one = Config::from_toml("control_plane = \"https://a:7443\"\n", path)?;
+        assert_eq!(one.control_plane, ["https://a:7443"]);
+        let list = Config::from_toml(
+            "control_plane = [\"https://a:7443\", \"https://b:7443\"]\n",
+            path,
+        )?;
+        assert_eq!(list.control_plane, ["https://a:7443", "https://b:7443"]);
+        list.validate()?;
+        let none = Config::from_toml("", path)?;
+        assert!(none.control_plane.is_empty());
+        let wrong = Config::from_toml("control_plane = 7443\n", path);
+        let msg = wrong.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            msg.contains("a URL \"https://host:port\" or an array of them"),
+            "{msg}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn control_plane_env_is_a_comma_list_and_replaces_the_file() -> Result<(), ConfigError> {
+        let env = ConfigOverrides::from_env(env(&[(
+            "BCD_CONTROL_PLANE",
+            "https://a:7443, https://b:7443,",
+        )]))?;
+        assert_eq!(
+            env.control_plane.as_deref(),
+            Some(["https://a:7443".to_owned(), "https://b:7443".to_owned()].as_slice())
+        );
+        let mut c = Config::from_toml("control_plane = \"https://file:7443\"\n", Path::new("x"))?;
+        c.apply_overrides(&env);
+        assert_eq!(c.control_plane, ["https://a:7443", "https://b:7443"]);
+        Ok(())
+    }
+
+    #[test]
+    fn each_bad_control_plane_url_is_named() {
+        let c = Config {
+            control_plane: vec![
+                "https://good:7443".to_owned(),
+                "http://plain:7443".to_owned(),
+                "https://good:7443".to_owned(),
+                "good:7443".to_owned(),
+            ],
+            ..Config::default()
+        };
+        match c.validate() {
+            Err(ConfigError::Invalid(p)) => assert_eq!(
+                p,
+                [
+                    "control_plane \"http://plain:7443\": expected https://host:port",
+                    "control_plane \"https://good:7443\": listed twice",
+                    "control_plane \"good:7443\": expected https://host:port",
+                ]
+            ),
             other => panic!("{other:?}"),
         }
     }

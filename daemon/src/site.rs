@@ -31,9 +31,15 @@ const OUTBOUND_CAPACITY: usize = 256;
 /// Flags of `bcd site`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SiteArgs {
-    /// Control plane gateway URL, e.g. `https://cp.example:7443`.
-    #[arg(long, env = "BCD_CONTROL_PLANE")]
-    pub control_plane: Option<String>,
+    /// Control plane gateway URL, e.g. `https://cp.example:7443`; with several replicas, their
+    /// URLs comma-separated or as repeated flags (tried in a shuffled order).
+    #[arg(
+        long,
+        env = "BCD_CONTROL_PLANE",
+        value_delimiter = ',',
+        value_name = "URL"
+    )]
+    pub control_plane: Vec<String>,
     /// Join token `<id>.<secret>` of the site; needed only until the appliance has an identity.
     #[arg(long, env = "BCD_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
@@ -113,7 +119,7 @@ impl ProcessSignals for Systemd {
 pub fn resolve_config(args: &SiteArgs) -> Result<(crate::config::Config, SiteConfig), SiteError> {
     use crate::config::{Config, ConfigError, ConfigOverrides, DEFAULT_PATH};
     let flags = ConfigOverrides {
-        control_plane: args.control_plane.clone(),
+        control_plane: crate::config::flag_list(&args.control_plane),
         join_token_file: args.join_token_file.clone(),
         ca_pin: args.ca_pin.clone(),
         root: args.root.clone(),
@@ -225,7 +231,7 @@ async fn run_until(
     let _ = notifier.ready();
     tracing::info!(state_dir = %site_cfg.state_dir.display(), "site agent starting");
     let config = LifecycleConfig {
-        control_plane: cfg.control_plane.clone(),
+        control_planes: cfg.control_plane.clone(),
         ca_pin: cfg.ca_pin.clone(),
         reconnect_base: args.reconnect_base,
         reconnect_max: args.reconnect_max,

@@ -126,7 +126,6 @@ impl Observer for AgentHooks {
         self.status.update(|s| {
             s.node_id = Some(id.node.node_id.clone());
             s.identity_generation = Some(id.node.identity_generation);
-            s.control_plane = Some(id.node.control_plane.clone());
             s.certificate_not_after = cert_validity(&id.cert_pem)
                 .and_then(|v| chrono::DateTime::from_timestamp_millis(v.not_after_ms))
                 .map(|t| t.to_rfc3339());
@@ -144,11 +143,14 @@ impl Observer for AgentHooks {
     }
 
     fn connecting(&mut self, control_plane: &str) {
+        // The replica being tried; once the session opens, the one it is open with.
+        self.status
+            .update(|s| s.control_plane = Some(control_plane.to_owned()));
         self.notify_status(&format!("connecting to {control_plane}"));
     }
 
-    fn session_open(&mut self, epoch: u64, gateway_id: &str) {
-        self.status.connected(epoch, gateway_id);
+    fn session_open(&mut self, epoch: u64, gateway_id: &str, control_plane: &str) {
+        self.status.connected(epoch, gateway_id, control_plane);
         crate::metrics::global().set_connected(true);
     }
 

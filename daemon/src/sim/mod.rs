@@ -23,9 +23,10 @@ use clap::Args;
 /// `bcd sim` flags.
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
-    /// Gateway URL, e.g. `https://127.0.0.1:7443`.
-    #[arg(long)]
-    pub control_plane: String,
+    /// Gateway URL, e.g. `https://127.0.0.1:7443`; several (one per control-plane replica)
+    /// comma-separated or as repeated flags: each node tries them in its own shuffled order.
+    #[arg(long, required = true, value_delimiter = ',', value_parser = parse_control_plane)]
+    pub control_plane: Vec<String>,
     /// `sha256:<hex>` of the control plane CA's SubjectPublicKeyInfo.
     #[arg(long)]
     pub ca_pin: String,
@@ -47,6 +48,13 @@ pub struct SimArgs {
     /// Ceiling of the reconnect backoff.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub backoff_cap: Duration,
+}
+
+/// `--control-plane`'s value parser: one URL of the list, trimmed and checked.
+fn parse_control_plane(url: &str) -> Result<String, bcd_core::endpoints::EndpointError> {
+    let url = url.trim();
+    bcd_core::endpoints::check_url(url)?;
+    Ok(url.to_owned())
 }
 
 /// Why the simulator could not run.

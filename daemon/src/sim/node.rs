@@ -180,7 +180,7 @@ impl Observer for SimHooks {
         self.stats.joined.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn session_open(&mut self, _epoch: u64, _gateway_id: &str) {
+    fn session_open(&mut self, _epoch: u64, _gateway_id: &str, _control_plane: &str) {
         self.in_flight.clear();
         self.stats.connected.fetch_add(1, Ordering::Relaxed);
         self.stats.sessions_opened.fetch_add(1, Ordering::Relaxed);
@@ -238,7 +238,7 @@ pub async fn run(
     let machine = Arc::new(machine);
     let executor = Arc::new(Executor::new(Arc::clone(&machine), Journal::memory()));
     let config = LifecycleConfig {
-        control_plane: Some(args.control_plane.clone()),
+        control_planes: args.control_plane.clone(),
         ca_pin: Some(args.ca_pin.clone()),
         reconnect_base: args.backoff_base,
         reconnect_max: args.backoff_cap,

@@ -284,16 +284,16 @@ impl ControlPlane {
     /// Starts `bcctl serve` again on the same state dir and the same ports (agents keep their
     /// URL), after [`ControlPlane::kill9`] or [`ControlPlane::stop`].
     pub fn restart(&mut self, extra: &[&str]) {
-        let port = |url: &str| {
-            url.rsplit(':')
-                .next()
-                .unwrap_or("0")
-                .trim_end_matches('/')
-                .to_owned()
-        };
-        let listen = format!("127.0.0.1:{}", port(&self.gateway_url));
-        let api = format!("127.0.0.1:{}", port(&self.api_url));
-        let mut args: Vec<&str> = vec!["--listen", &listen, "--api-listen", &api];
+        let listen = format!("127.0.0.1:{}", port_of(&self.gateway_url));
+        self.restart_with_gateway(&listen, extra);
+    }
+
+    /// Same, with the gateway on `listen` (`127.0.0.1:<port>`) instead of its old port (the
+    /// API keeps its port): a control plane that moved, as one replica of a list going away and
+    /// another answering looks to an agent.
+    pub fn restart_with_gateway(&mut self, listen: &str, extra: &[&str]) {
+        let api = format!("127.0.0.1:{}", port_of(&self.api_url));
+        let mut args: Vec<&str> = vec!["--listen", listen, "--api-listen", &api];
         args.extend_from_slice(extra);
         let fresh = Self::start_with_args(&self.dir, &args);
         *self = fresh;
@@ -305,6 +305,22 @@ impl ControlPlane {
         signal(&c, Signal::SIGTERM);
         c.wait().ok()
     }
+}
+
+/// The port of `https://host:port`.
+fn port_of(url: &str) -> String {
+    url.rsplit(':')
+        .next()
+        .unwrap_or("0")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// A loopback port nothing listens on now: bound, read and released. A URL at it is a dead
+/// control-plane replica until something binds it.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
 }
 
 impl Drop for ControlPlane {
@@ -347,6 +363,29 @@ impl Agent {
         extra: &[&str],
         wrapper: &[&str],
     ) -> Self {
+        Self::spawn(&[&cp.gateway_url], state_dir, token, pin, extra, wrapper)
+    }
+
+    /// Starts `bcd agent` with the gateway URLs `urls` (one `--control-plane` flag each; an item
+    /// may itself be a comma-separated list) instead of one control plane's.
+    pub fn start_at(
+        urls: &[&str],
+        state_dir: &Path,
+        token: Option<&str>,
+        pin: &str,
+        extra: &[&str],
+    ) -> Self {
+        Self::spawn(urls, state_dir, token, pin, extra, &[])
+    }
+
+    fn spawn(
+        urls: &[&str],
+        state_dir: &Path,
+        token: Option<&str>,
+        pin: &str,
+        extra: &[&str],
+        wrapper: &[&str],
+    ) -> Self {
         let (_, bcd) = bins();
         std::fs::create_dir_all(state_dir).unwrap();
         let log_path = state_dir.with_extension("log");
@@ -365,8 +404,11 @@ impl Agent {
         };
         // Its own process group, so kill9/signal reach the agent under a wrapper too.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        cmd.arg("agent")
-            .args(["--control-plane", &cp.gateway_url, "--ca-pin", pin])
+        cmd.arg("agent");
+        for url in urls {
+            cmd.args(["--control-plane", url]);
+        }
+        cmd.args(["--ca-pin", pin])
             .arg("--state-dir")
             .arg(state_dir)
             .args(["--reconnect-base", "100ms", "--reconnect-max", "1s"])
