@@ -354,16 +354,22 @@ fn a_database_outage_refuses_writes_keeps_sessions_and_heals() {
     );
 }
 
-/// `bcctl_controllers_leader` of the replica whose state dir is `dir` (its endpoints.json names
-/// the metrics URL); `None` while it does not answer.
-fn leads(dir: &Path) -> Option<bool> {
+/// The value of `name` (a metric without labels) on the replica whose state dir is `dir` (its
+/// endpoints.json names the metrics URL); `None` while it does not answer.
+fn metric(dir: &Path, name: &str) -> Option<f64> {
     let ep: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("endpoints.json")).ok()?).ok()?;
     let url = ep["metricsUrl"].as_str()?;
     let text = reqwest::blocking::get(url).ok()?.text().ok()?;
+    let prefix = format!("{name} ");
     text.lines()
-        .find_map(|l| l.strip_prefix("bcctl_controllers_leader "))
-        .map(|v| v.trim() == "1")
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `bcctl_controllers_leader` of the replica whose state dir is `dir`.
+fn leads(dir: &Path) -> Option<bool> {
+    metric(dir, "bcctl_controllers_leader").map(|v| v == 1.0)
 }
 
 #[test]
@@ -547,4 +553,126 @@ fn verbs_on_one_replica_reach_nodes_connected_to_others() {
     ));
     // C's node is untouched.
     assert!(adopted(&a.node(&nc)));
+}
+
+#[test]
+fn agents_of_a_killed_replica_move_to_the_others_and_nothing_is_lost_or_run_twice() {
+    let Some(pg) =
+        pg("agents_of_a_killed_replica_move_to_the_others_and_nothing_is_lost_or_run_twice")
+    else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let flags = [
+        "--store",
+        db.as_str(),
+        "--controller-lease-ttl",
+        "1s",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let a = ControlPlane::start_with(&tmp.path().join("a"), &flags);
+    eventually(WAIT, "replica A leads", || leads(&a.dir).filter(|l| *l));
+    let b = replica(&a, &tmp.path().join("b"), &flags);
+    let c = replica(&a, &tmp.path().join("c"), &flags);
+    let urls = [
+        a.gateway_url.as_str(),
+        b.gateway_url.as_str(),
+        c.gateway_url.as_str(),
+    ];
+    // Four agents, each knowing every replica; they land where their shuffles take them.
+    let token = a.create_token(&["--uses", "8"]);
+    let agents: Vec<Agent> = (0..4)
+        .map(|i| {
+            Agent::start_at(
+                &urls,
+                &tmp.path().join(format!("agent-{i}")),
+                Some(&token),
+                &a.ca_pin,
+                &[],
+            )
+        })
+        .collect();
+    let ids: Vec<String> = agents.iter().map(Agent::node_id).collect();
+    for id in &ids {
+        wait_node(&b, id, "adopted and connected", adopted);
+    }
+    // Every node has a command queued, created on replica B, before A dies.
+    let cmds: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            let v = b.ok(
+                "commands.create",
+                json!({"nodeId": id, "name": "inventory.refresh"}),
+            );
+            v["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    // The replica holding most sessions dies (the shuffles decide which; the leader among them).
+    let sessions = |dir: &Path| -> usize { metric(dir, "bcctl_sessions").unwrap_or(0.0) as usize };
+    let mut replicas = [a, b, c];
+    let counts: Vec<usize> = replicas.iter().map(|r| sessions(&r.dir)).collect();
+    assert_eq!(counts.iter().sum::<usize>(), ids.len(), "{counts:?}");
+    let victim = (0..3).max_by_key(|i| counts[*i]).unwrap();
+    let was_leader = leads(&replicas[victim].dir) == Some(true);
+    replicas[victim].kill9();
+    eprintln!(
+        "killed replica {victim} holding {} of {} sessions (leader: {was_leader})",
+        counts[victim],
+        ids.len()
+    );
+    let live: Vec<&ControlPlane> = replicas
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != victim)
+        .map(|(_, r)| r)
+        .collect();
+    let b = live[0];
+
+    // Every session is back on a live replica; no node was ever unreachable.
+    let start = Instant::now();
+    eventually(
+        WAIT,
+        "every agent holds a session on a live replica",
+        || (live.iter().map(|r| sessions(&r.dir)).sum::<usize>() == ids.len()).then_some(()),
+    );
+    eprintln!(
+        "all {} sessions on live replicas {} ms after the kill",
+        ids.len(),
+        start.elapsed().as_millis()
+    );
+    for id in &ids {
+        wait_node(b, id, "adopted and connected", adopted);
+    }
+    eventually(Duration::from_secs(10), "a live replica leads", || {
+        live.iter()
+            .any(|r| leads(&r.dir) == Some(true))
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    for id in &ids {
+        let events = b.ok("nodes.events", json!({"nodeId": id}));
+        assert!(
+            !events.to_string().contains("\"unreachable\""),
+            "{id} was marked unreachable: {events}"
+        );
+    }
+    // Every command ran, and once: the agent's journal has one entry per command, and each
+    // succeeded.
+    for (cid, agent) in cmds.iter().zip(&agents) {
+        let v = eventually(WAIT, "the command succeeded", || {
+            let v = b.ok("commands.get", json!({"commandId": cid}));
+            (v["state"] == "succeeded").then_some(v)
+        });
+        assert_eq!(v["state"], "succeeded");
+        // The executor logs "command finished" once per run, in the command's span.
+        let runs = agent
+            .log_text()
+            .lines()
+            .filter(|l| l.contains(cid.as_str()) && l.contains("command finished"))
+            .count();
+        assert_eq!(runs, 1, "{cid} ran {runs} times on its agent");
+    }
 }
