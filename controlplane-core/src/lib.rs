@@ -63,6 +63,7 @@ pub mod query;
 pub mod reports;
 pub mod schedulable;
 pub mod sessions;
+pub mod status;
 pub mod text;
 pub mod verbs;
 

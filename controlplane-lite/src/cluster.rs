@@ -5,7 +5,9 @@
 //! - Every replica announces its sessions' opens and ends on [`CHANNEL`] (`open`/`gone` with
 //!   the node, the epoch and its gateway id) and keeps the others' in a map, rebuilt from the
 //!   nodes' rows (`connectivity`, `session_epoch`, `gateway_id`) whenever its LISTEN connection
-//!   (re)starts, since what was published while it was down is lost.
+//!   (re)starts, since what was published while it was down is lost; then it ends any session
+//!   of its own that another replica superseded meanwhile, and sends what its nodes wait for
+//!   (queued commands, a newer spec), for the kicks it may have missed.
 //! - [`ClusterSessions`] is the core's [`AgentSessions`]: a node with a session here goes to the
 //!   local registry; a node with one on another replica gets a `send` (the message, prost-encoded
 //!   in hex), or a `kick` when the message would not fit NOTIFY's 8,000 bytes (that replica then
@@ -130,7 +132,7 @@ impl ClusterSessions {
                     None => return,
                 },
                 n = notices.recv() => match n {
-                    Some(Notice::Resync) => self.resync().await,
+                    Some(Notice::Resync) => self.resync(&commands).await,
                     Some(Notice::Message(text)) => match serde_json::from_str::<Wire>(&text) {
                         Ok(w) => self.apply(w, &commands).await,
                         Err(e) => tracing::warn!(error = %e, "unreadable session notice ignored"),
@@ -141,19 +143,57 @@ impl ClusterSessions {
         }
     }
 
-    /// The other replicas' sessions, read again from the nodes' rows.
-    async fn resync(&self) {
-        match self.store.read(|r| r.connected_sessions()).await {
-            Ok(rows) => {
-                let mut map = self.remote.lock();
-                map.clear();
-                for (node, epoch, gw) in rows {
-                    if gw != self.me {
-                        map.insert(node, (epoch, gw));
-                    }
-                }
+    /// After the LISTEN connection (re)started: the other replicas' sessions, read again from
+    /// the nodes' rows; a session here that one of them superseded meanwhile ends; and the nodes
+    /// connected here that wait for a queued command or a newer spec get them, since the kicks
+    /// and forwarded messages published while this replica was not listening are lost.
+    async fn resync(&self, commands: &Commands) {
+        let me = self.me.clone();
+        let read = self
+            .store
+            .read(move |r| {
+                Ok::<_, cpl_store::StoreError>((r.connected_sessions()?, r.sessions_owed(&me)?))
+            })
+            .await;
+        let (rows, owed) = match read {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "other replicas' sessions not read");
+                return;
             }
-            Err(e) => tracing::warn!(error = %e, "other replicas' sessions not read"),
+        };
+        let mut superseded = Vec::new();
+        {
+            let mut map = self.remote.lock();
+            map.clear();
+            for (node, epoch, gw) in rows {
+                if gw == self.me {
+                    continue;
+                }
+                if self.local.live_epoch(&node).is_some_and(|e| e < epoch) {
+                    superseded.push((node.clone(), gw.clone()));
+                }
+                map.insert(node, (epoch, gw));
+            }
+        }
+        for (node, gw) in superseded {
+            self.local.close(
+                &node,
+                GoodbyeReason::Superseded,
+                &format!("a newer session of this node opened on replica {gw}"),
+            );
+        }
+        if !owed.is_empty() {
+            tracing::info!(
+                nodes = owed.len(),
+                "resync: sending queued commands and specs the notices may have missed"
+            );
+        }
+        for node in owed {
+            if self.local.live_epoch(&node).is_some() {
+                commands.dispatch(&node, false).await;
+                cpl_core::push::push_spec(&self.store, self.local.as_ref(), &node).await;
+            }
         }
     }
 

@@ -21,7 +21,7 @@ use cpl_store::{Store, StoreError, now_ms};
 use tokio::sync::watch;
 
 /// The lease's name in the store.
-pub const LEASE: &str = "controllers";
+pub const LEASE: &str = cpl_store::CONTROLLERS_LEASE;
 
 /// Time to live of the controller lease when none is configured: a failover takes at most this
 /// plus a third of it.

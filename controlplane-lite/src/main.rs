@@ -77,6 +77,12 @@ enum Command {
         #[command(subcommand)]
         cmd: cli::ops::CommandsCommand,
     },
+    /// The control plane: the replica asked, which replica runs the controllers, the store,
+    /// connected nodes per replica.
+    Status {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+    },
 }
 
 /// Tells systemd (`Type=notify`) how `bcctl serve` is doing; nothing when NOTIFY_SOCKET is unset.
@@ -129,6 +135,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokens { client, cmd } => cli::ops::tokens(&client, cmd).await,
         Command::Allocations { client, cmd } => cli::ops::allocations(&client, cmd).await,
         Command::Commands { client, cmd } => cli::ops::commands(&client, cmd).await,
+        Command::Status { client } => cli::status::status(&client).await,
     }
 }
 

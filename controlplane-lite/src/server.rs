@@ -704,7 +704,11 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         sessions: Arc::clone(&p.cluster) as Arc<dyn cpl_core::port::AgentSessions>,
         issuer: TokenIssuer {
             ca_pin: endpoints.ca_pin.clone(),
-            control_plane: gateway_url,
+            control_plane: gateway_url.clone(),
+        },
+        replica: cpl_core::status::ReplicaIdentity {
+            id: p.gateway.cfg.gateway_id.clone(),
+            gateway_url,
         },
     };
     let api_state = ApiState {

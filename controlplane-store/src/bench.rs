@@ -22,12 +22,13 @@ impl Reader<'_> {
     /// [`BenchCounts`]; `since_ms` is milliseconds since the Unix epoch.
     pub fn bench_counts(&self, since_ms: i64) -> Result<BenchCounts, StoreError> {
         self.db().query_row(
+            // count(CASE …) rather than sum(<boolean>): PostgreSQL has no sum over booleans.
             "SELECT count(*), \
-                coalesce(sum(provision_state = 'adopted'), 0), \
-                coalesce(sum(connectivity = 'connected'), 0), \
-                coalesce(sum(observed_generation >= generation), 0), \
-                coalesce(sum(connectivity IN ('unreachable', 'lost')), 0), \
-                coalesce(sum(connectivity = 'connected' AND connected_at >= ?1), 0) \
+                count(CASE WHEN provision_state = 'adopted' THEN 1 END), \
+                count(CASE WHEN connectivity = 'connected' THEN 1 END), \
+                count(CASE WHEN observed_generation >= generation THEN 1 END), \
+                count(CASE WHEN connectivity IN ('unreachable', 'lost') THEN 1 END), \
+                count(CASE WHEN connectivity = 'connected' AND connected_at >= ?1 THEN 1 END) \
              FROM nodes",
             params![since_ms],
             |r| {
@@ -79,5 +80,70 @@ impl Reader<'_> {
             params![],
             |r| r.get(0),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NewNode;
+    use bc_protocol::{Adapter, Connectivity, NodeRole, ProvisionState, Trust};
+
+    #[test]
+    fn counts_add_up_on_either_backend() -> Result<(), StoreError> {
+        let store = crate::testing::store()?;
+        store.write_blocking(|tx| {
+            for (i, (c, at, converged)) in [
+                (Connectivity::Connected, 5_000, true),
+                (Connectivity::Connected, 1_000, false),
+                (Connectivity::Unreachable, 1_000, true),
+                (Connectivity::Lost, 1_000, true),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let id = format!("node_{i}");
+                let n = NewNode {
+                    id: id.clone(),
+                    site_id: None,
+                    pool_id: None,
+                    owner_tenant_id: None,
+                    role: NodeRole::Host,
+                    trust: Trust::Platform,
+                    adapter: Adapter::BcdV1,
+                    drivers: Default::default(),
+                    hostname: None,
+                    hardware_key: None,
+                    hardware_key_trusted: false,
+                    identifier_digests: vec![],
+                };
+                tx.insert_node_in(&n, ProvisionState::Adopted, 1)?;
+                let before = tx
+                    .node(&id)?
+                    .ok_or_else(|| StoreError::Task("no row".into()))?;
+                let mut after = before.clone();
+                after.connectivity = c;
+                after.connected_at = Some(at);
+                if converged {
+                    after.observed_generation = after.generation;
+                }
+                assert!(tx.update_node(&before, &after, true, 1)?);
+            }
+            let c = tx.bench_counts(2_000)?;
+            assert_eq!(
+                c,
+                BenchCounts {
+                    total: 4,
+                    adopted: 4,
+                    connected: 2,
+                    converged: 3,
+                    unreachable: 2,
+                    reconnected: 1,
+                }
+            );
+            assert_eq!(tx.min_generation()?, 1);
+            assert_eq!(tx.node_versions()?.len(), 4);
+            Ok(())
+        })
     }
 }

@@ -9,6 +9,10 @@ use crate::params;
 
 use super::{Reader, StoreError, Tx, sql_u64};
 
+/// The name of the lease the controllers run under (`bcctl serve`'s leadership loop,
+/// `controlPlane.status`).
+pub const CONTROLLERS_LEASE: &str = "controllers";
+
 /// A lease row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -75,7 +75,7 @@ pub use bare_metal::{BmcIdentifier, BmcRecord, SiteLease};
 pub use bench::BenchCounts;
 pub use boots::BootRecord;
 pub use commands::{CommandRecord, CommandState};
-pub use controller_lease::ControllerLease;
+pub use controller_lease::{CONTROLLERS_LEASE, ControllerLease};
 pub use events::{NewEvent, NodeEvent};
 pub use fleet::FleetCounts;
 pub use leases::DedicatedRootLease;

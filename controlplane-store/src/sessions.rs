@@ -72,6 +72,37 @@ impl Reader<'_> {
             .collect()
     }
 
+    /// `(gateway_id, connected nodes)` for every replica holding at least one session, most
+    /// sessions first (ties by id): how the fleet spreads over the replicas, as the sessions'
+    /// opens recorded it (`controlPlane.status`).
+    pub fn sessions_per_gateway(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.db()
+            .query_map(
+                "SELECT gateway_id, COUNT(*) AS n FROM nodes \
+                 WHERE connectivity = 'connected' AND gateway_id IS NOT NULL \
+                 GROUP BY gateway_id ORDER BY n DESC, gateway_id",
+                params![],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
+            .collect()
+    }
+
+    /// Nodes connected through `gateway_id` that something waits for: a queued command, or a
+    /// spec newer than the one they observed. A replica whose LISTEN connection broke may have
+    /// missed the notices that would have sent them; it sends them after reconnecting.
+    pub fn sessions_owed(&self, gateway_id: &str) -> Result<Vec<String>, StoreError> {
+        self.db()
+            .query_map(
+                "SELECT id FROM nodes WHERE gateway_id = ?1 AND connectivity = 'connected' \
+                 AND (generation > observed_generation OR EXISTS \
+                   (SELECT 1 FROM commands c WHERE c.node_id = nodes.id AND c.state = 'queued')) \
+                 ORDER BY id",
+                params![gateway_id],
+                |r| r.get(0),
+            )?
+            .collect()
+    }
+
     /// Liveness candidates at `now`: `connected` nodes, and `disconnected` ones whose session
     /// broke without a Goodbye, silent for `unreachable_after_ms`; `unreachable` nodes silent for
     /// `unreachable_after_ms + lost_after_ms`.
@@ -105,6 +136,16 @@ mod tests {
     use bc_protocol::{Adapter, Connectivity, NodeRole, ProvisionState, Trust};
 
     fn node(tx: &Tx<'_>, id: &str, epoch: u64, c: Connectivity) -> Result<(), StoreError> {
+        node_on(tx, id, epoch, c, None)
+    }
+
+    fn node_on(
+        tx: &Tx<'_>,
+        id: &str,
+        epoch: u64,
+        c: Connectivity,
+        gateway: Option<&str>,
+    ) -> Result<(), StoreError> {
         let n = NewNode {
             id: id.into(),
             site_id: None,
@@ -127,6 +168,9 @@ mod tests {
         after.session_epoch = epoch;
         after.connectivity = c;
         after.last_seen = Some(1_000);
+        after.gateway_id = gateway.map(str::to_owned);
+        // Converged: nothing to push.
+        after.observed_generation = after.generation;
         assert!(tx.update_node(&before, &after, true, 1)?);
         Ok(())
     }
@@ -161,6 +205,57 @@ mod tests {
             assert_eq!(seen("node_c")?, Some(7_000));
             assert_eq!(seen("node_d")?, Some(1_000));
             assert!(tx.touch_heartbeats(&[])?.is_empty());
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn sessions_are_counted_per_replica_most_first() -> Result<(), StoreError> {
+        let store = crate::testing::store()?;
+        store.write_blocking(|tx| {
+            assert!(tx.sessions_per_gateway()?.is_empty());
+            node_on(tx, "node_a", 1, Connectivity::Connected, Some("gw-b"))?;
+            node_on(tx, "node_b", 1, Connectivity::Connected, Some("gw-a"))?;
+            node_on(tx, "node_c", 1, Connectivity::Connected, Some("gw-b"))?;
+            // Not connected any more: its last gateway does not count.
+            node_on(tx, "node_d", 1, Connectivity::Unreachable, Some("gw-c"))?;
+            node_on(tx, "node_e", 1, Connectivity::Connected, None)?;
+            assert_eq!(
+                tx.sessions_per_gateway()?,
+                vec![("gw-b".to_owned(), 2), ("gw-a".to_owned(), 1)]
+            );
+            // gw-b owes nothing until a command waits for node_a or node_c's spec moves on.
+            assert!(tx.sessions_owed("gw-b")?.is_empty());
+            let mut c = tx
+                .node("node_c")?
+                .ok_or_else(|| StoreError::Task("no row".into()))?;
+            let before = c.clone();
+            c.generation += 1;
+            assert!(tx.update_node(&before, &c, true, 2)?);
+            tx.insert_command(&crate::CommandRecord {
+                id: "cmd_1".into(),
+                node_id: "node_a".into(),
+                name: "inventory.refresh".into(),
+                args: serde_json::json!({}),
+                state: crate::CommandState::Queued,
+                progress: 0,
+                result: None,
+                error_code: None,
+                error_message: None,
+                actor: "operator:test".into(),
+                created_at: 2,
+                sent_at: None,
+                started_at: None,
+                finished_at: None,
+                deadline_at: 60_000,
+                subject_node_id: None,
+            })?;
+            assert_eq!(
+                tx.sessions_owed("gw-b")?,
+                vec!["node_a".to_owned(), "node_c".to_owned()]
+            );
+            // Nobody else's.
+            assert!(tx.sessions_owed("gw-a")?.is_empty());
             Ok(())
         })
     }

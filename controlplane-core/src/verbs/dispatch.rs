@@ -45,6 +45,8 @@ pub struct Core {
     pub bare_metal: crate::bare_metal::BareMetal,
     pub sessions: Arc<dyn AgentSessions>,
     pub issuer: TokenIssuer,
+    /// The replica this core answers for (`controlPlane.status`).
+    pub replica: crate::status::ReplicaIdentity,
 }
 
 /// A node mutation `{nodeId, version}`.
@@ -234,6 +236,12 @@ impl Core {
             R::CommandsGet(b) => self.commands_get(b).await.map(A::CommandsGet),
             R::CommandsList(b) => self.commands_list(b).await.map(A::CommandsList),
             R::CommandsCancel(b) => self.commands_cancel(b).await.map(A::CommandsCancel),
+            R::ControlPlaneStatus(_) => {
+                let (replica, backend) = (self.replica.clone(), self.store.backend_name());
+                self.read(move |r| crate::status::read(r, &replica, backend, cpl_store::now_ms()))
+                    .await
+                    .map(A::ControlPlaneStatus)
+            }
         }
     }
 

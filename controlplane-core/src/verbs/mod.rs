@@ -33,6 +33,7 @@ use crate::ops::pools::NewPool;
 use crate::ops::sites::NewSite;
 use crate::placer::{AllocationRequest, PoolCapacity};
 use crate::query::NodeFilter;
+use crate::status::ControlPlaneStatus;
 use cpl_store::{Allocation, Pool, Site};
 
 fn parse<T: DeserializeOwned>(method: &str, body: Value) -> Result<T, OpError> {
@@ -182,6 +183,7 @@ verbs! {
     CommandsGet => "commands.get", CommandRef, CommandView, "One command.";
     CommandsList => "commands.list", CommandsListRequest, CommandList, "Commands, newest first.";
     CommandsCancel => "commands.cancel", CommandRef, CommandView, "Cancel a command that is not over.";
+    ControlPlaneStatus => "controlPlane.status", NoArgs, ControlPlaneStatus, "Which replica answered, which one runs the controllers (the controller lease: holder, epoch, expiry), the store's backend, and connected nodes per replica.";
 }
 
 impl std::fmt::Display for Method {

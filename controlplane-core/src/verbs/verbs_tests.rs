@@ -32,6 +32,10 @@ fn core(store: &Store) -> Core {
             ca_pin: "sha256:00".into(),
             control_plane: "https://127.0.0.1:7443".into(),
         },
+        replica: crate::status::ReplicaIdentity {
+            id: "gw-test".into(),
+            gateway_url: "https://127.0.0.1:7443".into(),
+        },
     }
 }
 

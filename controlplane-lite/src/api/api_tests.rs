@@ -50,6 +50,10 @@ fn app() -> Result<Router, StoreError> {
             ca_pin: "sha256:00".into(),
             control_plane: "https://127.0.0.1:7443".into(),
         },
+        replica: cpl_core::status::ReplicaIdentity {
+            id: "gw-test".into(),
+            gateway_url: "https://127.0.0.1:7443".into(),
+        },
     };
     Ok(router(Arc::new(ApiState {
         core,

@@ -9,6 +9,7 @@ pub mod logs;
 pub mod nodes;
 pub mod ops;
 pub mod render;
+pub mod status;
 pub mod table;
 
 use std::net::SocketAddr;

@@ -3,7 +3,10 @@
 //! `tests/pg/cluster.sh`, named by `BC_TEST_POSTGRES` and `BC_TEST_POSTGRES_DIR`): a node joins
 //! and survives a restart with its rows in the database; two replicas share one database and a
 //! third with another CA is refused; TLS to the database is verified against its CA; a database
-//! outage refuses writes with UNAVAILABLE, keeps the session, and heals without a restart.
+//! outage refuses writes with UNAVAILABLE, keeps the session, and heals without a restart; the
+//! controllers run on one replica and fail over; verbs on one replica reach nodes on others; a
+//! killed replica's agents move with nothing lost or run twice (and `bcctl status` names the
+//! leader); one node never holds live sessions on two replicas; `bcctl bench --replicas 3`.
 //!
 //! Each test makes its own database. They take one lock: the outage test stops the server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +16,10 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use bc_e2e::fake_agent::{FakeAgent, Session};
 use bc_e2e::{Agent, ControlPlane, bins, eventually};
+use bc_protocol::pb::gateway_message::Msg;
+use bc_protocol::pb::{Goodbye, GoodbyeReason};
 use serde_json::{Value, json};
 
 static SERVER: Mutex<()> = Mutex::new(());
@@ -445,6 +451,13 @@ fn the_controllers_run_on_one_replica_and_fail_over_when_it_dies() {
     );
 }
 
+/// `bcctl status -o json` against replica `cp` (the CLI, as an operator runs it).
+fn status(cp: &ControlPlane) -> Value {
+    let (ok, out, err) = cp.bcctl(&["status", "-o", "json"]);
+    assert!(ok, "bcctl status: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("bcctl status -o json: {e}: {out}"))
+}
+
 /// A replica beside `first`: a state dir with its CA, keys, token and marker.
 fn replica(first: &ControlPlane, dir: &Path, flags: &[&str]) -> ControlPlane {
     std::fs::create_dir_all(dir).unwrap();
@@ -615,6 +628,31 @@ fn agents_of_a_killed_replica_move_to_the_others_and_nothing_is_lost_or_run_twic
     let mut replicas = [a, b, c];
     let counts: Vec<usize> = replicas.iter().map(|r| sessions(&r.dir)).collect();
     assert_eq!(counts.iter().sum::<usize>(), ids.len(), "{counts:?}");
+    // `bcctl status` on every replica names the same leader, and the sessions each one holds.
+    let statuses: Vec<Value> = replicas.iter().map(status).collect();
+    let leader = statuses[0]["controllers"]["holder"].clone();
+    for (r, st) in replicas.iter().zip(&statuses) {
+        assert_eq!(st["controllers"]["holder"], leader, "{st}");
+        assert_eq!(st["leads"], json!(st["replicaId"] == leader), "{st}");
+        assert_eq!(
+            st["leads"].as_bool(),
+            leads(&r.dir),
+            "status and metric agree: {st}"
+        );
+        assert_eq!(
+            (st["store"].as_str(), st["connected"].as_u64()),
+            (Some("postgres"), Some(ids.len() as u64))
+        );
+    }
+    for (i, st) in statuses.iter().enumerate() {
+        let held = statuses[0]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["replicaId"] == st["replicaId"])
+            .map_or(0, |x| x["connected"].as_u64().unwrap());
+        assert_eq!(held as usize, counts[i], "{}", statuses[0]);
+    }
     let victim = (0..3).max_by_key(|i| counts[*i]).unwrap();
     let was_leader = leads(&replicas[victim].dir) == Some(true);
     replicas[victim].kill9();
@@ -651,6 +689,26 @@ fn agents_of_a_killed_replica_move_to_the_others_and_nothing_is_lost_or_run_twic
             .any(|r| leads(&r.dir) == Some(true))
             .then_some(())
     });
+    // `bcctl status` now: a live replica leads, and the dead one holds no session.
+    let st = status(b);
+    let dead = &statuses[victim]["replicaId"];
+    assert_eq!(st["controllers"]["live"], true, "{st}");
+    assert!(
+        live.iter()
+            .map(|r| status(r)["replicaId"].clone())
+            .any(|id| id == st["controllers"]["holder"]),
+        "{st}"
+    );
+    assert!(
+        !st["replicas"].to_string().contains(dead.as_str().unwrap()),
+        "{st}"
+    );
+    if was_leader {
+        assert!(
+            st["controllers"]["epoch"].as_u64() > statuses[victim]["controllers"]["epoch"].as_u64(),
+            "{st}"
+        );
+    }
     std::thread::sleep(Duration::from_secs(3));
     for id in &ids {
         let events = b.ok("nodes.events", json!({"nodeId": id}));
@@ -675,4 +733,152 @@ fn agents_of_a_killed_replica_move_to_the_others_and_nothing_is_lost_or_run_twic
             .count();
         assert_eq!(runs, 1, "{cid} ran {runs} times on its agent");
     }
+}
+
+/// The next Goodbye on `s` within `within`, skipping other messages.
+fn goodbye(fa: &FakeAgent, s: &mut Session, within: Duration) -> Option<Goodbye> {
+    fa.rt.block_on(async {
+        tokio::time::timeout(within, async {
+            while let Some(m) = s.rx.recv().await {
+                if let Some(Msg::Goodbye(g)) = m.msg {
+                    return Some(g);
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+    })
+}
+
+/// Issue 17: the same node never holds two live sessions on two replicas. A scripted agent keeps
+/// its session on replica A open (nothing on A's side ends it: heartbeats every 10 s, silence
+/// judged after 40 s) and opens another on replica B with the same certificate: A ends its own
+/// with Goodbye{superseded} as soon as it hears of B's, and back again when the node returns to
+/// A.
+#[test]
+fn one_node_never_holds_live_sessions_on_two_replicas() {
+    let Some(pg) = pg("one_node_never_holds_live_sessions_on_two_replicas") else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let tmp = tempfile::tempdir().unwrap();
+    let flags = ["--store", db.as_str(), "--metrics-listen", "127.0.0.1:0"];
+    let a = ControlPlane::start_with(&tmp.path().join("a"), &flags);
+    let b = replica(&a, &tmp.path().join("b"), &flags);
+    let sessions = |cp: &ControlPlane| metric(&cp.dir, "bcctl_sessions").unwrap_or(-1.0) as i64;
+    let (fa, fb) = (FakeAgent::new(&a), FakeAgent::new(&b));
+    let j = fa
+        .join(&a.create_token(&["--uses", "1"]), "kr", true, &["r1", "r2"])
+        .unwrap();
+    let gateway = |cp: &ControlPlane| cp.node(&j.node_id)["session"]["gatewayId"].clone();
+
+    let mut on_a = fa.session(&j);
+    eventually(WAIT, "the session on A", || {
+        (sessions(&a) == 1).then_some(())
+    });
+    let gw_a = gateway(&a);
+    let t = Instant::now();
+    let mut on_b = fb.session(&j);
+    let bye = goodbye(&fa, &mut on_a, Duration::from_secs(10))
+        .expect("A ends its session once B holds a newer one");
+    eprintln!(
+        "A said Goodbye {} ms after B's session opened",
+        t.elapsed().as_millis()
+    );
+    assert_eq!(bye.reason, GoodbyeReason::Superseded as i32, "{bye:?}");
+    eventually(WAIT, "one session, on B", || {
+        (sessions(&a) == 0 && sessions(&b) == 1).then_some(())
+    });
+    let gw_b = gateway(&a);
+    assert_ne!(gw_a, gw_b, "the row names B now");
+    assert_eq!(a.node(&j.node_id)["connectivity"], "connected");
+
+    // And back: a session on A again supersedes the one on B.
+    let _again = fa.session(&j);
+    let bye = goodbye(&fb, &mut on_b, Duration::from_secs(10))
+        .expect("B ends its session once A holds a newer one");
+    assert_eq!(bye.reason, GoodbyeReason::Superseded as i32, "{bye:?}");
+    eventually(WAIT, "one session, on A", || {
+        (sessions(&a) == 1 && sessions(&b) == 0).then_some(())
+    });
+    assert_eq!(gateway(&b), gw_a);
+}
+
+/// `bcctl bench restart --replicas 3 --store …`: 60 simulated nodes over three replicas on one
+/// database; the bench kills the replica leading the controllers, another takes the lease, the
+/// dead one's nodes come back on the others (or on it, restarted), and none is marked
+/// unreachable. Figures printed, never asserted.
+#[test]
+fn the_bench_kills_the_leading_replica_of_three_and_every_node_comes_back() {
+    let Some(pg) = pg("the_bench_kills_the_leading_replica_of_three_and_every_node_comes_back")
+    else {
+        return;
+    };
+    let _one = SERVER.lock().unwrap_or_else(|e| e.into_inner());
+    let db = pg.database();
+    let (bcctl, bcd) = bins();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bcctl)
+        .args([
+            "bench",
+            "restart",
+            "--nodes",
+            "60",
+            "--replicas",
+            "3",
+            "--store",
+            &db,
+        ])
+        .args([
+            "--controller-lease-ttl",
+            "1s",
+            "--timeout",
+            "120s",
+            "-o",
+            "json",
+        ])
+        .arg("--bcd")
+        .arg(bcd)
+        .arg("--state-dir")
+        .arg(dir.path())
+        .output()
+        .expect("running bcctl bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bcctl bench failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&stdout).expect("bench -o json prints JSON");
+    println!("{}", serde_json::to_string_pretty(&v).unwrap());
+    assert_eq!(
+        (v["replicas"].as_u64(), v["store"].as_str()),
+        (Some(3), Some("postgres"))
+    );
+    assert_eq!(v["adopted"], 60);
+    assert_eq!(v["errors"], 0, "no join or session errors");
+    assert_eq!(
+        v["wronglyUnreachable"], 0,
+        "nobody marked unreachable across the failover"
+    );
+    assert_eq!(v["killedReplicaLed"], true);
+    assert!(v["failoverS"].as_f64().is_some(), "{v}");
+    let per = v["sessionsPerReplica"]
+        .as_object()
+        .expect("sessions per replica");
+    assert!(!per.is_empty() && per.len() <= 3, "{per:?}");
+    assert_eq!(
+        per.values().filter_map(Value::as_u64).sum::<u64>(),
+        60,
+        "{per:?}"
+    );
+    // The lease moved: a second holder at least.
+    let epoch = psql(
+        &db,
+        "SELECT epoch FROM controller_leases WHERE name = 'controllers'",
+    );
+    assert!(epoch.parse::<u64>().unwrap() >= 2, "epoch {epoch}");
 }

@@ -34,7 +34,7 @@ fn fifty_simulated_agents_join_and_survive_a_control_plane_restart() {
     assert!(
         out.status.success(),
         "bcctl bench failed:\n{stdout}\n{stderr}\n--- sim.log ---\n{}",
-        std::fs::read_to_string(dir.path().join("sim.log")).unwrap_or_default()
+        std::fs::read_to_string(dir.path().join("sim-0.log")).unwrap_or_default()
     );
     let v: Value = serde_json::from_str(&stdout).expect("bench -o json prints JSON");
     println!("{}", serde_json::to_string_pretty(&v).unwrap());

@@ -16,7 +16,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use super::Output;
-use harness::{Harness, proc_usage};
+use harness::Harness;
 use scenarios::{fanout, join_storm, restart, rollout, steady};
 
 /// What to measure.
@@ -55,6 +55,15 @@ pub struct BenchArgs {
     /// dir's state.db. Use an empty database: the bench's nodes stay in it.
     #[arg(long)]
     pub store: Option<String>,
+    /// Control-plane replicas on the `--store` database (more than 1 needs `--store`): every
+    /// simulated node knows every replica's gateway and tries them in its own shuffled order.
+    /// `restart` then kills the replica leading the controllers and starts it again.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// `bcctl serve --controller-lease-ttl` of every replica (default: serve's, 10 s): how long
+    /// a dead leader's lease lasts.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub controller_lease_ttl: Option<Duration>,
     /// Heartbeat interval told to agents.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     pub heartbeat_interval: Duration,
@@ -140,29 +149,53 @@ fn ephemeral_ports() -> Option<u64> {
     Some(hi.saturating_sub(lo) + 1)
 }
 
-/// Refuses a fleet the open-file limit cannot hold, before anything starts.
-fn check_nofile(nodes: usize) -> anyhow::Result<()> {
+/// Sessions one replica of `replicas` must be able to hold: all of them with one replica; with
+/// several, a survivor's share once one replica died (the restart scenario moves the dead one's
+/// nodes to the others), plus 10 % for the shuffles' unevenness.
+fn sessions_per_replica(nodes: usize, replicas: usize) -> usize {
+    if replicas <= 1 {
+        nodes
+    } else {
+        let share = nodes.div_ceil(replicas - 1);
+        share.saturating_add(share / 10).min(nodes)
+    }
+}
+
+/// Refuses a fleet the open-file limit or the loopback ports cannot hold, before anything
+/// starts. Returns how many `bcd sim` processes to run: enough that each holds at most the
+/// sessions one process may open.
+fn check_nofile(nodes: usize, replicas: usize) -> anyhow::Result<usize> {
     if nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    if replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    // Loopback connections to one gateway port each need their own ephemeral port (the 4-tuple
+    // differs only there); connections to different replicas' ports may share them.
+    let per_replica = sessions_per_replica(nodes, replicas);
     if let Some(ports) = ephemeral_ports()
-        && nodes as u64 > ports
+        && per_replica as u64 > ports
     {
         bail!(
-            "{nodes} simulated sessions over loopback need {nodes} ephemeral ports; \
-             net.ipv4.ip_local_port_range gives {ports}"
+            "{per_replica} simulated sessions to one gateway over loopback need as many ephemeral \
+             ports; net.ipv4.ip_local_port_range gives {ports}: widen it or add --replicas"
         );
     }
-    let need = files_needed(nodes);
+    let need = files_needed(per_replica);
     let limit = raise_nofile_limit(need);
     if limit < need {
         bail!(
-            "{nodes} simulated nodes need about {need} open files in `bcctl serve` and in `bcd sim` \
-             (one socket per session); RLIMIT_NOFILE allows {limit}: raise it (`ulimit -n`, \
-             LimitNOFILE=, or run as root) or simulate fewer nodes"
+            "{per_replica} sessions on one `bcctl serve` need about {need} open files (one socket \
+             per session); RLIMIT_NOFILE allows {limit}: raise it (`ulimit -n`, LimitNOFILE=, or \
+             run as root), add --replicas, or simulate fewer nodes"
         );
     }
-    Ok(())
+    // A simulator holds a socket per node: split the nodes so each fits.
+    let per_sim = usize::try_from(limit.saturating_sub(512))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    Ok(nodes.div_ceil(per_sim))
 }
 
 fn machine() -> Value {
@@ -207,15 +240,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         // Before a run that may take minutes, not after it.
         chart::prepare(png, args.font.as_deref())?;
     }
-    check_nofile(args.nodes)?;
-    let mut h = Harness::start(&args).await?;
-    let rss_base = h.serve_pid().and_then(proc_usage).map_or(0, |(_, r)| r);
+    if args.replicas > 1 && args.store.is_none() {
+        bail!(
+            "--replicas {} needs --store postgres://… (replicas share one database)",
+            args.replicas
+        );
+    }
+    let sims = check_nofile(args.nodes, args.replicas)?;
+    let mut h = Harness::start(&args, sims).await?;
+    let rss_base = h.serve_usage().map_or(0, |(_, r)| r);
     let mut out = serde_json::Map::new();
     let scenario = clap::ValueEnum::to_possible_value(&args.scenario)
         .map(|v| v.get_name().to_owned())
         .unwrap_or_default();
     out.insert("scenario".into(), json!(scenario));
     out.insert("nodes".into(), json!(args.nodes));
+    out.insert("replicas".into(), json!(args.replicas));
+    out.insert("store".into(), json!(h.db.backend_name()));
+    out.insert("simulators".into(), json!(sims));
     out.insert(
         "heartbeatIntervalS".into(),
         json!(args.heartbeat_interval.as_secs_f64()),
@@ -242,7 +284,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let _ = t.keep();
         }
         bail!(
-            "{e:#}\n(state dir {} kept; see serve.log and sim.log there)",
+            "{e:#}\n(state dir {} kept; see serve.log, replica-*/serve.log and sim-*.log there)",
             h.dir.display()
         );
     }
@@ -281,13 +323,15 @@ fn print_table(v: &Value) {
 /// adopted, connected and converged, prints the join figures, then runs until Ctrl-C (or exits
 /// with `--once`).
 pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<()> {
-    check_nofile(nodes)?;
+    let sims = check_nofile(nodes, 1)?;
     let args = BenchArgs {
         scenario: Scenario::JoinStorm,
         nodes,
         bcd: dev.bcd.clone(),
         state_dir: dev.state_dir.clone(),
         store: None,
+        replicas: 1,
+        controller_lease_ttl: None,
         heartbeat_interval: dev.heartbeat_interval,
         window: Duration::from_secs(0),
         timeout: dev.timeout,
@@ -296,10 +340,11 @@ pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<
         font: None,
         input: Vec::new(),
     };
-    let mut h = Harness::start(&args).await?;
+    let mut h = Harness::start(&args, sims).await?;
     println!(
         "control plane: gateway {}  api {}",
-        h.gateway_url, h.api_url
+        h.gateway_url(),
+        h.serves.first().map_or("", |s| s.api_url.as_str())
     );
     println!("state:         {}", h.dir.display());
     println!(
@@ -309,7 +354,10 @@ pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<
     let mut out = serde_json::Map::new();
     if let Err(e) = join_storm(&mut h, &args, &mut out).await {
         h.stop().await;
-        bail!("{e:#}\n(see serve.log and sim.log in {})", h.dir.display());
+        bail!(
+            "{e:#}\n(see serve.log and sim-*.log in {})",
+            h.dir.display()
+        );
     }
     println!("\n{nodes} simulated nodes adopted, connected and converged:\n");
     print_table(&Value::Object(out));
@@ -320,4 +368,19 @@ pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<
     h.stop().await;
     println!("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_must_hold_a_survivors_share() {
+        assert_eq!(sessions_per_replica(30_000, 1), 30_000);
+        // One of three died: 15,000 each on the other two, plus 10 %.
+        assert_eq!(sessions_per_replica(30_000, 3), 16_500);
+        // One of two died: the other holds everyone.
+        assert_eq!(sessions_per_replica(30_000, 2), 30_000);
+        assert_eq!(sessions_per_replica(10, 3), 5);
+    }
 }

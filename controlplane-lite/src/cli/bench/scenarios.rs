@@ -4,12 +4,12 @@ use cpl_core::verbs::Method;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 use cpl_store::now_ms;
 
-use super::harness::{Harness, pid_of, port_of, proc_usage};
+use super::harness::{Harness, port_of, proc_usage};
 use super::{BenchArgs, round2};
 
 /// The join storm every scenario starts with; fills `out`.
@@ -19,11 +19,11 @@ pub(super) async fn join_storm(
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
     let n = args.nodes as u64;
-    let base = h.serve_pid().and_then(proc_usage);
+    let base = h.serve_usage();
     let t0 = Instant::now();
     h.start_sim()?;
     let mut peak_rss = 0u64;
-    let pid = h.serve_pid();
+    let pids = h.serve_pids();
     let adopted = h
         .wait_for(
             "all nodes adopted",
@@ -31,9 +31,12 @@ pub(super) async fn join_storm(
             args.timeout,
             0,
             |_, _| {
-                if let Some((_, rss)) = pid.and_then(proc_usage) {
-                    peak_rss = peak_rss.max(rss);
-                }
+                let rss: u64 = pids
+                    .iter()
+                    .filter_map(|p| proc_usage(*p))
+                    .map(|(_, r)| r)
+                    .sum();
+                peak_rss = peak_rss.max(rss);
             },
             |c| c.adopted >= n && c.total >= n,
         )
@@ -48,7 +51,7 @@ pub(super) async fn join_storm(
             |c| c.connected >= n && c.converged >= n,
         )
         .await?;
-    let after = h.serve_pid().and_then(proc_usage);
+    let after = h.serve_usage();
     // The sim writes its stats every second: wait for a file that has seen every join.
     let mut stats = h.sim_stats();
     let t1 = Instant::now();
@@ -67,6 +70,9 @@ pub(super) async fn join_storm(
     out.insert("sessionErrors".into(), json!(stats["sessionErrors"]));
     out.insert("errors".into(), json!(errors));
     out.insert("adopted".into(), json!(h.counts(0)?.adopted));
+    if h.serves.len() > 1 {
+        out.insert("sessionsPerReplica".into(), sessions_per_replica(h)?);
+    }
     if let (Some((t0c, rss0)), Some((t1c, _))) = (base, after) {
         #[allow(clippy::cast_precision_loss)]
         let cpu_s = (t1c.saturating_sub(t0c)) as f64 / 100.0;
@@ -85,20 +91,17 @@ pub(super) async fn steady(
 ) -> anyhow::Result<()> {
     // Let the join storm's inventory writes drain, then measure one clean window.
     tokio::time::sleep(args.heartbeat_interval.min(Duration::from_secs(5))).await;
-    if let Some(pid) = h.sim.as_ref().and_then(pid_of) {
-        let _ = kill(pid, Signal::SIGUSR1);
-    }
-    let pid = h.serve_pid().context("serve is not running")?;
-    let (c0, _) = proc_usage(pid).context("reading /proc of serve")?;
+    h.signal_sims(Signal::SIGUSR1);
+    let (c0, _) = h.serve_usage().context("reading /proc of serve")?;
     let t0 = Instant::now();
     let mut max_rss = 0u64;
     while t0.elapsed() < args.window {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        if let Some((_, r)) = proc_usage(pid) {
+        if let Some((_, r)) = h.serve_usage() {
             max_rss = max_rss.max(r);
         }
     }
-    let (c1, rss) = proc_usage(pid).context("reading /proc of serve")?;
+    let (c1, rss) = h.serve_usage().context("reading /proc of serve")?;
     // The stats file is written every second: wait for one written after the window.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let stats = h.sim_stats();
@@ -130,14 +133,35 @@ pub(super) async fn steady(
     Ok(())
 }
 
-/// One Prometheus scrape of `bcctl serve` at full load: how long it took and what it said about
-/// sessions and heartbeats (the fleet gauges are computed from the store at scrape time).
+/// `{replica gateway id: connected nodes}` from the sessions' rows.
+fn sessions_per_replica(h: &Harness) -> anyhow::Result<Value> {
+    let rows = h.db.read_blocking(|r| r.sessions_per_gateway())?;
+    Ok(Value::Object(
+        rows.into_iter().map(|(gw, n)| (gw, json!(n))).collect(),
+    ))
+}
+
+/// One Prometheus scrape of the first replica at full load: how long it took and what it said
+/// about sessions and heartbeats (the fleet gauges are computed from the store at scrape time);
+/// with several replicas, also the sessions each one holds by its own count.
 async fn scrape_metrics(h: &Harness, out: &mut serde_json::Map<String, Value>) {
-    if h.metrics_url.is_empty() {
+    if h.serves.len() > 1 {
+        let mut per = Vec::new();
+        for s in &h.serves {
+            let body = match reqwest::get(&s.metrics_url).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            per.push(json!(metric_value(&body, "bcctl_sessions")));
+        }
+        out.insert("metricsSessionsPerReplica".into(), Value::Array(per));
+    }
+    let url = h.serves.first().map_or("", |s| s.metrics_url.as_str());
+    if url.is_empty() {
         return;
     }
     let t = Instant::now();
-    let body = match reqwest::get(&h.metrics_url).await {
+    let body = match reqwest::get(url).await {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(e) => {
             out.insert("metricsError".into(), json!(e.to_string()));
@@ -145,11 +169,7 @@ async fn scrape_metrics(h: &Harness, out: &mut serde_json::Map<String, Value>) {
         }
     };
     let ms = t.elapsed().as_secs_f64() * 1000.0;
-    let value = |name: &str| {
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
+    let value = |name: &str| metric_value(&body, name);
     out.insert("metricsScrapeMs".into(), json!(round2(ms)));
     out.insert("metricsSessions".into(), json!(value("bcctl_sessions")));
     out.insert(
@@ -162,21 +182,51 @@ async fn scrape_metrics(h: &Harness, out: &mut serde_json::Map<String, Value>) {
     );
 }
 
+/// The value of the sample `name` (with its labels, if any) in a Prometheus text exposition.
+fn metric_value(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+}
+
+/// Index of the replica whose `/metrics` says it leads the controllers.
+async fn leader(h: &Harness) -> Option<usize> {
+    for (i, s) in h.serves.iter().enumerate() {
+        if s.child.is_none() || s.metrics_url.is_empty() {
+            continue;
+        }
+        let Ok(r) = reqwest::get(&s.metrics_url).await else {
+            continue;
+        };
+        let body = r.text().await.unwrap_or_default();
+        if metric_value(&body, "bcctl_controllers_leader") == Some(1.0) {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// `kill -9` of `bcctl serve` and its restart on the same ports and state: time until it listens
+/// again, until every node has a session opened after the kill, and nodes wrongly marked
+/// unreachable. With several replicas, [`restart_leader`] instead.
 pub(super) async fn restart(
     h: &mut Harness,
     args: &BenchArgs,
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
+    if h.serves.len() > 1 {
+        return restart_leader(h, args, out).await;
+    }
     let n = args.nodes as u64;
-    let listen = format!("127.0.0.1:{}", port_of(&h.gateway_url));
-    let api = format!("127.0.0.1:{}", port_of(&h.api_url));
+    let listen = format!("127.0.0.1:{}", port_of(&h.serves[0].gateway_url));
+    let api = format!("127.0.0.1:{}", port_of(&h.serves[0].api_url));
     let t_kill = now_ms();
     let t0 = Instant::now();
-    if let Some(mut s) = h.serve.take() {
+    if let Some(mut s) = h.serves[0].child.take() {
         let _ = s.start_kill();
         let _ = s.wait().await;
     }
-    h.start_serve(&listen, &api).await?;
+    h.start_serve(0, &listen, &api).await?;
     let up = t0.elapsed().as_secs_f64();
     let mut series: Vec<(f64, u64, u64)> = Vec::new();
     let mut wrongly_unreachable = 0u64;
@@ -193,24 +243,121 @@ pub(super) async fn restart(
             |c| c.reconnected >= n,
         )
         .await?;
-    // Watch a little longer: a node marked unreachable late still counts.
-    let t1 = Instant::now();
-    while t1.elapsed() < Duration::from_secs(3) {
-        wrongly_unreachable = wrongly_unreachable.max(h.counts(t_kill)?.unreachable);
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    // Keep the series small: at most ~100 points.
-    let step = (series.len() / 100).max(1);
-    let series: Vec<Value> = series
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| i % step == 0 || *i + 1 == series.len())
-        .map(|(_, (t, up, down))| json!([t, up, down]))
-        .collect();
+    wrongly_unreachable = wrongly_unreachable.max(watch_unreachable(h, t_kill).await?);
     out.insert("restartServeUpS".into(), json!(round2(up)));
     out.insert("restartAllReconnectedS".into(), json!(round2(settled)));
     out.insert("wronglyUnreachable".into(), json!(wrongly_unreachable));
-    out.insert("reconnectSeries".into(), Value::Array(series));
+    out.insert("reconnectSeries".into(), thin(&series));
+    Ok(())
+}
+
+/// Watches 3 s more after a storm settled: a node marked unreachable late still counts.
+async fn watch_unreachable(h: &Harness, since_ms: i64) -> anyhow::Result<u64> {
+    let (t1, mut most) = (Instant::now(), 0u64);
+    while t1.elapsed() < Duration::from_secs(3) {
+        most = most.max(h.counts(since_ms)?.unreachable);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(most)
+}
+
+/// At most ~100 points of `(t, up, down)`, the last one kept.
+fn thin(series: &[(f64, u64, u64)]) -> Value {
+    let step = (series.len() / 100).max(1);
+    Value::Array(
+        series
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % step == 0 || *i + 1 == series.len())
+            .map(|(_, (t, up, down))| json!([t, up, down]))
+            .collect(),
+    )
+}
+
+/// With several replicas: `kill -9` of the replica leading the controllers and its restart on
+/// the same ports (a new gateway id), measured at once: until it listens again, until another
+/// replica (or it, restarted) holds the controller lease (`failoverS`, from the store's lease
+/// row), until none of its nodes is left on it and every node is connected, and nodes wrongly
+/// marked unreachable. The series counts connected nodes not on the dead replica.
+async fn restart_leader(
+    h: &mut Harness,
+    args: &BenchArgs,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let n = args.nodes as u64;
+    let t = Instant::now();
+    let victim = loop {
+        if let Some(i) = leader(h).await {
+            break i;
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("no replica says it leads (bcctl_controllers_leader) after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let lease =
+        h.db.read_blocking(|r| r.controller_lease(cpl_store::CONTROLLERS_LEASE))?;
+    let dead = lease
+        .map(|l| l.holder)
+        .context("the leader holds no lease row")?;
+    let on = |h: &Harness, gw: &str| -> anyhow::Result<u64> {
+        Ok(h.db
+            .read_blocking(|r| r.sessions_per_gateway())?
+            .into_iter()
+            .find(|(g, _)| g == gw)
+            .map_or(0, |(_, k)| k))
+    };
+    let held = on(h, &dead)?;
+    let listen = format!("127.0.0.1:{}", port_of(&h.serves[victim].gateway_url));
+    let api = format!("127.0.0.1:{}", port_of(&h.serves[victim].api_url));
+    let t_kill = now_ms();
+    let t0 = Instant::now();
+    if let Some(mut s) = h.serves[victim].child.take() {
+        let _ = s.start_kill();
+        let _ = s.wait().await;
+    }
+    h.start_serve(victim, &listen, &api).await?;
+    let up = t0.elapsed().as_secs_f64();
+    let (mut failover, mut back) = (None, None);
+    let mut series: Vec<(f64, u64, u64)> = Vec::new();
+    let mut wrongly_unreachable = 0u64;
+    loop {
+        let t = t0.elapsed().as_secs_f64();
+        if failover.is_none() {
+            let lease =
+                h.db.read_blocking(|r| r.controller_lease(cpl_store::CONTROLLERS_LEASE))?;
+            if lease.is_some_and(|l| l.holder != dead && l.expires_at > now_ms()) {
+                failover = Some(t);
+            }
+        }
+        let left = on(h, &dead)?;
+        let c = h.counts(t_kill)?;
+        wrongly_unreachable = wrongly_unreachable.max(c.unreachable);
+        series.push((round2(t), c.connected.saturating_sub(left), c.unreachable));
+        if back.is_none() && left == 0 && c.connected >= n {
+            back = Some(t);
+        }
+        if let (Some(f), Some(b)) = (failover, back) {
+            out.insert("failoverS".into(), json!(round2(f)));
+            out.insert("restartAllReconnectedS".into(), json!(round2(b)));
+            break;
+        }
+        if t0.elapsed() > args.timeout {
+            bail!(
+                "after {:?}: {left} nodes still on the killed replica, lease moved: {}",
+                args.timeout,
+                failover.is_some()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wrongly_unreachable = wrongly_unreachable.max(watch_unreachable(h, t_kill).await?);
+    out.insert("killedReplicaLed".into(), json!(true));
+    out.insert("killedReplicaSessions".into(), json!(held));
+    out.insert("restartServeUpS".into(), json!(round2(up)));
+    out.insert("wronglyUnreachable".into(), json!(wrongly_unreachable));
+    out.insert("reconnectSeries".into(), thin(&series));
+    out.insert("sessionsPerReplica".into(), sessions_per_replica(h)?);
     Ok(())
 }
 
