@@ -17,7 +17,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use cpl_store::{Store, StoreError, now_ms};
+use cpl_store::{Store, now_ms};
 use tokio::sync::watch;
 
 /// The lease's name in the store.
@@ -53,9 +53,8 @@ pub async fn run(
         let (h, now) = (holder.clone(), now_ms());
         let ttl_ms = ms(ttl);
         let asked = Instant::now();
-        let claim = store
-            .write(move |tx| tx.claim_controller_lease(LEASE, &h, now, ttl_ms))
-            .await;
+        // Outside the write lock: a storm of writes must not make the leader miss its renewal.
+        let claim = store.claim_controller_lease(LEASE, h, now, ttl_ms).await;
         let lead = match claim {
             Ok(lease) if lease.holder == holder => {
                 renewed = Some(asked);
@@ -87,11 +86,7 @@ pub async fn run(
     if *leading.borrow() {
         leading.send_replace(false);
         let h = holder.clone();
-        let released = store
-            .write(move |tx| -> Result<(), StoreError> {
-                tx.release_controller_lease(LEASE, &h, now_ms())
-            })
-            .await;
+        let released = store.release_controller_lease(LEASE, h, now_ms()).await;
         if let Err(e) = released {
             tracing::warn!(error = %e, "controller lease not given up; another replica takes it when it lapses");
         }
@@ -128,6 +123,7 @@ pub async fn while_leader<F, Fut>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cpl_store::StoreError;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -127,6 +127,11 @@ pub(crate) struct PgStore {
     pool: r2d2::Pool<Manager>,
     /// How the pool connects, for the LISTEN connections made outside it.
     listen: ListenConfig,
+    /// This replica's writers queue here, before they take a connection: every write
+    /// transaction takes the database's one write lock anyway, so a second local writer holding
+    /// a pooled connection would only wait on it, and a storm of writers would empty the pool
+    /// (reads and the controller lease included) and fail after the checkout timeout.
+    write_gate: parking_lot::Mutex<()>,
     _io: Arc<IoRuntime>,
 }
 
@@ -274,6 +279,7 @@ impl PgStore {
                 tls,
                 io: handle,
             },
+            write_gate: parking_lot::Mutex::new(()),
             _io: io,
         };
         store.migrate(opts.schema.as_deref())?;
@@ -292,12 +298,25 @@ impl PgStore {
         })
     }
 
-    /// Runs `f` in one transaction; `write` takes the store's write lock first.
+    /// Runs `f` outside any transaction: each statement commits on its own, without the write
+    /// lock (the controller lease: single statements that are atomic by themselves, and must not
+    /// queue behind a storm of writers).
+    pub(crate) fn autocommit<T, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Session) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let s = self.session()?;
+        f(&s)
+    }
+
+    /// Runs `f` in one transaction; `write` queues behind this replica's other writers
+    /// (`write_gate`), then takes the database's write lock.
     pub(crate) fn transaction<T, E: From<StoreError>>(
         &self,
         write: bool,
         f: impl FnOnce(&Session) -> Result<T, E>,
     ) -> Result<T, E> {
+        let _gate = write.then(|| self.write_gate.lock());
         let s = self.session()?;
         if write {
             s.batch(&format!(

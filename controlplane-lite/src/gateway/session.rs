@@ -312,6 +312,35 @@ async fn after_bmc_verify(gw: &GatewayService, node_id: &str, command_id: &str) 
     }
 }
 
+/// How long a session's write is tried again while the store is unavailable (PostgreSQL down,
+/// or its connections all busy past `--store-timeout` in a storm) before it is given up.
+const RETRY_UNAVAILABLE_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs `write` until it succeeds, fails for another reason than an unavailable store, or
+/// [`RETRY_UNAVAILABLE_FOR`] has passed (100 ms, doubling to 2 s, between tries): what an agent
+/// reported (its inventory, a SpecStatus, its Goodbye) is not dropped because the database
+/// answered late; the session's later writes wait behind it, in order.
+async fn retry_unavailable<T, F, Fut>(what: &str, mut write: F) -> Result<T, OpError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, OpError>>,
+{
+    let started = std::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(100);
+    loop {
+        match write().await {
+            Err(OpError::Store(e))
+                if e.is_unavailable() && started.elapsed() < RETRY_UNAVAILABLE_FOR =>
+            {
+                tracing::debug!(error = %e, retry_in = ?wait, "{what}: store unavailable; trying again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(std::time::Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Applies one session's store writes in the order they arrived.
 async fn write_loop(
     gw: GatewayService,
@@ -323,10 +352,9 @@ async fn write_loop(
         match w {
             Write::Inventory(inv) => handle_inventory(&gw, &node_id, epoch, inv).await,
             Write::SpecStatus(s) => {
-                let id = node_id.clone();
-                let r = gw
-                    .store
-                    .write(move |tx| {
+                let r = retry_unavailable("recording SpecStatus", || {
+                    let (id, s) = (node_id.clone(), s.clone());
+                    gw.store.write(move |tx| {
                         let report = SpecReport {
                             generation: s.generation,
                             converged: s.converged,
@@ -335,7 +363,8 @@ async fn write_loop(
                         };
                         reports::record_spec_status(tx, &id, epoch, &report)
                     })
-                    .await;
+                })
+                .await;
                 if let Err(e) = r {
                     tracing::error!(error = %e, "recording SpecStatus failed");
                 }
@@ -360,22 +389,24 @@ async fn write_loop(
                 }
             }
             Write::Broken => {
-                let id = node_id.clone();
-                if let Err(e) = gw
-                    .store
-                    .write(move |tx| sessions::close_broken(tx, &id, epoch))
-                    .await
-                {
+                let r = retry_unavailable("recording the broken session", || {
+                    let id = node_id.clone();
+                    gw.store
+                        .write(move |tx| sessions::close_broken(tx, &id, epoch))
+                })
+                .await;
+                if let Err(e) = r {
                     tracing::error!(error = %e, "recording the broken session failed");
                 }
             }
             Write::Goodbye(reason) => {
-                let id = node_id.clone();
-                if let Err(e) = gw
-                    .store
-                    .write(move |tx| sessions::close_clean(tx, &id, epoch, &reason))
-                    .await
-                {
+                let r = retry_unavailable("recording Goodbye", || {
+                    let (id, reason) = (node_id.clone(), reason.clone());
+                    gw.store
+                        .write(move |tx| sessions::close_clean(tx, &id, epoch, &reason))
+                })
+                .await;
+                if let Err(e) = r {
                     tracing::error!(error = %e, "recording Goodbye failed");
                 }
             }
@@ -399,12 +430,16 @@ async fn handle_inventory(
     }
     let sha256 = hex::encode(sha2::Sha256::digest(&inv.document_json));
     let hw = inv.hardware.unwrap_or_default();
-    let id = node_id.to_owned();
-    let doc = inv.document_json;
+    let doc = std::sync::Arc::new(inv.document_json);
     let started = std::time::Instant::now();
-    let r = gw
-        .store
-        .write(move |tx| {
+    let r = retry_unavailable("recording inventory", || {
+        let (id, doc, hw, sha256) = (
+            node_id.to_owned(),
+            std::sync::Arc::clone(&doc),
+            hw.clone(),
+            sha256.clone(),
+        );
+        gw.store.write(move |tx| {
             let report = InventoryReport {
                 hardware_key: &hw.hardware_key,
                 trusted: hw.trusted,
@@ -414,7 +449,8 @@ async fn handle_inventory(
             };
             reports::record_inventory(tx, &id, epoch, &report)
         })
-        .await;
+    })
+    .await;
     gw.metrics.observe_inventory(started.elapsed());
     match r {
         Ok(Some(state)) => tracing::debug!(provision_state = %state, "inventory recorded"),
