@@ -154,3 +154,76 @@ fn xid_events_from_the_agent_leave_the_version() -> TestResult {
     assert_eq!(n.version, v);
     Ok(())
 }
+
+/// Eight nodes report the same trusted hardware key at once, each in a node's write (as the
+/// gateway records inventories: on PostgreSQL they run in parallel): exactly one holds it
+/// trusted, the others are refused with `DuplicateKey`, and none of the writes fails.
+#[test]
+fn nodes_racing_for_one_trusted_key_leave_exactly_one_holder() -> TestResult {
+    let store = cpl_store::testing::store()?;
+    let ids: Vec<String> = (0..8).map(|i| format!("node_race_{i}")).collect();
+    let epochs = store.write_blocking(|tx| -> Result<Vec<u64>, OpError> {
+        let mut epochs = Vec::new();
+        for id in &ids {
+            node(tx, id, None)?;
+            let open = SessionOpen {
+                node_id: id.clone(),
+                gateway_id: "gw".into(),
+                boot_id: "b".into(),
+                agent_version: "1".into(),
+            };
+            epochs.push(
+                sessions::open(tx, &open)?
+                    .ok_or(OpError::node_not_found(id))?
+                    .epoch,
+            );
+        }
+        Ok(epochs)
+    })?;
+    let start = std::sync::Arc::new(std::sync::Barrier::new(ids.len()));
+    let writers: Vec<_> = ids
+        .iter()
+        .zip(epochs)
+        .map(|(id, epoch)| {
+            let (store, start, id) = (store.clone(), start.clone(), id.clone());
+            std::thread::spawn(move || {
+                let digests = vec![format!("{id}-board"), format!("{id}-nic")];
+                let document = format!(r#"{{"hostname":"{id}","gpus":[]}}"#);
+                start.wait();
+                store.write_node_blocking(&id, |tx| {
+                    let report = InventoryReport {
+                        hardware_key: "the-same-key",
+                        trusted: true,
+                        digests: &digests,
+                        document: document.as_bytes(),
+                        sha256: &id,
+                    };
+                    record_inventory(tx, &id, epoch, &report)
+                })
+            })
+        })
+        .collect();
+    for w in writers {
+        let state = w.join().map_err(|_| "writer panicked")??;
+        assert!(state.is_some(), "the node is there");
+    }
+    let nodes = store.read_blocking(|r| -> Result<Vec<NodeRecord>, OpError> {
+        ids.iter().map(|id| get(r, id)).collect()
+    })?;
+    let holders: Vec<&str> = nodes
+        .iter()
+        .filter(|n| n.hardware_key_trusted)
+        .map(|n| n.id.as_str())
+        .collect();
+    assert_eq!(holders.len(), 1, "trusted holders: {holders:?}");
+    for n in nodes.iter().filter(|n| !n.hardware_key_trusted) {
+        let c = n
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "HardwareKeyTrusted")
+            .ok_or("no HardwareKeyTrusted condition")?;
+        assert_eq!(c.reason, "DuplicateKey", "{}: {c:?}", n.id);
+        assert!(c.message.contains(holders[0]), "{}", c.message);
+    }
+    Ok(())
+}

@@ -300,7 +300,7 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use crate::{NewNode, Site};
-    use bc_protocol::{Adapter, NodeRole, ProvisionState, SiteKind, Trust};
+    use bc_protocol::{NodeRole, ProvisionState, SiteKind};
 
     fn node(
         tx: &Tx<'_>,
@@ -309,18 +309,9 @@ mod tests {
         state: ProvisionState,
     ) -> Result<(), StoreError> {
         let n = NewNode {
-            id: id.into(),
             site_id: Some("s1".into()),
-            pool_id: None,
-            owner_tenant_id: None,
             role,
-            trust: Trust::Platform,
-            adapter: Adapter::BcdV1,
-            drivers: Default::default(),
-            hostname: None,
-            hardware_key: None,
-            hardware_key_trusted: false,
-            identifier_digests: vec![],
+            ..crate::testing::new_node(id)
         };
         tx.insert_node_in(&n, state, 1)
     }

@@ -86,8 +86,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NewNode;
-    use bc_protocol::{Adapter, Connectivity, NodeRole, ProvisionState, Trust};
+    use bc_protocol::{Connectivity, ProvisionState};
 
     #[test]
     fn counts_add_up_on_either_backend() -> Result<(), StoreError> {
@@ -103,20 +102,7 @@ mod tests {
             .enumerate()
             {
                 let id = format!("node_{i}");
-                let n = NewNode {
-                    id: id.clone(),
-                    site_id: None,
-                    pool_id: None,
-                    owner_tenant_id: None,
-                    role: NodeRole::Host,
-                    trust: Trust::Platform,
-                    adapter: Adapter::BcdV1,
-                    drivers: Default::default(),
-                    hostname: None,
-                    hardware_key: None,
-                    hardware_key_trusted: false,
-                    identifier_digests: vec![],
-                };
+                let n = crate::testing::new_node(&id);
                 tx.insert_node_in(&n, ProvisionState::Adopted, 1)?;
                 let before = tx
                     .node(&id)?

@@ -149,24 +149,10 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NewNode;
-    use bc_protocol::{Adapter, NodeRole, ProvisionState, Trust};
+    use bc_protocol::ProvisionState;
 
     fn node(tx: &Tx<'_>, id: &str) -> Result<(), StoreError> {
-        let n = NewNode {
-            id: id.into(),
-            site_id: None,
-            pool_id: None,
-            owner_tenant_id: None,
-            role: NodeRole::Host,
-            trust: Trust::Platform,
-            adapter: Adapter::BcdV1,
-            drivers: Default::default(),
-            hostname: None,
-            hardware_key: None,
-            hardware_key_trusted: false,
-            identifier_digests: vec![],
-        };
+        let n = crate::testing::new_node(id);
         tx.insert_node_in(&n, ProvisionState::Inspecting, 1)
     }
 

@@ -31,10 +31,10 @@
 //! The core crate or any adapter (axum, tonic): the store is the bottom of the control plane.
 //!
 //! # Limitations
-//! On PostgreSQL, writers take one advisory lock (`pg` module): they serialize across replicas
-//! as SQLite's writers do on one file, so a replica's write throughput is one transaction's
-//! round trips at a time (docs/benchmarks.md: about 830 transactions a second here). The
-//! controller lease's claim alone runs outside it ([`Store::claim_controller_lease`]).
+//! On PostgreSQL, global writers take one advisory lock (`pg` module): they serialize across
+//! replicas as SQLite's writers do on one file. A node's own reports ([`Store::write_node`])
+//! take it shared and lock their node's row, so they run at once for different nodes; the
+//! controller lease's claim runs outside it ([`Store::claim_controller_lease`]).
 #![forbid(unsafe_code)]
 
 mod allocations;
@@ -50,6 +50,7 @@ mod fleet;
 mod leases;
 mod meta;
 pub mod migrations;
+mod node_writes;
 mod nodes;
 mod pg;
 mod pg_schema;
@@ -118,6 +119,11 @@ pub enum StoreError {
     /// The blocking task running the query panicked or was cancelled.
     #[error("store task failed: {0}")]
     Task(String),
+    /// A node's write ([`Store::write_node`]) reached something only a global write may do
+    /// ([`Tx::require_write_lock`]); the store runs it again under the global lock, so a caller
+    /// sees this only from a closure that swallowed the first attempt's error.
+    #[error("this write needs the store's global write lock; it runs again under it")]
+    WriteLockNeeded,
     /// The database file (or its WAL and shared-memory files) could not be created or made
     /// private; `path` names it.
     #[error("{path}: {source}")]

@@ -502,12 +502,16 @@ impl Reader<'_> {
             .optional()
     }
 
-    /// Another node than `except` that holds `key` as a trusted hardware key.
+    /// Another node than `except` that holds `key` as a trusted hardware key. Inside a node's
+    /// write ([`crate::Store::write_node`]) the key is locked first, so of two nodes claiming it
+    /// at once the second sees the first as the holder; a caller that goes on to store `key` as
+    /// trusted holds that lock until its commit.
     pub fn trusted_key_holder(
         &self,
         key: &str,
         except: &str,
     ) -> Result<Option<String>, StoreError> {
+        self.lock_hardware_key(key)?;
         self.db()
             .query_row(
                 "SELECT id FROM nodes WHERE hardware_key = ?1 AND hardware_key_trusted = 1 \

@@ -11,6 +11,15 @@
 //!   time across every replica on the database, which is what SQLite's `BEGIN IMMEDIATE` gives
 //!   the code above (a read-check-write never interleaves with another writer). A read
 //!   transaction is `REPEATABLE READ READ ONLY`: one snapshot, as SQLite's read transaction.
+//! - A node's write ([`PgStore::node_transaction`]: what one node's session reports) takes the
+//!   same lock *shared*, then its node row `FOR UPDATE`: writers of different nodes run at once,
+//!   writers of one node queue on its row, and a global writer (exclusive) still waits for all
+//!   of them and excludes them while it runs. Its statements run at READ COMMITTED, so one that
+//!   waited on a lock sees what the holder committed. The one cross-node fact such a write
+//!   checks, a trusted hardware key's holder, is serialized by an advisory lock on the key
+//!   ([`Session::lock_hardware_key`]). A node write that finds it needs more
+//!   ([`Session::require_write_lock`]), or that a race with another one failed (a deadlock, a
+//!   unique index: `LOCK_CONFLICTS`), is rolled back and run again as a global write.
 //! - Statements are prepared once per connection and cached by their text; `?N` placeholders
 //!   become `$N` there. Parameters bind by the type PostgreSQL inferred (an integer binds to
 //!   `int2`/`int4`/`int8`/`bool`, text to `text`/`json`/`jsonb`); columns decode by their type.
@@ -19,8 +28,8 @@
 //!   migrate once.
 //!
 //! # Limitations
-//! The global write lock serializes writers as SQLite does; row locks would let writers of
-//! different nodes run together (DESIGN.md "More than one control-plane replica").
+//! Everything but a node's own reports (joins, tokens, operator verbs, controllers, heartbeat
+//! flushes) still serializes on the global write lock, as on SQLite.
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +46,13 @@ use crate::{BackendError, DatabaseError, PostgresOptions, StoreError};
 const WRITE_LOCK: i64 = 0x6263_6477_7269_7465;
 /// The advisory lock key of schema migrations ("bcdmigra").
 const MIGRATE_LOCK: i64 = 0x6263_646d_6967_7261;
+/// The first key of the two-key advisory locks on trusted hardware keys ("hk"); PostgreSQL
+/// keeps two-key locks apart from one-key ones, so they never meet the two above.
+const HARDWARE_KEY_LOCKS: i64 = 0x686b;
+/// SQLSTATEs that a node write may get from racing another one: a deadlock, a serialization
+/// failure, a unique index another node's write filled first. A node write that gets one runs
+/// again under the global lock, where it either passes or fails for good.
+const LOCK_CONFLICTS: [&str; 3] = ["40P01", "40001", "23505"];
 
 fn db_err(e: tokio_postgres::Error) -> StoreError {
     StoreError::Database(DatabaseError(BackendError::Postgres(e)))
@@ -132,7 +148,45 @@ pub(crate) struct PgStore {
     /// a pooled connection would only wait on it, and a storm of writers would empty the pool
     /// (reads and the controller lease included) and fail after the checkout timeout.
     write_gate: parking_lot::Mutex<()>,
+    /// This replica's node writers queue here: at most half the pool at once, so reads and the
+    /// controller lease always find a connection while a storm of reports waits.
+    node_gate: Permits,
+    /// Node writes run again under the global lock (a `require_write_lock`, a deadlock).
+    escalations: std::sync::atomic::AtomicU64,
     _io: Arc<IoRuntime>,
+}
+
+/// A counting semaphore for blocking threads.
+struct Permits {
+    free: parking_lot::Mutex<usize>,
+    freed: parking_lot::Condvar,
+}
+
+struct Permit<'a>(&'a Permits);
+
+impl Permits {
+    fn new(n: usize) -> Self {
+        Self {
+            free: parking_lot::Mutex::new(n.max(1)),
+            freed: parking_lot::Condvar::new(),
+        }
+    }
+
+    fn acquire(&self) -> Permit<'_> {
+        let mut free = self.free.lock();
+        while *free == 0 {
+            self.freed.wait(&mut free);
+        }
+        *free -= 1;
+        Permit(self)
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock() += 1;
+        self.0.freed.notify_one();
+    }
 }
 
 #[derive(Clone)]
@@ -280,6 +334,8 @@ impl PgStore {
                 io: handle,
             },
             write_gate: parking_lot::Mutex::new(()),
+            node_gate: Permits::new(opts.max_connections as usize / 2),
+            escalations: std::sync::atomic::AtomicU64::new(0),
             _io: io,
         };
         store.migrate(opts.schema.as_deref())?;
@@ -295,6 +351,8 @@ impl PgStore {
         Ok(Session {
             conn: RefCell::new(conn),
             open: Cell::new(false),
+            node_scope: Cell::new(false),
+            escalate: Cell::new(false),
         })
     }
 
@@ -318,6 +376,9 @@ impl PgStore {
     ) -> Result<T, E> {
         let _gate = write.then(|| self.write_gate.lock());
         let s = self.session()?;
+        // Open before the first statement: a BEGIN whose lock statement failed leaves an
+        // aborted transaction that the drop must roll back.
+        s.open.set(true);
         if write {
             s.batch(&format!(
                 "BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
@@ -325,7 +386,6 @@ impl PgStore {
         } else {
             s.batch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
         }
-        s.open.set(true);
         let out = f(&s);
         match out {
             Ok(v) => {
@@ -338,6 +398,58 @@ impl PgStore {
                 Err(e)
             }
         }
+    }
+
+    /// Runs `f` as a write of node `node_id` alone (module docs): the write lock shared, the
+    /// node's row `FOR UPDATE` (a node not there locks nothing; `f` finds it missing). When `f`
+    /// fails after asking for the global lock, or on a race with another write (`LOCK_CONFLICTS`), it is
+    /// rolled back and run again by [`Self::transaction`] (hence `Fn`).
+    pub(crate) fn node_transaction<T, E: From<StoreError>>(
+        &self,
+        node_id: &str,
+        f: impl Fn(&Session) -> Result<T, E>,
+    ) -> Result<T, E> {
+        {
+            let _permit = self.node_gate.acquire();
+            let s = self.session()?;
+            s.open.set(true);
+            s.node_scope.set(true);
+            s.batch(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock_shared({WRITE_LOCK})"
+            ))?;
+            let out = s
+                .query(
+                    "SELECT 1 FROM nodes WHERE id = ?1 FOR UPDATE",
+                    crate::params![node_id],
+                )
+                .map_err(E::from)
+                .and_then(|_| f(&s));
+            match out {
+                Ok(v) => {
+                    s.batch("COMMIT")?;
+                    s.open.set(false);
+                    return Ok(v);
+                }
+                Err(e) => {
+                    s.rollback();
+                    if !s.escalate.get() {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        self.escalations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(
+            node = node_id,
+            "a node's write runs again under the write lock"
+        );
+        self.transaction(true, f)
+    }
+
+    /// How many node writes ran again under the global lock since the store opened.
+    pub(crate) fn escalations(&self) -> u64 {
+        self.escalations.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn migrate(&self, schema: Option<&str>) -> Result<(), StoreError> {
@@ -495,6 +607,10 @@ async fn listen_once(
 pub(crate) struct Session {
     conn: RefCell<r2d2::PooledConnection<Manager>>,
     open: Cell<bool>,
+    /// Inside [`PgStore::node_transaction`]: the write lock is held shared only.
+    node_scope: Cell<bool>,
+    /// The node transaction must run again under the global lock.
+    escalate: Cell<bool>,
 }
 
 impl Drop for Session {
@@ -507,6 +623,45 @@ impl Drop for Session {
 }
 
 impl Session {
+    /// In a node's write, marks it for a rerun under the global write lock and fails with
+    /// [`StoreError::WriteLockNeeded`]; elsewhere (a global write holds it already) `Ok`.
+    pub(crate) fn require_write_lock(&self) -> Result<(), StoreError> {
+        if self.node_scope.get() {
+            self.escalate.set(true);
+            return Err(StoreError::WriteLockNeeded);
+        }
+        Ok(())
+    }
+
+    /// In a node's write, takes the transaction's advisory lock on trusted hardware key `key`
+    /// (its first 8 bytes of hex as the second key): two nodes claiming one key serialize, and
+    /// the second's holder query sees the first's commit. Under the global lock nobody else
+    /// writes, so nothing is taken there.
+    pub(crate) fn lock_hardware_key(&self, key: &str) -> Result<(), StoreError> {
+        if !self.node_scope.get() {
+            return Ok(());
+        }
+        let hash = key.bytes().fold(0x811c_9dc5_u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
+        self.query(
+            "SELECT pg_advisory_xact_lock(CAST(?1 AS INTEGER), CAST(?2 AS INTEGER))",
+            crate::params![HARDWARE_KEY_LOCKS, i64::from(hash as i32)],
+        )
+        .map(|_| ())
+    }
+
+    /// A server error, noting a lock conflict inside a node's write (it runs again).
+    fn db_err(&self, e: tokio_postgres::Error) -> StoreError {
+        if self.node_scope.get()
+            && e.as_db_error()
+                .is_some_and(|d| LOCK_CONFLICTS.contains(&d.code().code()))
+        {
+            self.escalate.set(true);
+        }
+        db_err(e)
+    }
+
     fn rollback(&self) {
         let mut conn = self.conn.borrow_mut();
         if futures_executor::block_on(conn.client.batch_execute("ROLLBACK")).is_err() {
@@ -520,8 +675,8 @@ impl Session {
         if let Some(st) = conn.statements.get(sql) {
             return Ok(st.clone());
         }
-        let st =
-            futures_executor::block_on(conn.client.prepare(&placeholders(sql))).map_err(db_err)?;
+        let st = futures_executor::block_on(conn.client.prepare(&placeholders(sql)))
+            .map_err(|e| self.db_err(e))?;
         conn.statements.insert(sql.to_owned(), st.clone());
         Ok(st)
     }
@@ -532,7 +687,8 @@ impl Session {
         let values: Vec<PgParam> = p.iter().map(|v| PgParam(v.to_value())).collect();
         let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as _).collect();
         let conn = self.conn.borrow();
-        let n = futures_executor::block_on(conn.client.execute(&st, &refs)).map_err(db_err)?;
+        let n = futures_executor::block_on(conn.client.execute(&st, &refs))
+            .map_err(|e| self.db_err(e))?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
@@ -546,13 +702,13 @@ impl Session {
         let values: Vec<PgParam> = p.iter().map(|v| PgParam(v.to_value())).collect();
         let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as _).collect();
         let conn = self.conn.borrow();
-        futures_executor::block_on(conn.client.query(&st, &refs)).map_err(db_err)
+        futures_executor::block_on(conn.client.query(&st, &refs)).map_err(|e| self.db_err(e))
     }
 
     /// Statements without parameters.
     pub(crate) fn batch(&self, sql: &str) -> Result<(), StoreError> {
         let conn = self.conn.borrow();
-        futures_executor::block_on(conn.client.batch_execute(sql)).map_err(db_err)
+        futures_executor::block_on(conn.client.batch_execute(sql)).map_err(|e| self.db_err(e))
     }
 }
 

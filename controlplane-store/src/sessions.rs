@@ -132,8 +132,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NewNode;
-    use bc_protocol::{Adapter, Connectivity, NodeRole, ProvisionState, Trust};
+    use bc_protocol::{Connectivity, ProvisionState};
 
     fn node(tx: &Tx<'_>, id: &str, epoch: u64, c: Connectivity) -> Result<(), StoreError> {
         node_on(tx, id, epoch, c, None)
@@ -146,20 +145,7 @@ mod tests {
         c: Connectivity,
         gateway: Option<&str>,
     ) -> Result<(), StoreError> {
-        let n = NewNode {
-            id: id.into(),
-            site_id: None,
-            pool_id: None,
-            owner_tenant_id: None,
-            role: NodeRole::Host,
-            trust: Trust::Platform,
-            adapter: Adapter::BcdV1,
-            drivers: Default::default(),
-            hostname: None,
-            hardware_key: None,
-            hardware_key_trusted: false,
-            identifier_digests: vec![],
-        };
+        let n = crate::testing::new_node(id);
         tx.insert_node_in(&n, ProvisionState::Adopted, 1)?;
         let before = tx
             .node(id)?

@@ -4,7 +4,26 @@
 use crate::params;
 use bc_protocol::CapacityBucket;
 
-use super::{PostgresOptions, Reader, Store, StoreError, parse_enum};
+use super::{NewNode, PostgresOptions, Reader, Store, StoreError, parse_enum};
+
+/// A node as JoinService would create it for host `id`: no site, pool, tenant, key or
+/// identifiers; set the fields a test needs on the value returned.
+pub fn new_node(id: &str) -> NewNode {
+    NewNode {
+        id: id.to_owned(),
+        site_id: None,
+        pool_id: None,
+        owner_tenant_id: None,
+        role: bc_protocol::NodeRole::Host,
+        trust: bc_protocol::Trust::Platform,
+        adapter: bc_protocol::Adapter::BcdV1,
+        drivers: Default::default(),
+        hostname: None,
+        hardware_key: None,
+        hardware_key_trusted: false,
+        identifier_digests: vec![],
+    }
+}
 
 impl Reader<'_> {
     /// `(id, capacity bucket, schedulable)` of every node as the SQL predicate computes them, by

@@ -116,6 +116,9 @@ pub(crate) fn on_inventory(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> 
     if !in_ramdisk(state) {
         return Ok(());
     }
+    // The workflows' steps create commands, end boots and read the site's records: not one
+    // node's report alone (cpl_store::Store::write_node).
+    tx.require_write_lock()?;
     let Some(mut b) = tx.boot(&edit.node.id)? else {
         return Ok(());
     };

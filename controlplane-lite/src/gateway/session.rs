@@ -69,7 +69,7 @@ async fn open_in(
     };
     let opened = gw
         .store
-        .write(move |tx| sessions::open(tx, &open))
+        .write_node(open.node_id.clone(), move |tx| sessions::open(tx, &open))
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?
         .ok_or_else(|| {
@@ -354,7 +354,7 @@ async fn write_loop(
             Write::SpecStatus(s) => {
                 let r = retry_unavailable("recording SpecStatus", || {
                     let (id, s) = (node_id.clone(), s.clone());
-                    gw.store.write(move |tx| {
+                    gw.store.write_node(id.clone(), move |tx| {
                         let report = SpecReport {
                             generation: s.generation,
                             converged: s.converged,
@@ -392,7 +392,7 @@ async fn write_loop(
                 let r = retry_unavailable("recording the broken session", || {
                     let id = node_id.clone();
                     gw.store
-                        .write(move |tx| sessions::close_broken(tx, &id, epoch))
+                        .write_node(id.clone(), move |tx| sessions::close_broken(tx, &id, epoch))
                 })
                 .await;
                 if let Err(e) = r {
@@ -402,8 +402,9 @@ async fn write_loop(
             Write::Goodbye(reason) => {
                 let r = retry_unavailable("recording Goodbye", || {
                     let (id, reason) = (node_id.clone(), reason.clone());
-                    gw.store
-                        .write(move |tx| sessions::close_clean(tx, &id, epoch, &reason))
+                    gw.store.write_node(id.clone(), move |tx| {
+                        sessions::close_clean(tx, &id, epoch, &reason)
+                    })
                 })
                 .await;
                 if let Err(e) = r {
@@ -439,7 +440,7 @@ async fn handle_inventory(
             hw.clone(),
             sha256.clone(),
         );
-        gw.store.write(move |tx| {
+        gw.store.write_node(id.clone(), move |tx| {
             let report = InventoryReport {
                 hardware_key: &hw.hardware_key,
                 trusted: hw.trusted,

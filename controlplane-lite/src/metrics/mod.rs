@@ -219,6 +219,7 @@ struct Inner {
     gateway_refused: Family<ReasonLabel, Counter>,
     gateway_closed: Family<ReasonLabel, Counter>,
     leader: Gauge,
+    node_write_escalations: Counter,
     /// One scrape at a time: the scrape-time gauges are set and encoded together.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -345,6 +346,12 @@ impl Metrics {
             "1 while this replica holds the controller lease and runs Liveness, NodeLifecycle and the deadlines",
             leader.clone(),
         );
+        let node_write_escalations = Counter::default();
+        registry.register(
+            "bcctl_store_node_write_escalations",
+            "Writes of one node's reports that ran again under the store's global write lock (PostgreSQL: a bare-metal step, a deadlock)",
+            node_write_escalations.clone(),
+        );
         for o in JoinOutcome::ALL {
             let _ = joins.get_or_create(&OutcomeLabel {
                 outcome: o.as_str(),
@@ -369,6 +376,7 @@ impl Metrics {
                 gateway_refused,
                 gateway_closed,
                 leader,
+                node_write_escalations,
                 scrape: tokio::sync::Mutex::new(()),
             }),
         };
@@ -506,6 +514,12 @@ impl Metrics {
             .read(|r| r.fleet_counts(cpl_core::health::GPU_UNHEALTHY))
             .await?;
         self.set_fleet(&counts, sessions.len());
+        let escalations = &self.inner.node_write_escalations;
+        escalations.inc_by(
+            store
+                .node_write_escalations()
+                .saturating_sub(escalations.get()),
+        );
         self.encode()
     }
 

@@ -42,6 +42,18 @@ pub const CA_CERT_FILE: &str = "ca.crt";
 /// The key BMC credentials are sealed under (0600, hex): made at initialisation.
 pub const BMC_KEY_FILE: &str = "bmc-credentials.key";
 
+/// What another replica's state dir must hold, copied from the first replica's, to serve the
+/// same PostgreSQL store: the CA that node certificates chain to, the operator token, the key
+/// sealed BMC credentials open with, and the marker (docs/operator-guide.md "Several replicas
+/// on one database"). The store refuses a replica with another CA or BMC key at start.
+pub const REPLICA_FILES: [&str; 5] = [
+    CA_KEY_FILE,
+    CA_CERT_FILE,
+    crate::server::API_TOKEN_FILE,
+    BMC_KEY_FILE,
+    MARKER_FILE,
+];
+
 /// The files an initialised dir must hold.
 const REQUIRED: [&str; 3] = [STORE_FILE, CA_KEY_FILE, CA_CERT_FILE];
 

@@ -216,18 +216,7 @@ fn two_replicas_share_a_database_and_one_with_another_ca_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let a = ControlPlane::start_with(&tmp.path().join("a"), &["--store", &db]);
     // The second replica's state dir: the first one's CA, keys, token and marker.
-    let b_dir = tmp.path().join("b");
-    std::fs::create_dir_all(&b_dir).unwrap();
-    for f in [
-        "ca.key",
-        "ca.crt",
-        "api-token",
-        "bmc-credentials.key",
-        "state-dir.json",
-    ] {
-        std::fs::copy(a.dir.join(f), b_dir.join(f)).unwrap();
-    }
-    let b = ControlPlane::start_with(&b_dir, &["--store", &db]);
+    let b = replica(&a, &tmp.path().join("b"), &["--store", &db]);
     assert_eq!(a.ca_pin, b.ca_pin);
     let site = a.ok("sites.create", json!({"name": "dc1", "kind": "platform"}));
     let seen = b.ok("sites.list", json!({}));
@@ -396,23 +385,18 @@ fn the_controllers_run_on_one_replica_and_fail_over_when_it_dies() {
     ];
     let mut a = ControlPlane::start_with(&tmp.path().join("a"), &flags);
     eventually(WAIT, "replica A leads", || leads(&a.dir).filter(|l| *l));
-    let b_dir = tmp.path().join("b");
-    std::fs::create_dir_all(&b_dir).unwrap();
-    for f in [
-        "ca.key",
-        "ca.crt",
-        "api-token",
-        "bmc-credentials.key",
-        "state-dir.json",
-    ] {
-        std::fs::copy(a.dir.join(f), b_dir.join(f)).unwrap();
-    }
-    let b = ControlPlane::start_with(&b_dir, &flags);
+    let b = replica(&a, &tmp.path().join("b"), &flags);
     let token = b.create_token(&["--uses", "1"]);
     let agent = Agent::start(&b, &tmp.path().join("agent"), Some(&token), &[]);
     let id = agent.node_id();
     // Adopted: the lifecycle work of replica A (the leader) and the session on replica B.
     wait_node(&b, &id, "adopted and connected through replica B", adopted);
+    // The node's reports (session open, inventory, SpecStatus) were node writes, none of which
+    // needed the global lock.
+    assert_eq!(
+        metric(&b.dir, "bcctl_store_node_write_escalations_total"),
+        Some(0.0)
+    );
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(leads(&a.dir), Some(true), "A still leads");
     assert_eq!(
@@ -461,13 +445,7 @@ fn status(cp: &ControlPlane) -> Value {
 /// A replica beside `first`: a state dir with its CA, keys, token and marker.
 fn replica(first: &ControlPlane, dir: &Path, flags: &[&str]) -> ControlPlane {
     std::fs::create_dir_all(dir).unwrap();
-    for f in [
-        "ca.key",
-        "ca.crt",
-        "api-token",
-        "bmc-credentials.key",
-        "state-dir.json",
-    ] {
+    for f in controlplane_lite::state_dir::REPLICA_FILES {
         std::fs::copy(first.dir.join(f), dir.join(f)).unwrap();
     }
     ControlPlane::start_with(dir, flags)

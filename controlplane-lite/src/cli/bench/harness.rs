@@ -57,15 +57,6 @@ pub(super) struct Harness {
     pub(super) store_url: Option<String>,
 }
 
-/// Files a replica's state dir needs from the first one's to share its database.
-const REPLICA_FILES: &[&str] = &[
-    "ca.key",
-    "ca.crt",
-    "api-token",
-    "bmc-credentials.key",
-    "state-dir.json",
-];
-
 pub(super) fn port_of(url: &str) -> String {
     url.rsplit(':')
         .next()
@@ -156,7 +147,7 @@ impl Harness {
             } else {
                 let d = dir.join(format!("replica-{i}"));
                 std::fs::create_dir_all(&d)?;
-                for f in REPLICA_FILES {
+                for f in controlplane_lite::state_dir::REPLICA_FILES {
                     std::fs::copy(dir.join(f), d.join(f))
                         .with_context(|| format!("copying {f} to {}", d.display()))?;
                 }
