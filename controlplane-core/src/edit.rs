@@ -48,7 +48,8 @@ impl Edit {
     /// Loads `node_id` for a change by `actor`: `NOT_FOUND` if absent; with `expected_version`
     /// (an operator mutation), `CONFLICT` unless the node is at that version. Without it (a
     /// controller or the gateway) the change applies to the current row, and still moves the
-    /// version when it changes state. PostgreSQL: the load is the place for `FOR UPDATE`.
+    /// version when it changes state. On PostgreSQL the row is locked already: by the global
+    /// write lock, or `FOR UPDATE` at the start of a node's write (`cpl_store::Store::write_node`).
     pub fn begin(
         tx: &Tx<'_>,
         node_id: &str,

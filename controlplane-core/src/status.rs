@@ -102,10 +102,9 @@ pub fn read(
             connected,
         })
         .collect();
-    let counts = r.fleet_counts("")?;
-    let nodes = counts.connectivity.iter().map(|(_, n)| *n).sum::<i64>();
-    let connected = counts
-        .connectivity
+    let connectivity = r.connectivity_counts()?;
+    let nodes = connectivity.iter().map(|(_, n)| *n).sum::<i64>();
+    let connected = connectivity
         .iter()
         .filter(|(c, _)| c == "connected")
         .map(|(_, n)| *n)

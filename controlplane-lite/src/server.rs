@@ -149,6 +149,10 @@ pub struct Endpoints {
     /// `http://host:port/metrics` when `--metrics-listen` is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_url: Option<String>,
+    /// This process's replica id (`gw-<8 hex>`, new at every start): the `gatewayId` of the
+    /// sessions it holds and the holder of the controller lease while it leads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_id: Option<String>,
 }
 
 /// File names in the state dir.
@@ -660,12 +664,14 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         api_url: format!("http://{}:{}", url_host(api_addr), api_addr.port()),
         ca_pin: ca.pin()?,
         metrics_url: None,
+        replica_id: None,
     };
     let boot = cpl_core::bare_metal::boot::BootSettings {
         gateway_url: gateway_url.clone(),
         ca_pin: endpoints.ca_pin.clone(),
     };
     let p = parts(&cfg, store, ca, bmc_key, boot);
+    endpoints.replica_id = Some(p.gateway.cfg.gateway_id.clone());
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
 

@@ -25,15 +25,20 @@ fn grouped(c: Db<'_>, sql: &str) -> Result<Vec<(String, i64)>, StoreError> {
 }
 
 impl Reader<'_> {
+    /// Nodes by `connectivity`: (value, count) rows, one query (`bcctl status`).
+    pub fn connectivity_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        grouped(
+            self.db(),
+            "SELECT connectivity, COUNT(*) FROM nodes GROUP BY connectivity",
+        )
+    }
+
     /// Counts of commands by state, nodes by connectivity and provisionState, and nodes whose
     /// condition `condition_type` has status `true` (e.g. `GpuUnhealthy`).
     pub fn fleet_counts(&self, condition_type: &str) -> Result<FleetCounts, StoreError> {
         let c = self.db();
         let commands = grouped(c, "SELECT state, COUNT(*) FROM commands GROUP BY state")?;
-        let connectivity = grouped(
-            c,
-            "SELECT connectivity, COUNT(*) FROM nodes GROUP BY connectivity",
-        )?;
+        let connectivity = self.connectivity_counts()?;
         let provision_states = grouped(
             c,
             "SELECT provision_state, COUNT(*) FROM nodes GROUP BY provision_state",

@@ -28,6 +28,8 @@ pub(super) struct ServeProc {
     pub(super) api_url: String,
     /// Its Prometheus endpoint (`--metrics-listen 127.0.0.1:0`).
     pub(super) metrics_url: String,
+    /// Its replica id (endpoints.json `replicaId`): the controller lease's holder while it leads.
+    pub(super) replica_id: String,
 }
 
 /// The running `bcctl serve` replicas plus the `bcd sim` processes.
@@ -159,6 +161,7 @@ impl Harness {
                 gateway_url: String::new(),
                 api_url: String::new(),
                 metrics_url: String::new(),
+                replica_id: String::new(),
             });
         }
         let mut h = Self {
@@ -253,6 +256,7 @@ impl Harness {
         sp.gateway_url = s("gatewayUrl");
         sp.api_url = s("apiUrl");
         sp.metrics_url = s("metricsUrl");
+        sp.replica_id = s("replicaId");
         sp.child = Some(child);
         self.ca_pin = s("caPin");
         self.api_token = std::fs::read_to_string(dir.join("api-token"))?

@@ -145,15 +145,19 @@ fn sessions_per_replica(h: &Harness) -> anyhow::Result<Value> {
 /// about sessions and heartbeats (the fleet gauges are computed from the store at scrape time);
 /// with several replicas, also the sessions each one holds by its own count.
 async fn scrape_metrics(h: &Harness, out: &mut serde_json::Map<String, Value>) {
+    let (mut per, mut escalations) = (Vec::new(), 0.0);
+    for s in &h.serves {
+        let body = match reqwest::get(&s.metrics_url).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        per.push(json!(metric_value(&body, "bcctl_sessions")));
+        escalations +=
+            metric_value(&body, "bcctl_store_node_write_escalations_total").unwrap_or(0.0);
+    }
+    // Node writes that ran again under the global lock, all replicas (PostgreSQL).
+    out.insert("storeNodeWriteEscalations".into(), json!(escalations));
     if h.serves.len() > 1 {
-        let mut per = Vec::new();
-        for s in &h.serves {
-            let body = match reqwest::get(&s.metrics_url).await {
-                Ok(r) => r.text().await.unwrap_or_default(),
-                Err(_) => String::new(),
-            };
-            per.push(json!(metric_value(&body, "bcctl_sessions")));
-        }
         out.insert("metricsSessionsPerReplica".into(), Value::Array(per));
     }
     let url = h.serves.first().map_or("", |s| s.metrics_url.as_str());
@@ -189,21 +193,18 @@ fn metric_value(body: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse::<f64>().ok())
 }
 
-/// Index of the replica whose `/metrics` says it leads the controllers.
-async fn leader(h: &Harness) -> Option<usize> {
-    for (i, s) in h.serves.iter().enumerate() {
-        if s.child.is_none() || s.metrics_url.is_empty() {
-            continue;
-        }
-        let Ok(r) = reqwest::get(&s.metrics_url).await else {
-            continue;
-        };
-        let body = r.text().await.unwrap_or_default();
-        if metric_value(&body, "bcctl_controllers_leader") == Some(1.0) {
-            return Some(i);
-        }
-    }
-    None
+/// Index of the running replica that holds a live controller lease (the store's lease row
+/// against each replica's endpoints.json `replicaId`; one read, where scraping every replica's
+/// `/metrics` would count the whole fleet on each).
+fn leader(h: &Harness) -> anyhow::Result<Option<(usize, String)>> {
+    let lease =
+        h.db.read_blocking(|r| r.controller_lease(cpl_store::CONTROLLERS_LEASE))?;
+    Ok(lease.filter(|l| l.expires_at > now_ms()).and_then(|l| {
+        h.serves
+            .iter()
+            .position(|s| s.child.is_some() && s.replica_id == l.holder)
+            .map(|i| (i, l.holder))
+    }))
 }
 
 /// `kill -9` of `bcctl serve` and its restart on the same ports and state: time until it listens
@@ -286,20 +287,15 @@ async fn restart_leader(
 ) -> anyhow::Result<()> {
     let n = args.nodes as u64;
     let t = Instant::now();
-    let victim = loop {
-        if let Some(i) = leader(h).await {
-            break i;
+    let (victim, dead) = loop {
+        if let Some(found) = leader(h)? {
+            break found;
         }
         if t.elapsed() > Duration::from_secs(60) {
-            bail!("no replica says it leads (bcctl_controllers_leader) after 60 s");
+            bail!("no running replica holds a live controller lease after 60 s");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let lease =
-        h.db.read_blocking(|r| r.controller_lease(cpl_store::CONTROLLERS_LEASE))?;
-    let dead = lease
-        .map(|l| l.holder)
-        .context("the leader holds no lease row")?;
     let on = |h: &Harness, gw: &str| -> anyhow::Result<u64> {
         Ok(h.db
             .read_blocking(|r| r.sessions_per_gateway())?
