@@ -241,6 +241,20 @@ fn interval(welcome: &Welcome) -> Duration {
     Duration::from_millis(u64::from(welcome.heartbeat_interval_ms)).max(MIN_HEARTBEAT)
 }
 
+/// When the first heartbeat of a session is due: at a random point of its first `period`
+/// (`unit` in `[0, 1)`), then one every period. Sessions that opened together (a join storm, every
+/// agent reconnecting after a control-plane restart) would otherwise heartbeat in step for as
+/// long as they last, and each gateway would answer them in bursts (docs/benchmarks.md: the
+/// steady ack p99 after a storm). The gateway marks the node seen at the session's open, and
+/// judges silence only after several periods, so the first one may come late.
+fn first_heartbeat(
+    opened: tokio::time::Instant,
+    period: Duration,
+    unit: f64,
+) -> tokio::time::Instant {
+    opened + period.mul_f64(unit.clamp(0.0, 1.0))
+}
+
 /// The open session's loop.
 async fn serve<M, H>(
     mut client: GatewayClient<tonic::transport::Channel>,
@@ -255,7 +269,11 @@ where
     M: Machine,
     H: SessionHooks + Observer,
 {
-    let mut tick = tokio::time::interval(interval(welcome));
+    let period = interval(welcome);
+    let mut tick = tokio::time::interval_at(
+        first_heartbeat(tokio::time::Instant::now(), period, rand::random::<f64>()),
+        period,
+    );
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let renew_at = p.renew_at;
     let renew_sleep = async move {
@@ -365,4 +383,31 @@ where
         Some(gateway_message::Msg::Welcome(_)) | None => {}
     }
     None
+}
+
+#[cfg(test)]
+mod heartbeat_phase_tests {
+    use super::*;
+
+    /// Sessions opened at the same instant spread their first heartbeats over the whole first
+    /// period, never past it.
+    #[test]
+    fn sessions_opened_together_heartbeat_out_of_step() {
+        let opened = tokio::time::Instant::now();
+        let period = Duration::from_secs(10);
+        let firsts: Vec<Duration> = (0..1_000)
+            .map(|_| first_heartbeat(opened, period, rand::random::<f64>()) - opened)
+            .collect();
+        assert!(firsts.iter().all(|d| *d <= period), "one past the period");
+        // Ten buckets of one second: every one holds some of the 1,000 (each is empty with
+        // probability 0.9^1000).
+        let mut buckets = [0u32; 10];
+        for d in &firsts {
+            let i = usize::try_from(d.as_secs()).unwrap_or(9).min(9);
+            buckets[i] += 1;
+        }
+        assert!(buckets.iter().all(|&n| n > 0), "{buckets:?}");
+        assert_eq!(first_heartbeat(opened, period, 0.0), opened);
+        assert_eq!(first_heartbeat(opened, period, 7.0), opened + period);
+    }
 }
