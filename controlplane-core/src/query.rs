@@ -97,26 +97,9 @@ pub fn node_events(conn: &Reader<'_>, node_id: &str) -> Result<Vec<NodeEvent>, O
 mod tests {
     use super::*;
     use crate::reports::{InventoryReport, record_inventory};
-    use cpl_store::NewNode;
 
     fn node(tx: &cpl_store::Tx<'_>, id: &str, doc: &str) -> Result<(), OpError> {
-        tx.insert_node(
-            &NewNode {
-                id: id.into(),
-                site_id: None,
-                pool_id: None,
-                owner_tenant_id: None,
-                role: bc_protocol::NodeRole::Host,
-                trust: bc_protocol::Trust::Platform,
-                adapter: bc_protocol::Adapter::BcdV1,
-                drivers: Default::default(),
-                hostname: None,
-                hardware_key: None,
-                hardware_key_trusted: false,
-                identifier_digests: vec![],
-            },
-            1,
-        )?;
+        tx.insert_node(&cpl_store::testing::new_node(id), 1)?;
         record_inventory(
             tx,
             id,

@@ -244,20 +244,7 @@ mod tests {
     }
 
     fn node(id: &str) -> NewNode {
-        NewNode {
-            id: id.into(),
-            site_id: None,
-            pool_id: None,
-            owner_tenant_id: None,
-            role: bc_protocol::NodeRole::Host,
-            trust: bc_protocol::Trust::Platform,
-            adapter: bc_protocol::Adapter::BcdV1,
-            drivers: Default::default(),
-            hostname: None,
-            hardware_key: None,
-            hardware_key_trusted: false,
-            identifier_digests: vec![],
-        }
+        cpl_store::testing::new_node(id)
     }
     #[test]
     fn a_trusted_key_is_never_shared_and_acceptance_adopts() -> Result<(), OpError> {

@@ -1,9 +1,7 @@
 //! Builders for core tests: a store with a site, a pool and nodes in chosen states, written
 //! through the store's typed primitives (no SQL here).
 
-use bc_protocol::{
-    Adapter, Connectivity, NodeRole, PoolAgent, PoolKind, ProvisionState, SiteKind, Trust,
-};
+use bc_protocol::{Connectivity, PoolAgent, PoolKind, ProvisionState, SiteKind};
 use cpl_store::{HardwareProfile, NewNode, NodeRecord, Pool, Site, StoreError, Tx, now_ms};
 
 use crate::error::OpError;
@@ -42,18 +40,9 @@ pub(crate) fn pool(tx: &Tx<'_>, kind: PoolKind, owner: Option<&str>) -> Result<P
 pub(crate) fn node(tx: &Tx<'_>, id: &str, pool_id: Option<&str>) -> Result<NodeRecord, StoreError> {
     tx.insert_node(
         &NewNode {
-            id: id.to_owned(),
-            site_id: None,
             pool_id: pool_id.map(str::to_owned),
-            owner_tenant_id: None,
-            role: NodeRole::Host,
-            trust: Trust::Platform,
-            adapter: Adapter::BcdV1,
-            drivers: Default::default(),
             hostname: Some(id.to_owned()),
-            hardware_key: None,
-            hardware_key_trusted: false,
-            identifier_digests: Vec::new(),
+            ..cpl_store::testing::new_node(id)
         },
         now_ms(),
     )?;

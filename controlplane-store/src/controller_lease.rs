@@ -111,13 +111,7 @@ impl crate::Store {
     ) -> Result<T, StoreError> {
         match &self.backend {
             crate::Backend::Sqlite(_) => self.write_blocking(f),
-            crate::Backend::Postgres(pg) => pg.autocommit(|s| {
-                f(&Tx {
-                    reader: Reader {
-                        conn: crate::db::Db::Pg(s),
-                    },
-                })
-            }),
+            crate::Backend::Postgres(pg) => pg.autocommit(|s| f(&Tx::on_pg(s))),
         }
     }
 

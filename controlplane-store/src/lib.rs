@@ -344,7 +344,16 @@ impl<'c> Deref for Tx<'c> {
     }
 }
 
-impl Tx<'_> {
+impl<'c> Tx<'c> {
+    /// Write access through PostgreSQL session `s` (a transaction, or autocommit for the lease).
+    fn on_pg(s: &'c pg::Session) -> Self {
+        Tx {
+            reader: Reader {
+                conn: db::Db::Pg(s),
+            },
+        }
+    }
+
     /// Runs `f` as a nested transaction (SQLite `SAVEPOINT`): its writes are undone when it
     /// returns `Err`, while the enclosing transaction goes on.
     pub fn savepoint<T, E>(&self, f: impl FnOnce(&Tx<'_>) -> Result<T, E>) -> Result<T, E>
@@ -524,13 +533,7 @@ impl Store {
     {
         match &self.backend {
             Backend::Sqlite(conn) => sqlite_write(&mut conn.lock(), f),
-            Backend::Postgres(pg) => pg.transaction(true, |s| {
-                f(&Tx {
-                    reader: Reader {
-                        conn: db::Db::Pg(s),
-                    },
-                })
-            }),
+            Backend::Postgres(pg) => pg.transaction(true, |s| f(&Tx::on_pg(s))),
         }
     }
 

@@ -26,13 +26,7 @@ impl Store {
     {
         match &self.backend {
             Backend::Sqlite(conn) => sqlite_write(&mut conn.lock(), f),
-            Backend::Postgres(pg) => pg.node_transaction(node_id, |s| {
-                f(&Tx {
-                    reader: Reader {
-                        conn: db::Db::Pg(s),
-                    },
-                })
-            }),
+            Backend::Postgres(pg) => pg.node_transaction(node_id, |s| f(&Tx::on_pg(s))),
         }
     }
 

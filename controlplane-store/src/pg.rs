@@ -151,7 +151,7 @@ pub(crate) struct PgStore {
     /// This replica's node writers queue here: at most half the pool at once, so reads and the
     /// controller lease always find a connection while a storm of reports waits.
     node_gate: Permits,
-    /// Node writes run again under the global lock (a `require_write_lock`, a deadlock).
+    /// Node writes run again under the global lock (a `require_write_lock`, a `LOCK_CONFLICTS`).
     escalations: std::sync::atomic::AtomicU64,
     _io: Arc<IoRuntime>,
 }
@@ -402,8 +402,8 @@ impl PgStore {
 
     /// Runs `f` as a write of node `node_id` alone (module docs): the write lock shared, the
     /// node's row `FOR UPDATE` (a node not there locks nothing; `f` finds it missing). When `f`
-    /// fails after asking for the global lock, or on a race with another write (`LOCK_CONFLICTS`), it is
-    /// rolled back and run again by [`Self::transaction`] (hence `Fn`).
+    /// fails after asking for the global lock, or on a race with another write
+    /// (`LOCK_CONFLICTS`), it is rolled back and run again by [`Self::transaction`] (hence `Fn`).
     pub(crate) fn node_transaction<T, E: From<StoreError>>(
         &self,
         node_id: &str,
@@ -634,7 +634,8 @@ impl Session {
     }
 
     /// In a node's write, takes the transaction's advisory lock on trusted hardware key `key`
-    /// (its first 8 bytes of hex as the second key): two nodes claiming one key serialize, and
+    /// (its 32-bit FNV-1a hash as the second key; a collision only serializes two unrelated
+    /// claims): two nodes claiming one key serialize, and
     /// the second's holder query sees the first's commit. Under the global lock nobody else
     /// writes, so nothing is taken there.
     pub(crate) fn lock_hardware_key(&self, key: &str) -> Result<(), StoreError> {
