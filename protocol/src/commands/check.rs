@@ -7,14 +7,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::CommandName;
-use super::bmc::{BootDeviceArgs, PowerArgs, VerifyArgs};
-use super::clean::CleanArgs;
+use super::args::CommandArgs;
 use super::deploy::{
     ImageWriteArgs, MAX_HINT_LEN, MAX_INSTANCE_ID_LEN, MAX_SSH_KEY_LEN, MAX_SSH_KEYS, MAX_URL_LEN,
     MAX_USER_DATA_BYTES,
 };
-use super::diag::DiagArgs;
-use super::inventory::InventoryRefreshArgs;
 use super::logs::CollectArgs;
 use super::reboot::{MAX_DELAY_SECONDS, RebootArgs};
 use super::rescue::{MAX_RESCUE_KEYS, RescueArgs};
@@ -165,18 +162,23 @@ fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), Arg
 /// Checks `args` (without the control plane's own `force`) against the contract of `command`:
 /// `logs.collect` ([`CollectArgs`]: `maxBytes` over 0, `since` a duration or an RFC 3339 time),
 /// `gpu.reset` ([`ResetArgs`]: `gpus` is `"all"` or a non-empty list), `node.reboot`
-/// ([`RebootArgs`]: `delaySeconds` at most [`MAX_DELAY_SECONDS`]), `diag.nvml` ([`DiagArgs`]),
-/// `inventory.refresh` ([`InventoryRefreshArgs`]) and the site agent's `bmc.verify`
-/// ([`VerifyArgs`]), `bmc.power` ([`PowerArgs`]) and `bmc.setBootDevice` ([`BootDeviceArgs`]),
-/// and the ramdisk's `disk.clean` ([`CleanArgs`]).
+/// ([`RebootArgs`]: `delaySeconds` at most [`MAX_DELAY_SECONDS`]), `diag.nvml` ([`DiagArgs`](super::diag::DiagArgs)),
+/// `inventory.refresh` ([`InventoryRefreshArgs`](super::inventory::InventoryRefreshArgs)) and the site agent's `bmc.verify`
+/// ([`VerifyArgs`](super::bmc::VerifyArgs)), `bmc.power` ([`PowerArgs`](super::bmc::PowerArgs)) and `bmc.setBootDevice` ([`BootDeviceArgs`](super::bmc::BootDeviceArgs)),
+/// and the ramdisk's `disk.clean` ([`CleanArgs`](super::clean::CleanArgs)).
 pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
-    match command {
-        CommandName::InventoryRefresh => shape::<InventoryRefreshArgs>(command, args).map(drop),
-        CommandName::DiagNvml => shape::<DiagArgs>(command, args).map(drop),
-        CommandName::BmcVerify => shape::<VerifyArgs>(command, args).map(drop),
-        CommandName::BmcPower => shape::<PowerArgs>(command, args).map(drop),
-        CommandName::BmcSetBootDevice => shape::<BootDeviceArgs>(command, args).map(drop),
-        CommandName::DiskClean => shape::<CleanArgs>(command, args).map(drop),
+    parse(command, args).map(drop)
+}
+
+/// [`check_args`], keeping the typed arguments ([`CommandArgs::parse`]).
+pub(super) fn parse(command: CommandName, args: &Value) -> Result<CommandArgs, ArgsError> {
+    Ok(match command {
+        CommandName::InventoryRefresh => CommandArgs::InventoryRefresh(shape(command, args)?),
+        CommandName::DiagNvml => CommandArgs::DiagNvml(shape(command, args)?),
+        CommandName::BmcVerify => CommandArgs::BmcVerify(shape(command, args)?),
+        CommandName::BmcPower => CommandArgs::BmcPower(shape(command, args)?),
+        CommandName::BmcSetBootDevice => CommandArgs::BmcSetBootDevice(shape(command, args)?),
+        CommandName::DiskClean => CommandArgs::DiskClean(shape(command, args)?),
         CommandName::RescueStart => {
             let a: RescueArgs = shape(command, args)?;
             // The ramdisk writes them to root's authorized_keys after the same parse: a key it
@@ -196,11 +198,12 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
                     ),
                 ));
             }
-            Ok(())
+            CommandArgs::RescueStart(a)
         }
         CommandName::ImageWrite => {
             let a: ImageWriteArgs = shape(command, args)?;
-            check_image_write(command, &a)
+            check_image_write(command, &a)?;
+            CommandArgs::ImageWrite(a)
         }
         CommandName::LogsCollect => {
             let a: CollectArgs = shape(command, args)?;
@@ -216,7 +219,7 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
                     "must be a duration back from now (2h) or an RFC 3339 time",
                 ));
             }
-            Ok(())
+            CommandArgs::LogsCollect(a)
         }
         CommandName::GpuReset => {
             let a: ResetArgs = shape(command, args)?;
@@ -227,7 +230,7 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
                     "names no GPU: give \"all\" or at least one UUID or PCI bus id",
                 ));
             }
-            Ok(())
+            CommandArgs::GpuReset(a)
         }
         CommandName::NodeReboot => {
             let a: RebootArgs = shape(command, args)?;
@@ -238,9 +241,9 @@ pub fn check_args(command: CommandName, args: &Value) -> Result<(), ArgsError> {
                     format!("{} is over {MAX_DELAY_SECONDS}", a.delay_seconds),
                 ));
             }
-            Ok(())
+            CommandArgs::NodeReboot(a)
         }
-    }
+    })
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@
 //! Pure data and the small pure rules that belong to a type (the XID catalog's class of a number,
 //! the order of recommended actions). Collecting the data is the agent's business (`bcd-probes`).
 
+mod args;
 pub mod bmc;
 mod check;
 pub mod clean;
@@ -39,6 +40,7 @@ pub mod reset;
 pub mod xid;
 
 pub use crate::types::CommandName;
+pub use args::CommandArgs;
 pub use check::{ArgsError, check_args};
 
 crate::string_enum! {
