@@ -103,7 +103,7 @@ pub struct NodeDetail {
     /// The BMC of a bare-metal node enrolled through one (`nodes.get` only): address, TLS mode,
     /// certificate fingerprint, verified facts and the power axis; never its credentials.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub bmc: Option<crate::bare_metal::enroll::BmcView>,
+    pub bmc: Option<crate::bare_metal::bmc::BmcView>,
 }
 
 impl NodeDetail {

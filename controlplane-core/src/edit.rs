@@ -16,6 +16,7 @@
 //! a node that sends reports as fast as it can must not make every operator write a `CONFLICT`
 //! (issue 19.2). Operators and the control plane's own controllers use [`Edit::begin`].
 
+use bc_protocol::ProvisionState;
 use cpl_store::{NewEvent, NewNode, NodeRecord, Tx, now_ms};
 
 use crate::error::OpError;
@@ -193,21 +194,29 @@ impl Edit {
     }
 }
 
-/// Creates a node (JoinService): inserts it in `adopting` and records the `provisionState` event
-/// `→ adopting` by `actor`.
-pub fn create_node(tx: &Tx<'_>, new: &NewNode, actor: &str, message: &str) -> Result<(), OpError> {
+/// Creates a node, the one way any node comes to exist: inserts it in `state` (`adopting` for
+/// JoinService, `enrolling` for `nodes.enroll`) and records the `provisionState` event `→ state`
+/// by `actor` with `message`. Returns the creation time, ms since the Unix epoch (the node's
+/// `createdAt`, for rows written beside it).
+pub fn create_node(
+    tx: &Tx<'_>,
+    new: &NewNode,
+    state: ProvisionState,
+    actor: &str,
+    message: &str,
+) -> Result<i64, OpError> {
     let now = now_ms();
-    tx.insert_node(new, now)?;
+    tx.insert_node_in(new, state, now)?;
     tx.record_event(&NewEvent {
         node_id: &new.id,
         at: now,
         kind: "provisionState",
         from: None,
-        to: Some(bc_protocol::ProvisionState::Adopting.as_str()),
+        to: Some(state.as_str()),
         actor,
         message,
     })?;
-    Ok(())
+    Ok(now)
 }
 
 /// Sorted, deduplicated reasons with `reason` added or removed.

@@ -11,11 +11,15 @@ use crate::test_utils::node;
 const A: &str = "0000:1a:00.0";
 const B: &str = "0000:2b:00.0";
 
-fn cmd(name: &str, state: CommandState, result: Option<serde_json::Value>) -> CommandRecord {
+fn cmd(
+    name: bc_protocol::CommandName,
+    state: CommandState,
+    result: Option<serde_json::Value>,
+) -> CommandRecord {
     CommandRecord {
         id: "cmd_1".into(),
         node_id: "node_1".into(),
-        name: name.into(),
+        name,
         args: serde_json::json!({}),
         state,
         progress: 100,
@@ -131,7 +135,7 @@ fn cond<'a>(n: &'a NodeRecord, t: &str) -> Option<(&'a ConditionStatus, &'a [Str
 fn diag_and_reset_results_set_and_clear_gpu_unhealthy() {
     let none: &[Condition] = &[];
     let fail = cmd(
-        "diag.nvml",
+        bc_protocol::CommandName::DiagNvml,
         CommandState::Succeeded,
         Some(diag(vec![gpu(A, CheckStatus::Fail)], vec![])),
     );
@@ -147,7 +151,7 @@ fn diag_and_reset_results_set_and_clear_gpu_unhealthy() {
         ))
     );
     let pass = cmd(
-        "diag.nvml",
+        bc_protocol::CommandName::DiagNvml,
         CommandState::Succeeded,
         Some(diag(vec![gpu(A, CheckStatus::Pass)], vec![])),
     );
@@ -158,11 +162,25 @@ fn diag_and_reset_results_set_and_clear_gpu_unhealthy() {
     // Without NVML a report says nothing; nor does a failed or an unreadable command.
     let mut no_nvml = diag(vec![], vec![]);
     no_nvml["nvmlAvailable"] = serde_json::json!(false);
-    assert!(evidence(&cmd("diag.nvml", CommandState::Succeeded, Some(no_nvml))).is_none());
-    assert!(evidence(&cmd("gpu.reset", CommandState::Failed, None)).is_none());
     assert!(
         evidence(&cmd(
-            "diag.nvml",
+            bc_protocol::CommandName::DiagNvml,
+            CommandState::Succeeded,
+            Some(no_nvml)
+        ))
+        .is_none()
+    );
+    assert!(
+        evidence(&cmd(
+            bc_protocol::CommandName::GpuReset,
+            CommandState::Failed,
+            None
+        ))
+        .is_none()
+    );
+    assert!(
+        evidence(&cmd(
+            bc_protocol::CommandName::DiagNvml,
             CommandState::Succeeded,
             Some(serde_json::json!({"verdict": "fail"}))
         ))
@@ -170,7 +188,7 @@ fn diag_and_reset_results_set_and_clear_gpu_unhealthy() {
     );
     // A verified reset with nothing to clear still says the GPU is fine.
     let r = evidence(&cmd(
-        "gpu.reset",
+        bc_protocol::CommandName::GpuReset,
         CommandState::Succeeded,
         Some(reset(&[A])),
     ))
@@ -200,7 +218,7 @@ fn fixing_one_gpu_clears_only_its_xid() -> Result<(), OpError> {
 
         // A reset of B (NVML spelling) leaves A's XID: the node stays out of scheduling.
         let mut c = cmd(
-            "gpu.reset",
+            bc_protocol::CommandName::GpuReset,
             CommandState::Succeeded,
             Some(reset(&["00000000:2B:00.0"])),
         );
@@ -213,7 +231,7 @@ fn fixing_one_gpu_clears_only_its_xid() -> Result<(), OpError> {
 
         // A diag where only B passes (A still fails) clears nothing of A.
         c = cmd(
-            "diag.nvml",
+            bc_protocol::CommandName::DiagNvml,
             CommandState::Succeeded,
             Some(diag(
                 vec![gpu(A, CheckStatus::Fail), gpu(B, CheckStatus::Pass)],
@@ -231,7 +249,11 @@ fn fixing_one_gpu_clears_only_its_xid() -> Result<(), OpError> {
         );
 
         // Resetting A clears both of A's conditions; the node is schedulable again.
-        c = cmd("gpu.reset", CommandState::Succeeded, Some(reset(&[A])));
+        c = cmd(
+            bc_protocol::CommandName::GpuReset,
+            CommandState::Succeeded,
+            Some(reset(&[A])),
+        );
         let n = apply_command_result(tx, &c)?.ok_or(OpError::Internal("no write".into()))?;
         assert_eq!(
             cond(&n, XID_CRITICAL).map(|c| *c.0),
@@ -260,7 +282,7 @@ fn a_passing_diag_of_another_gpu_leaves_the_xid() -> Result<(), OpError> {
         // node-wide verdict fails on the GPU count.
         let count = Check::fail("gpuCount", 1, RecommendedAction::RebootNode);
         let c = cmd(
-            "diag.nvml",
+            bc_protocol::CommandName::DiagNvml,
             CommandState::Succeeded,
             Some(diag(vec![gpu(B, CheckStatus::Pass)], vec![count])),
         );
@@ -275,14 +297,18 @@ fn a_passing_diag_of_another_gpu_leaves_the_xid() -> Result<(), OpError> {
             Some((&ConditionStatus::True, &[][..]))
         );
         // A reset of B does not clear a node-wide condition; a diag passing everywhere does.
-        let r = cmd("gpu.reset", CommandState::Succeeded, Some(reset(&[B])));
+        let r = cmd(
+            bc_protocol::CommandName::GpuReset,
+            CommandState::Succeeded,
+            Some(reset(&[B])),
+        );
         let n = apply_command_result(tx, &r)?.unwrap_or(n);
         assert_eq!(
             cond(&n, GPU_UNHEALTHY).map(|c| *c.0),
             Some(ConditionStatus::True)
         );
         let ok = cmd(
-            "diag.nvml",
+            bc_protocol::CommandName::DiagNvml,
             CommandState::Succeeded,
             Some(diag(
                 vec![gpu(A, CheckStatus::Pass), gpu(B, CheckStatus::Pass)],
@@ -324,7 +350,11 @@ fn an_xid_154_announcing_drain_p2p_is_a_noschedule_condition() -> Result<(), OpE
         let whole = xid_update(&[], &xid(62, None, XidClass::ResetRequired));
         assert_eq!(whole.map(|u| u.gpus), Some(Vec::new()));
         // A verified reset of the GPU clears it.
-        let r = cmd("gpu.reset", CommandState::Succeeded, Some(reset(&[A])));
+        let r = cmd(
+            bc_protocol::CommandName::GpuReset,
+            CommandState::Succeeded,
+            Some(reset(&[A])),
+        );
         let n = apply_command_result(tx, &r)?.ok_or(OpError::Internal("no write".into()))?;
         assert_eq!(
             cond(&n, P2P_DRAIN_REQUIRED).map(|c| *c.0),

@@ -16,7 +16,7 @@
 //!   request (`nodes.approveRejoin`): until then the join answers [`JoinOutcome::AwaitingApproval`]
 //!   and records the request with an event; the agent keeps retrying with its token.
 
-use bc_protocol::{Adapter, Trust};
+use bc_protocol::{Adapter, ProvisionState, Trust};
 use cpl_store::{
     JoinToken, NewNode, NodeRecord, Reader, RejoinRequest, StoreError, TokenRefusal, Tx,
     random_lowercase,
@@ -448,6 +448,7 @@ fn new_node(
     create_node(
         tx,
         &new,
+        ProvisionState::Adopting,
         "JoinService",
         &format!("joined with token {}", tok.id),
     )?;

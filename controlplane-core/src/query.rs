@@ -79,7 +79,7 @@ pub fn get_node(conn: &Reader<'_>, node_id: &str) -> Result<NodeDetail, OpError>
     let (node, owner) = get_record(conn, node_id)?;
     let mut d = NodeDetail::new(&node, owner.as_deref());
     d.rejoin_request = conn.rejoin_request(node_id)?.as_ref().map(Into::into);
-    d.bmc = crate::bare_metal::enroll::BmcView::of(conn, &node)?;
+    d.bmc = crate::bare_metal::bmc::BmcView::of(conn, &node)?;
     Ok(d)
 }
 

@@ -22,7 +22,7 @@ fn diag(result: serde_json::Value) -> CommandRecord {
     CommandRecord {
         id: "cmd_1".into(),
         node_id: "node_r".into(),
-        name: "diag.nvml".into(),
+        name: bc_protocol::CommandName::DiagNvml,
         args: json!({}),
         state: CommandState::Succeeded,
         progress: 100,

@@ -71,7 +71,7 @@ pub fn record_inventory(
     // noScheduleReasons, in this same save.
     refresh_profile_conditions(tx, &mut edit)?;
     // A bare-metal machine's ramdisk: inspection ends, commissioning decides (issue 15).
-    crate::bare_metal::inspect::on_inventory(tx, &mut edit)?;
+    crate::bare_metal::table::on_report(tx, &mut edit)?;
     // NodeLifecycle acceptance (per pool: profile, trusted key), through the one
     // provisionStateTable.
     crate::acceptance::evaluate(tx, &mut edit)?;

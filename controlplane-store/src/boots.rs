@@ -6,10 +6,27 @@
 //! The store never sees the token's secret in clear: `secret_sha256` is a digest and `sealed` is
 //! the core's AEAD envelope, which the store cannot open.
 
+use bc_protocol::ProvisionState;
+
 use crate::db::{OptionalExt, Row};
 use crate::params;
 
-use super::{Reader, StoreError, Tx};
+use super::{Reader, StoreError, Tx, parse_enum};
+
+bc_protocol::string_enum! {
+    /// The last finished step of a workflow's work on a boot (`node_boots.work_step`, its only
+    /// text): what the controller's next pass sends after it.
+    WorkStep, "workStep" {
+        /// Deploy: `image.write` succeeded; the BMC's boot device is set next.
+        ImageWritten => "imageWritten",
+        /// Deploy: the BMC boots the machine from its disk (persistent); it reboots next.
+        BootDeviceSet => "bootDeviceSet",
+        /// Deploy: the BMC rebooted the machine onto its disk (the node is `deployed`).
+        Rebooted => "rebooted",
+        /// Rescue: the SSH server listens; the state's deadline no longer applies.
+        RescueReady => "rescueReady",
+    }
+}
 
 /// A node's current ramdisk boot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,8 +38,9 @@ pub struct BootRecord {
     pub secret_sha256: String,
     /// The whole token `<id>.<secret>`, sealed by the control plane's credential key.
     pub sealed: String,
-    /// The provision state the boot is for (`inspecting`, `commissioning`).
-    pub purpose: String,
+    /// The provision state the boot is for (`inspecting`, `commissioning`, …); its text exists
+    /// only in the `purpose` column.
+    pub purpose: ProvisionState,
     /// Milliseconds since the Unix epoch.
     pub created_at: i64,
     /// The token is refused after this, ms since the Unix epoch.
@@ -44,9 +62,8 @@ pub struct BootRecord {
     /// The workflow's command in flight (issue 16): release/retire's `disk.clean`, deploy's
     /// `image.write`, then its `bmc.setBootDevice` and `bmc.power`.
     pub work_command_id: Option<String>,
-    /// The workflow's last finished step on this boot (deploy: `imageWritten`,
-    /// `bootDeviceSet`).
-    pub work_step: Option<String>,
+    /// The workflow's last finished step on this boot.
+    pub work_step: Option<WorkStep>,
 }
 
 const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
@@ -59,7 +76,7 @@ fn boot_from_row(r: &Row<'_>) -> Result<BootRecord, StoreError> {
         token_id: r.get(1)?,
         secret_sha256: r.get(2)?,
         sealed: r.get(3)?,
-        purpose: r.get(4)?,
+        purpose: parse_enum("purpose", &r.get::<String>(4)?)?,
         created_at: r.get(5)?,
         expires_at: r.get(6)?,
         used_at: r.get(7)?,
@@ -69,7 +86,10 @@ fn boot_from_row(r: &Row<'_>) -> Result<BootRecord, StoreError> {
         diag_command_id: r.get(11)?,
         steps_at: r.get(12)?,
         work_command_id: r.get(13)?,
-        work_step: r.get(14)?,
+        work_step: r
+            .get::<Option<String>>(14)?
+            .map(|s| parse_enum("work_step", &s))
+            .transpose()?,
     })
 }
 
@@ -95,7 +115,7 @@ impl Tx<'_> {
                 b.token_id,
                 b.secret_sha256,
                 b.sealed,
-                b.purpose,
+                b.purpose.as_str(),
                 b.created_at,
                 b.expires_at,
                 b.used_at,
@@ -105,7 +125,7 @@ impl Tx<'_> {
                 b.diag_command_id,
                 b.steps_at,
                 b.work_command_id,
-                b.work_step
+                b.work_step.map(WorkStep::as_str)
             ],
         )?;
         Ok(())
@@ -149,7 +169,6 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bc_protocol::ProvisionState;
 
     fn node(tx: &Tx<'_>, id: &str) -> Result<(), StoreError> {
         let n = crate::testing::new_node(id);
@@ -162,7 +181,7 @@ mod tests {
             token_id: token.into(),
             secret_sha256: "ab".repeat(32),
             sealed: "sealed".into(),
-            purpose: "inspecting".into(),
+            purpose: ProvisionState::Inspecting,
             created_at: 1,
             expires_at: 2,
             used_at: None,

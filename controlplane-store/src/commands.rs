@@ -5,7 +5,8 @@ use crate::db::{Db, Row};
 use crate::params;
 use serde::{Deserialize, Serialize};
 
-use super::{Reader, StoreError, Tx, from_json, to_json};
+use super::{Reader, StoreError, Tx, from_json, parse_enum, to_json};
+use bc_protocol::CommandName;
 
 /// Lifecycle state of a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,7 +67,8 @@ impl CommandState {
 pub struct CommandRecord {
     pub id: String,
     pub node_id: String,
-    pub name: String,
+    /// The command; its text exists only in the `name` column.
+    pub name: CommandName,
     pub args: serde_json::Value,
     pub state: CommandState,
     /// 0..=100.
@@ -96,7 +98,7 @@ fn from_row(r: &Row<'_>) -> Result<CommandRecord, StoreError> {
     Ok(CommandRecord {
         id: r.get(0)?,
         node_id: r.get(1)?,
-        name: r.get(2)?,
+        name: parse_enum("name", &r.get::<String>(2)?)?,
         args: from_json("args", &r.get::<String>(3)?)?,
         state: CommandState::parse(&state).unwrap_or(CommandState::Failed),
         progress: u32::try_from(progress.clamp(0, 100)).unwrap_or(0),
@@ -127,7 +129,7 @@ impl Tx<'_> {
     pub fn insert_command(&self, c: &CommandRecord) -> Result<(), StoreError> {
         self.db().execute(
             &format!("INSERT INTO commands ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 0, NULL, NULL, NULL, ?6, ?7, NULL, NULL, NULL, ?8, ?9)"),
-            params![c.id, c.node_id, c.name, to_json(&c.args), c.state.as_str(), c.actor, c.created_at, c.deadline_at, c.subject_node_id],
+            params![c.id, c.node_id, c.name.as_str(), to_json(&c.args), c.state.as_str(), c.actor, c.created_at, c.deadline_at, c.subject_node_id],
         )?;
         Ok(())
     }
@@ -270,7 +272,7 @@ mod tests {
         CommandRecord {
             id: id.into(),
             node_id: "node_a".into(),
-            name: "inventory.refresh".into(),
+            name: CommandName::InventoryRefresh,
             args: serde_json::json!({}),
             state: CommandState::Queued,
             progress: 0,

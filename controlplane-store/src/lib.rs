@@ -76,7 +76,7 @@ use rusqlite_migration::{M, Migrations};
 pub use allocations::{Allocation, AllocationFilter};
 pub use bare_metal::{BmcIdentifier, BmcRecord, SiteLease};
 pub use bench::BenchCounts;
-pub use boots::BootRecord;
+pub use boots::{BootRecord, WorkStep};
 pub use commands::{CommandRecord, CommandState};
 pub use controller_lease::{CONTROLLERS_LEASE, ControllerLease};
 pub use events::{NewEvent, NodeEvent};
@@ -607,6 +607,12 @@ pub fn random_lowercase(n: usize) -> String {
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+/// A duration as the store's milliseconds (saturating: no deadline here comes near
+/// `i64::MAX`).
+pub fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Decodes a JSON column, naming the column in the error.

@@ -221,7 +221,7 @@ mod tests {
             tx.insert_command(&crate::CommandRecord {
                 id: "cmd_1".into(),
                 node_id: "node_a".into(),
-                name: "inventory.refresh".into(),
+                name: bc_protocol::CommandName::InventoryRefresh,
                 args: serde_json::json!({}),
                 state: crate::CommandState::Queued,
                 progress: 0,

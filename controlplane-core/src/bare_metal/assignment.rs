@@ -10,9 +10,9 @@ use bc_protocol::pb::{
 use cpl_store::{BmcRecord, Reader};
 use tracing::Instrument;
 
+use super::bmc::BmcFactsView;
 use super::credentials::CredentialKey;
-use super::enroll::BmcFactsView;
-use super::{BareMetal, ms};
+use super::{BareMetal, table};
 use crate::error::OpError;
 
 /// The wire's TLS mode of a stored one (`pin`, `verify`, `insecure`).
@@ -92,14 +92,14 @@ fn boot_plan(r: &Reader<'_>, bm: &BareMetal, b: &BmcRecord) -> Result<Option<Boo
         boot.used_at.is_none()
             && boot.ended_at.is_none()
             && boot.expires_at > now
-            && boot.purpose == state.as_str()
+            && boot.purpose == state
     });
     let (ramdisk, reason) = match pending {
         Some(boot) => match super::boot::kernel_args(&bm.key, &bm.boot, &boot) {
             Ok(args) => (
                 Some(RamdiskBoot {
                     kernel_args: args,
-                    purpose: boot.purpose.clone(),
+                    purpose: boot.purpose.as_str().to_owned(),
                     expires_at_ms: boot.expires_at,
                 }),
                 format!("{state}: boot token {} pending", boot.token_id),
@@ -109,7 +109,7 @@ fn boot_plan(r: &Reader<'_>, bm: &BareMetal, b: &BmcRecord) -> Result<Option<Boo
                 (None, format!("{state}: the boot token does not open"))
             }
         },
-        None if super::boot::in_ramdisk(state) => (
+        None if table::in_ramdisk(state) => (
             None,
             format!("{state}: no boot pending (the ramdisk already joined, or its token expired)"),
         ),
@@ -168,7 +168,7 @@ pub fn build(
             });
         }
     }
-    let u32ms = |d| u32::try_from(ms(d)).unwrap_or(u32::MAX);
+    let u32ms = |d| u32::try_from(cpl_store::duration_ms(d)).unwrap_or(u32::MAX);
     Ok(Some(SiteAssignment {
         site_id,
         lease_held: held,

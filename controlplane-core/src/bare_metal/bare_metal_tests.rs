@@ -336,7 +336,7 @@ async fn bad_credentials_fail_the_enrollment_and_recover_verifies_again() -> Tes
 
     let n = w
         .store
-        .write_blocking(|tx| super::enroll::recover(tx, &node, n.version, "operator:t"))?;
+        .write_blocking(|tx| super::abort::recover(tx, &node, n.version, "operator:t"))?;
     assert_eq!(n.provision_state, ProvisionState::Enrolling);
     w.bm.issue_verifications(SITE).await;
     let cmds = w.sessions.commands("node_sa");

@@ -28,8 +28,8 @@ use bc_protocol::{ConditionStatus, Mode, ProvisionState};
 use cpl_store::{BmcRecord, BootRecord, Reader, Tx, random_lowercase};
 use sha2::{Digest, Sha256};
 
+use super::bmc::BmcFactsView;
 use super::credentials::{CredentialError, CredentialKey};
-use super::enroll::BmcFactsView;
 use crate::conditions::apply_owned;
 use crate::edit::Edit;
 use crate::error::OpError;
@@ -42,22 +42,6 @@ pub const BOOT_TOKEN_PREFIX: &str = "boot_";
 pub const HARDWARE_MISMATCH: &str = "HardwareMismatch";
 /// The owner of the ramdisk workflow's events and conditions.
 pub const OWNER: &str = "BareMetalWorkflow";
-
-/// The provision states a machine spends in the ramdisk: inspection, commissioning, the image
-/// write of a deploy, a rescue and the cleaning of a release or retire (issue 16).
-pub const RAMDISK_STATES: &[ProvisionState] = &[
-    ProvisionState::Inspecting,
-    ProvisionState::Commissioning,
-    ProvisionState::Deploying,
-    ProvisionState::Rescue,
-    ProvisionState::Releasing,
-    ProvisionState::Retiring,
-];
-
-/// Whether a node in `s` runs the ramdisk.
-pub fn in_ramdisk(s: ProvisionState) -> bool {
-    RAMDISK_STATES.contains(&s)
-}
 
 /// What the ramdisk's kernel command line needs besides its token: where to join and which CA
 /// to trust.
@@ -107,7 +91,7 @@ pub enum BootRefusal {
     WrongState {
         id: String,
         node_id: String,
-        purpose: String,
+        purpose: ProvisionState,
         state: ProvisionState,
     },
     /// A boot token presented by something other than the ramdisk, or the ramdisk with a join
@@ -123,7 +107,7 @@ fn secret_digest(secret: &str) -> String {
 
 /// Starts a ramdisk boot of `node_id` for `purpose` (replacing any earlier boot), valid for
 /// `ttl`, with the state's deadline counting from `now`. The site agent powers the machine on
-/// with PXE once the controller sees the boot (`BareMetal::boot_pass`).
+/// with PXE once the controller sees the boot ([`super::controller`]).
 pub(crate) fn begin(
     tx: &Tx<'_>,
     key: &CredentialKey,
@@ -140,9 +124,9 @@ pub(crate) fn begin(
         token_id: id,
         secret_sha256: secret_digest(&secret),
         sealed: key.seal_boot_token(node_id, &token)?,
-        purpose: purpose.as_str().to_owned(),
+        purpose,
         created_at: now,
-        expires_at: now.saturating_add(super::ms(ttl)),
+        expires_at: now.saturating_add(cpl_store::duration_ms(ttl)),
         used_at: None,
         phase_started_at: now,
         command_id: None,
@@ -357,7 +341,7 @@ pub(crate) fn join(
     let node_id = boot.node_id.clone();
     let mut edit = Edit::begin(tx, &node_id, None, OWNER)?;
     let state = edit.node.provision_state;
-    if state.as_str() != boot.purpose {
+    if state != boot.purpose {
         return Err(BootRefusal::WrongState {
             id: boot.token_id,
             node_id,

@@ -14,7 +14,7 @@ use cpl_store::{BmcRecord, NewNode, NodeRecord, Store, Tx, now_ms};
 
 use super::CredentialKey;
 use super::boot::{self, BootRefusal, BootSettings, HARDWARE_MISMATCH};
-use super::inspect::COMMISSIONED;
+use super::commission::COMMISSIONED;
 use super::verify::identifiers;
 use crate::error::OpError;
 use crate::join::{JoinError, JoinFacts, JoinOutcome, join};
@@ -377,13 +377,15 @@ fn commissioning_fails_on_the_profile_naming_the_step() -> TestResult {
 
 #[test]
 fn the_deadline_defaults_and_pool_settings_apply() {
-    use super::inspect::{DEFAULT_COMMISSIONING_DEADLINE, DEFAULT_INSPECTION_DEADLINE, deadline};
+    use super::commission::DEFAULT_COMMISSIONING_DEADLINE;
+    use super::inspect::DEFAULT_INSPECTION_DEADLINE;
+    use super::table::deadline;
     assert_eq!(
         deadline(None, ProvisionState::Inspecting),
-        DEFAULT_INSPECTION_DEADLINE
+        Some(DEFAULT_INSPECTION_DEADLINE)
     );
     assert_eq!(
         deadline(None, ProvisionState::Commissioning),
-        DEFAULT_COMMISSIONING_DEADLINE
+        Some(DEFAULT_COMMISSIONING_DEADLINE)
     );
 }

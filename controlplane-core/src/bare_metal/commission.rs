@@ -17,27 +17,62 @@
 //! - `hardwareKey`: the key is trusted (two independent identifiers).
 //!
 //! A profile that expects GPUs adds `gpuDiag`: the controller sends `diag.nvml` (with the
-//! profile's count and model) to the ramdisk, and its result decides ([`on_command_final`]).
+//! profile's count and model) to the ramdisk, and its result decides ([`finished`]).
 //! A step the profile does not ask for is skipped, and says so.
 
-use bc_protocol::commands::diag::{CheckStatus, DiagReport};
+use std::time::Duration;
+
+use bc_protocol::commands::CommandArgs;
+use bc_protocol::commands::diag::{CheckStatus, DiagArgs, DiagReport, ExpectedGpus};
 use bc_protocol::{ConditionStatus, ProvisionState};
 use cpl_store::{BootRecord, CommandRecord, CommandState, NodeRecord, Pool, Tx};
 use serde_json::Value;
 
 use super::boot::OWNER;
+use super::workflow::{Deadline, Ramdisk, Turn, Workflow};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
 
 /// The condition commissioning writes.
 pub const COMMISSIONED: &str = "Commissioned";
+/// Default of `acceptance.commissioningDeadlineSeconds`.
+pub const DEFAULT_COMMISSIONING_DEADLINE: Duration = Duration::from_secs(3600);
+
+/// `commissioning`: the inventory's steps in the report's transaction, then `gpuDiag`
+/// (`diag.nvml` in the ramdisk) when the profile expects GPUs.
+pub const WORKFLOW: Workflow = Workflow {
+    state: ProvisionState::Commissioning,
+    condition: COMMISSIONED,
+    steps: Some("commissioningStep"),
+    deadline: Deadline::Pool {
+        seconds: |a| a.commissioning_deadline_seconds,
+        default: DEFAULT_COMMISSIONING_DEADLINE,
+    },
+    ramdisk: Some(Ramdisk {
+        // The one import back into `inspect` (which hands its machine to `begin`): a boot that
+        // begins in commissioning (`nodes.recover`) is the inspection's boot again, so its
+        // failed power-on reports in the inspection's condition.
+        power_on_condition: super::inspect::INSPECTED,
+        open_ended_after: None,
+        on_report,
+        next,
+        finished,
+        overdue: |_, secs| {
+            (
+                "CommissioningDeadline",
+                format!("commissioning did not finish within {secs}s"),
+            )
+        },
+    }),
+    abort: super::workflow::boot_commands,
+};
 
 /// One step's verdict: `Ok(detail)` passed (or was skipped, saying so), `Err(detail)` failed.
 pub type Step = (&'static str, Result<String, String>);
 
 fn condition(edit: &mut Edit, status: ConditionStatus, reason: &str, msg: String) {
-    crate::conditions::apply_owned(edit, OWNER, COMMISSIONED, status, reason, msg);
+    WORKFLOW.condition(edit, status, reason, msg);
 }
 
 /// Whether the pool's profile expects GPUs (and so a `gpuDiag` step in the ramdisk).
@@ -265,7 +300,7 @@ fn record(edit: &mut Edit, results: &[Step]) -> Vec<String> {
                 ("failed", format!("{step}: {d}"))
             }
         };
-        edit.event("commissioningStep", None, Some(to.to_owned()), msg);
+        WORKFLOW.step(edit, to, msg);
     }
     failed
 }
@@ -289,7 +324,7 @@ pub(crate) fn begin(tx: &Tx<'_>, edit: &mut Edit, b: &mut BootRecord) -> Result<
         ProvisionState::Commissioning,
         "inspection done: the machine is the one its BMC described",
     )?;
-    b.purpose = ProvisionState::Commissioning.as_str().to_owned();
+    b.purpose = ProvisionState::Commissioning;
     b.phase_started_at = edit.now();
     run_steps(tx, edit, b)
 }
@@ -351,15 +386,40 @@ pub(crate) fn recheck(tx: &Tx<'_>, edit: &mut Edit, cleaned: &str) -> Result<(),
     )
 }
 
+/// A boot that began in `commissioning` (`nodes.recover`): its first report runs the steps.
+fn on_report(tx: &Tx<'_>, edit: &mut Edit, b: &mut BootRecord) -> Result<(), OpError> {
+    if b.steps_at.is_none() {
+        edit.act_as(OWNER);
+        run_steps(tx, edit, b)?;
+    }
+    Ok(())
+}
+
 /// The `diag.nvml` arguments of `pool`'s profile.
-pub fn diag_args(pool: Option<&Pool>) -> Value {
+pub fn diag_args(pool: Option<&Pool>) -> DiagArgs {
     let p = pool.map(|p| &p.hardware_profile);
-    serde_json::json!({
-        "expectedGpus": {
-            "count": p.and_then(|p| p.expected_gpu_count).unwrap_or(0),
-            "name": p.and_then(|p| p.expected_gpu_model.clone()),
-        }
-    })
+    DiagArgs {
+        expected_gpus: Some(ExpectedGpus {
+            count: p.and_then(|p| p.expected_gpu_count).unwrap_or(0),
+            name: p.and_then(|p| p.expected_gpu_model.clone()),
+        }),
+    }
+}
+
+/// `gpuDiag` is due once the inventory's steps ran, when the profile expects GPUs, not sent
+/// yet, and the ramdisk's session is live.
+fn next(tx: &Tx<'_>, t: &mut Turn<'_>) -> Result<Option<String>, OpError> {
+    let due = t.boot.steps_at.is_some()
+        && t.boot.diag_command_id.is_none()
+        && needs_gpu_diag(t.pool)
+        && t.live;
+    if !due {
+        return Ok(None);
+    }
+    let id = queue_diag(tx, &t.boot.node_id, t.pool, t.timeout)?;
+    t.boot.diag_command_id = Some(id);
+    tx.put_boot(t.boot)?;
+    Ok(Some(t.boot.node_id.clone()))
 }
 
 /// Queues commissioning's `diag.nvml` for the ramdisk of `node_id` (the profile's GPU count
@@ -371,41 +431,26 @@ pub(crate) fn queue_diag(
     timeout_ms: i64,
 ) -> Result<String, OpError> {
     let now = cpl_store::now_ms();
-    let rec = super::work::insert_ramdisk_command(
-        tx,
-        node_id,
-        bc_protocol::CommandName::DiagNvml,
-        diag_args(pool),
-        now,
-        timeout_ms,
-    )?;
+    let args = CommandArgs::DiagNvml(diag_args(pool));
+    let rec = super::workflow::send_to_ramdisk(tx, node_id, args, now, timeout_ms)?;
     let mut edit = Edit::report(tx, node_id, OWNER)?;
-    edit.event(
-        "commissioningStep",
-        None,
-        Some("running".to_owned()),
+    WORKFLOW.step(
+        &mut edit,
+        "running",
         format!("gpuDiag: diag.nvml ({}) sent to the ramdisk", rec.id),
     );
     edit.save(tx)?;
     Ok(rec.id)
 }
 
-/// A finished `diag.nvml` that is a commissioning's `gpuDiag` step decides it (in the
-/// transaction that finished the command). Anything else is ignored.
-pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
-    if cmd.name != "diag.nvml" {
-        return Ok(());
-    }
-    let Some(b) = tx.boot(&cmd.node_id)? else {
-        return Ok(());
-    };
-    if b.ended_at.is_some() || b.diag_command_id.as_deref() != Some(cmd.id.as_str()) {
-        return Ok(());
-    }
-    let mut edit = Edit::report(tx, &cmd.node_id, OWNER)?;
-    if edit.node.provision_state != ProvisionState::Commissioning {
-        return Ok(());
-    }
+/// The boot's `diag.nvml` (`gpuDiag`) is over: its verdict decides (in the transaction that
+/// ended it).
+fn finished(
+    tx: &Tx<'_>,
+    cmd: &CommandRecord,
+    _: BootRecord,
+    mut edit: Edit,
+) -> Result<(), OpError> {
     let verdict: Result<String, String> = match (cmd.state, cmd.result.as_ref()) {
         (CommandState::Succeeded, Some(r)) => match serde_json::from_value::<DiagReport>(r.clone())
         {

@@ -10,7 +10,7 @@ use cpl_store::now_ms;
 
 use super::boot;
 use super::boot_tests::{MAC, SERIAL, TestResult, UUID, bed, cond, digests};
-use super::inspect::COMMISSIONED;
+use super::commission::COMMISSIONED;
 use crate::error::OpError;
 use crate::join::JoinOutcome;
 
@@ -28,7 +28,7 @@ fn diag_done(node: &str, id: &str, verdict: &str, summary: &str) -> cpl_store::C
     cpl_store::CommandRecord {
         id: id.to_owned(),
         node_id: node.to_owned(),
-        name: "diag.nvml".into(),
+        name: bc_protocol::CommandName::DiagNvml,
         args: serde_json::json!({}),
         state: cpl_store::CommandState::Succeeded,
         progress: 100,
@@ -86,15 +86,15 @@ fn a_gpu_profile_waits_for_diag_nvml_in_the_ramdisk_and_its_verdict_decides() ->
                 .ok_or(OpError::Internal("no command".into()))?;
             Ok::<_, OpError>(c)
         })?;
-        assert_eq!(cmd.name, "diag.nvml");
+        assert_eq!(cmd.name, bc_protocol::CommandName::DiagNvml);
         assert_eq!(cmd.args["expectedGpus"]["count"], 2);
         // A diag.nvml that is not the step's changes nothing.
         b.store.write_blocking(|tx| {
-            super::commission::on_command_final(tx, &diag_done(&b.node, "cmd_other", "fail", "x"))
+            super::table::on_final(tx, &diag_done(&b.node, "cmd_other", "fail", "x"))
         })?;
         assert_eq!(b.node()?.provision_state, ProvisionState::Commissioning);
         b.store.write_blocking(|tx| {
-            super::commission::on_command_final(
+            super::table::on_final(
                 tx,
                 &diag_done(&b.node, &cmd.id, verdict, &format!("2 GPUs: {verdict}")),
             )
@@ -181,11 +181,11 @@ fn a_power_on_that_fails_after_the_ramdisk_joined_changes_nothing() -> TestResul
         JoinOutcome::Joined(_)
     ));
     let mut late = diag_done(&b.node, "cmd_power", "pass", "");
-    late.name = "bmc.power".into();
+    late.name = bc_protocol::CommandName::BmcPower;
     late.state = cpl_store::CommandState::Expired;
     late.subject_node_id = Some(b.node.clone());
     b.store
-        .write_blocking(|tx| super::inspect::on_power_final(tx, &late))?;
+        .write_blocking(|tx| super::table::on_power_on_final(tx, &late))?;
     assert_eq!(b.node()?.provision_state, ProvisionState::Inspecting);
     // Before a join, the same failure fails the inspection at once, saying why.
     let b = bed(None)?;
@@ -199,7 +199,7 @@ fn a_power_on_that_fails_after_the_ramdisk_joined_changes_nothing() -> TestResul
     late.error_code = Some("BMC_UNREACHABLE".into());
     late.error_message = Some("no answer".into());
     b.store
-        .write_blocking(|tx| super::inspect::on_power_final(tx, &late))?;
+        .write_blocking(|tx| super::table::on_power_on_final(tx, &late))?;
     let n = b.node()?;
     assert_eq!(n.provision_state, ProvisionState::Failed);
     let c = cond(&n, super::inspect::INSPECTED).ok_or("no Inspected")?;

@@ -1,15 +1,15 @@
 //! Deploy of a bare-metal machine (issue 16): `ready -> deploying -> deployed`.
 //!
 //! # Design
-//! - `nodes.deploy` ([`BareMetal::deploy`]) checks the image, root-device hints and config
+//! - `nodes.deploy` ([`deploy`]) checks the image, root-device hints and config
 //!   drive against `image.write`'s contract, keeps them on the node's BMC row (so
 //!   `nodes.recover` deploys the same again) and moves the node to `deploying`, a ramdisk state:
 //!   the controller boots it into the ramdisk with a one-time token.
 //! - The ramdisk's first report, checked against the BMC's identifiers
-//!   ([`super::work::on_inventory`]), makes the boot ready; the pass sends `image.write`
-//!   ([`queue_write`]), whose deadline is what is left of the state's
+//!   ([`super::workflow::Workflow::ready_for_work`]), makes the boot ready; the pass sends
+//!   `image.write` ([`queue_write`]), whose deadline is what is left of the state's
 //!   (`acceptance.deployDeadlineSeconds`, 3,600 s by default).
-//! - Its result ([`on_command_final`]) is a `deployStep` event (the disk, why it was chosen,
+//! - Its result ([`finished`]) is a `deployStep` event (the disk, why it was chosen,
 //!   bytes, MiB/s); then the site agent sets the boot device to disk, persistent
 //!   (`bmc.setBootDevice`), and reboots the machine (`bmc.power reboot`); that reboot's success
 //!   is `deployed`, the `Deployed` condition true and the ramdisk's identity ended.
@@ -25,18 +25,18 @@
 
 use std::time::Duration;
 
-use bc_protocol::commands::CommandErrorCode;
+use bc_protocol::commands::bmc::{BootDevice, BootDeviceArgs, PowerAction, PowerArgs};
 use bc_protocol::commands::deploy::{
     ConfigDrive, ImageSource, ImageWriteArgs, ImageWriteResult, RootDeviceHints,
 };
+use bc_protocol::commands::{CommandArgs, CommandErrorCode};
 use bc_protocol::{CommandName, ConditionStatus, ProvisionState};
-use cpl_store::{BootRecord, CommandRecord, CommandState, NodeRecord, Pool, Tx};
+use cpl_store::{BootRecord, CommandRecord, CommandState, NodeRecord, Pool, Tx, WorkStep};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use super::BareMetal;
 use super::boot::OWNER;
-use super::work::{condition, event, fail, failure, owner_of};
+use super::workflow::{Deadline, Ramdisk, Turn, Workflow, failure, send_to_holder};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::{apply_transition, bump_identity};
@@ -45,12 +45,40 @@ use crate::ops::nodes::{apply_transition, bump_identity};
 pub const DEPLOYED: &str = "Deployed";
 /// Default of `acceptance.deployDeadlineSeconds`.
 pub const DEFAULT_DEPLOY_DEADLINE: Duration = Duration::from_secs(3600);
-/// `work_step` once `image.write` succeeded.
-pub const IMAGE_WRITTEN: &str = "imageWritten";
-/// `work_step` once the boot device is the disk.
-pub const BOOT_DEVICE_SET: &str = "bootDeviceSet";
 /// The shortest deadline an `image.write` is sent with.
 const MIN_WRITE_TIMEOUT_MS: i64 = 60_000;
+
+/// `deploying`: boot the ramdisk, `image.write`, the BMC's boot device to disk, a reboot.
+pub const WORKFLOW: Workflow = Workflow {
+    state: ProvisionState::Deploying,
+    condition: DEPLOYED,
+    steps: Some("deployStep"),
+    deadline: Deadline::Pool {
+        seconds: |a| a.deploy_deadline_seconds,
+        default: DEFAULT_DEPLOY_DEADLINE,
+    },
+    ramdisk: Some(Ramdisk {
+        power_on_condition: DEPLOYED,
+        open_ended_after: None,
+        on_report: |tx, edit, b| WORKFLOW.ready_for_work(tx, edit, b, CommandName::ImageWrite),
+        next,
+        finished,
+        overdue: |b, secs| ("DeployDeadline", super::workflow::overdue_work(b, secs)),
+    }),
+    abort: super::workflow::boot_commands,
+};
+
+fn condition(edit: &mut Edit, status: ConditionStatus, reason: &str, msg: String) {
+    WORKFLOW.condition(edit, status, reason, msg);
+}
+
+fn event(edit: &mut Edit, to: &str, msg: String) {
+    WORKFLOW.step(edit, to, msg);
+}
+
+fn fail(edit: &mut Edit, reason: &str, why: String) -> Result<(), OpError> {
+    WORKFLOW.fail(edit, reason, why)
+}
 
 /// `nodes.deploy` request.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
@@ -71,53 +99,91 @@ pub struct DeployRequest {
     pub config_drive: Option<ConfigDrive>,
 }
 
-impl BareMetal {
-    /// `nodes.deploy`: a `ready` machine enrolled through its BMC goes to `deploying`; so does
-    /// one that failed deploying (`failed`, failedFrom `deploying`), with the new image in place
-    /// of the one that failed (`nodes.recover` would try the same one again).
-    /// Errors: `NOT_FOUND`, `CONFLICT` on a stale version, `INVALID_ARGUMENT` for an image,
-    /// hints or config drive that `image.write` would refuse, `INVALID_STATE` for a node
-    /// without a BMC or not `ready`.
-    pub async fn deploy(&self, req: DeployRequest, actor: &str) -> Result<NodeRecord, OpError> {
-        let args = ImageWriteArgs {
-            image: req.image.clone(),
-            root_device: req.root_device.clone(),
-            config_drive: req.config_drive.clone(),
-            instance_id: None,
-        };
-        let json = serde_json::to_value(&args).map_err(|e| OpError::Internal(e.to_string()))?;
-        bc_protocol::commands::check_args(CommandName::ImageWrite, &json)
-            .map_err(|e| OpError::InvalidArgument(format!("nodes.deploy: {e}")))?;
-        let actor = actor.to_owned();
-        self.store
-            .write(move |tx| {
-                let mut edit = Edit::begin(tx, &req.node_id, req.version, &actor)?;
-                let Some(mut bmc) = tx.bmc(&req.node_id)? else {
-                    return Err(OpError::InvalidState(format!(
-                        "node {} was not enrolled through a BMC: there is no machine to boot and write",
-                        req.node_id
-                    )));
-                };
-                apply_transition(
-                    &mut edit,
-                    ProvisionState::Deploying,
-                    &format!("nodes.deploy: {}", req.image.url),
-                )?;
-                bmc.deployment = Some(json);
-                tx.put_bmc(&bmc)?;
-                super::boot::end_open(tx, &req.node_id, edit.now())?;
-                condition(
-                    &mut edit,
-                    ConditionStatus::False,
-                    "Booting",
-                    format!(
-                        "waiting for the machine to boot the ramdisk and write {}",
-                        req.image.url
-                    ),
-                );
-                edit.save(tx)
+/// The arguments `image.write` will get for `req` (without the boot's instance id), checked as
+/// the ramdisk would check them. Errors: `INVALID_ARGUMENT` naming what `image.write` refuses.
+pub fn write_args(req: &DeployRequest) -> Result<ImageWriteArgs, OpError> {
+    let args = ImageWriteArgs {
+        image: req.image.clone(),
+        root_device: req.root_device.clone(),
+        config_drive: req.config_drive.clone(),
+        instance_id: None,
+    };
+    let json = CommandArgs::ImageWrite(args.clone()).to_value();
+    CommandArgs::parse(CommandName::ImageWrite, &json)
+        .map_err(|e| OpError::InvalidArgument(format!("nodes.deploy: {e}")))?;
+    Ok(args)
+}
+
+/// `nodes.deploy` in `tx` by `actor` (with `args` from [`write_args`]): a `ready` machine
+/// enrolled through its BMC goes to `deploying`; so does one that failed deploying (`failed`,
+/// failedFrom `deploying`), with the new image in place of the one that failed
+/// (`nodes.recover` would try the same one again). Errors: `NOT_FOUND`, `CONFLICT` on a stale
+/// version, `INVALID_STATE` for a node without a BMC or not `ready`.
+pub fn deploy(
+    tx: &Tx<'_>,
+    req: &DeployRequest,
+    args: &ImageWriteArgs,
+    actor: &str,
+) -> Result<NodeRecord, OpError> {
+    let mut edit = Edit::begin(tx, &req.node_id, req.version, actor)?;
+    let Some(mut bmc) = tx.bmc(&req.node_id)? else {
+        return Err(OpError::InvalidState(format!(
+            "node {} was not enrolled through a BMC: there is no machine to boot and write",
+            req.node_id
+        )));
+    };
+    apply_transition(
+        &mut edit,
+        ProvisionState::Deploying,
+        &format!("nodes.deploy: {}", req.image.url),
+    )?;
+    bmc.deployment = Some(CommandArgs::ImageWrite(args.clone()).to_value());
+    tx.put_bmc(&bmc)?;
+    super::boot::end_open(tx, &req.node_id, edit.now())?;
+    condition(
+        &mut edit,
+        ConditionStatus::False,
+        "Booting",
+        format!(
+            "waiting for the machine to boot the ramdisk and write {}",
+            req.image.url
+        ),
+    );
+    edit.save(tx)
+}
+
+/// The deploy's next step: `image.write` once the ramdisk reported (and its session is live),
+/// then the BMC's boot device (`bmc.setBootDevice disk`, persistent), then `bmc.power reboot`,
+/// each through the lease holder.
+fn next(tx: &Tx<'_>, t: &mut Turn<'_>) -> Result<Option<String>, OpError> {
+    if t.boot.steps_at.is_none() || t.boot.work_command_id.is_some() {
+        return Ok(None);
+    }
+    let node_id = t.boot.node_id.clone();
+    match t.boot.work_step {
+        None if t.live => {
+            let id = queue_write(tx, t.boot, t.pool, t.now)?;
+            t.boot.work_command_id = Some(id);
+            tx.put_boot(t.boot)?;
+            Ok(Some(node_id))
+        }
+        Some(WorkStep::ImageWritten) => send_to_holder(tx, t, |epoch| {
+            CommandArgs::BmcSetBootDevice(BootDeviceArgs {
+                node_id,
+                lease_epoch: epoch,
+                device: BootDevice::Disk,
+                persistent: true,
             })
-            .await
+        }),
+        Some(WorkStep::BootDeviceSet) => send_to_holder(tx, t, |epoch| {
+            CommandArgs::BmcPower(PowerArgs {
+                node_id,
+                lease_epoch: epoch,
+                action: PowerAction::Reboot,
+                boot_device: None,
+            })
+        }),
+        _ => Ok(None),
     }
 }
 
@@ -137,22 +203,10 @@ pub(crate) fn queue_write(
         .map_err(|e| OpError::Internal(format!("node {}'s deployment: {e}", b.node_id)))?;
     // cloud-init runs again on each deploy: one instance id per boot.
     args.instance_id = Some(format!("{}-{}", b.node_id, b.token_id));
-    let left = super::work::time_left(
-        b,
-        pool,
-        ProvisionState::Deploying,
-        now,
-        MIN_WRITE_TIMEOUT_MS,
-    );
+    let left = WORKFLOW.time_left(b, pool, now, MIN_WRITE_TIMEOUT_MS);
     let url = args.image.url.clone();
-    let rec = super::work::insert_ramdisk_command(
-        tx,
-        &b.node_id,
-        CommandName::ImageWrite,
-        serde_json::to_value(&args).map_err(|e| OpError::Internal(e.to_string()))?,
-        now,
-        left,
-    )?;
+    let rec =
+        super::workflow::send_to_ramdisk(tx, &b.node_id, CommandArgs::ImageWrite(args), now, left)?;
     let mut edit = Edit::report(tx, &b.node_id, OWNER)?;
     event(
         &mut edit,
@@ -218,21 +272,18 @@ fn reason_of(code: Option<&str>) -> &'static str {
     }
 }
 
-/// A finished command that is the current deploy's step decides it (in the transaction that
-/// finished it): `image.write`, then `bmc.setBootDevice`, then `bmc.power reboot`.
-pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
-    let step = match cmd.name.parse::<CommandName>() {
-        Ok(
-            n @ (CommandName::ImageWrite | CommandName::BmcSetBootDevice | CommandName::BmcPower),
-        ) => n,
+/// The deploy's command in flight is over (in the transaction that ended it): `image.write`,
+/// then `bmc.setBootDevice`, then `bmc.power reboot` decide the next step or the failure.
+fn finished(
+    tx: &Tx<'_>,
+    cmd: &CommandRecord,
+    mut b: BootRecord,
+    mut edit: Edit,
+) -> Result<(), OpError> {
+    let step = match cmd.name {
+        n @ (CommandName::ImageWrite | CommandName::BmcSetBootDevice | CommandName::BmcPower) => n,
         _ => return Ok(()),
     };
-    let Some((mut b, mut edit)) = owner_of(tx, cmd)? else {
-        return Ok(());
-    };
-    if edit.node.provision_state != ProvisionState::Deploying {
-        return Ok(());
-    }
     b.work_command_id = None;
     let lost = cmd.error_code.as_deref() == Some(CommandErrorCode::LeaseLost.as_str());
     if step != CommandName::ImageWrite && lost {
@@ -288,7 +339,7 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
             let msg = written(&r);
             event(&mut edit, "imageWritten", msg.clone());
             condition(&mut edit, ConditionStatus::Unknown, "ImageWritten", msg);
-            b.work_step = Some(IMAGE_WRITTEN.to_owned());
+            b.work_step = Some(WorkStep::ImageWritten);
         }
         CommandName::BmcSetBootDevice => {
             event(
@@ -296,7 +347,7 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
                 "bootDeviceSet",
                 "the BMC boots the machine from its disk from now on (persistent)".to_owned(),
             );
-            b.work_step = Some(BOOT_DEVICE_SET.to_owned());
+            b.work_step = Some(WorkStep::BootDeviceSet);
         }
         _ => {
             event(
@@ -304,11 +355,12 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
                 "rebooted",
                 "the BMC rebooted the machine onto its disk".to_owned(),
             );
-            b.work_step = Some("rebooted".to_owned());
+            b.work_step = Some(WorkStep::Rebooted);
             let url = tx
                 .bmc(&edit.node.id)?
                 .and_then(|m| m.deployment)
-                .and_then(|d| d["image"]["url"].as_str().map(str::to_owned))
+                .and_then(|d| serde_json::from_value::<ImageWriteArgs>(d).ok())
+                .map(|a| a.image.url)
                 .unwrap_or_default();
             condition(
                 &mut edit,

@@ -108,7 +108,7 @@ fn bmc_step(b: &Bed, name: &str) -> Result<CommandRecord, Box<dyn std::error::Er
     Ok(CommandRecord {
         id,
         node_id: "node_site".into(),
-        name: name.into(),
+        name: name.parse()?,
         args: json!({}),
         state: CommandState::Queued,
         progress: 0,
@@ -138,7 +138,7 @@ fn finish(
     done.error_code = code.map(str::to_owned);
     done.error_message = code.map(|c| format!("{c}: as the test says"));
     b.store
-        .write_blocking(|tx| super::on_command_final(tx, &done))?;
+        .write_blocking(|tx| crate::commands::finished::on_final(tx, &done))?;
     Ok(())
 }
 
@@ -165,7 +165,7 @@ async fn a_deploy_writes_the_image_then_boots_the_disk() -> TestResult {
     assert_eq!(n.provision_state, ProvisionState::Deploying);
     boot_join_report(&b)?;
     let cmd = queue_write(&b)?;
-    assert_eq!(cmd.name, "image.write");
+    assert_eq!(cmd.name, bc_protocol::CommandName::ImageWrite);
     assert_eq!(cmd.args["image"]["sha256"], SHA);
     assert_eq!(cmd.args["configDrive"]["hostname"], "web-1");
     let instance = cmd.args["instanceId"].as_str().unwrap_or_default();
@@ -189,7 +189,7 @@ async fn a_deploy_writes_the_image_then_boots_the_disk() -> TestResult {
         .store
         .read_blocking(|r| r.boot(&b.node))?
         .ok_or("no boot")?;
-    assert_eq!(rec.work_step.as_deref(), Some(deploy::IMAGE_WRITTEN));
+    assert_eq!(rec.work_step, Some(cpl_store::WorkStep::ImageWritten));
     assert_eq!(
         rec.work_command_id, None,
         "the next pass sends the boot device"
@@ -259,7 +259,7 @@ async fn a_checksum_mismatch_fails_the_deploy_and_recover_deploys_the_same_again
     );
     let n = b
         .store
-        .write_blocking(|tx| super::enroll::recover(tx, &b.node, n.version, "operator:t"))?;
+        .write_blocking(|tx| super::abort::recover(tx, &b.node, n.version, "operator:t"))?;
     assert_eq!(n.provision_state, ProvisionState::Deploying);
     boot_join_report(&b)?;
     let again = queue_write(&b)?;
@@ -306,7 +306,7 @@ async fn a_lost_lease_resends_only_the_bmc_step_and_a_refusing_bmc_fails_it() ->
         .store
         .read_blocking(|r| r.boot(&b.node))?
         .ok_or("no boot")?;
-    assert_eq!(rec.work_step.as_deref(), Some(deploy::IMAGE_WRITTEN));
+    assert_eq!(rec.work_step, Some(cpl_store::WorkStep::ImageWritten));
     assert_eq!(rec.work_command_id, None);
     let bd = bmc_step(&b, "bmc.setBootDevice")?;
     finish(&b, &bd, CommandState::Failed, None, Some("BMC_ERROR"))?;
@@ -351,7 +351,7 @@ async fn the_deploy_deadline_fails_a_machine_that_never_reports() -> TestResult 
         .store
         .read_blocking(|r| r.boot(&b.node))?
         .ok_or("no boot begun")?;
-    assert_eq!(rec.purpose, "deploying");
+    assert_eq!(rec.purpose, ProvisionState::Deploying);
     bm.boot_pass(now + 3_601_000).await;
     let n = b.node()?;
     assert_eq!(n.provision_state, ProvisionState::Failed);
@@ -365,7 +365,7 @@ async fn the_deploy_deadline_fails_a_machine_that_never_reports() -> TestResult 
         .read_blocking(|r| r.boot(&b.node))?
         .ok_or("no boot")?;
     b.store
-        .write_blocking(|tx| super::enroll::recover(tx, &b.node, n.version, "operator:t"))?;
+        .write_blocking(|tx| super::abort::recover(tx, &b.node, n.version, "operator:t"))?;
     bm.boot_pass(now_ms()).await;
     let fresh = b
         .store

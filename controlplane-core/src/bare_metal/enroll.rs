@@ -1,15 +1,16 @@
-//! `nodes.enroll`: a bare-metal machine enters the fleet through its BMC, in `enrolling`, with
-//! its BMC's address checked, its credentials sealed and the pool's drivers; and the API view of
-//! that BMC ([`BmcView`]), which never shows a credential.
+//! `nodes.enroll`: a bare-metal machine enters the fleet through its BMC, in `enrolling`
+//! (created by [`crate::edit::create_node`], the one way a node comes to exist), with its BMC's
+//! address checked, its credentials sealed and the pool's drivers. Its verification is the
+//! `enrolling` workflow's ([`super::verify`]).
 
-use bc_protocol::{Adapter, ConditionStatus, NodeRole, PoolAgent, ProvisionState};
-use cpl_store::{BmcIdentifier, BmcRecord, NewNode, NodeRecord, Reader, Tx};
+use bc_protocol::{Adapter, NodeRole, PoolAgent, ProvisionState};
+use cpl_store::{BmcRecord, NewNode, NodeRecord, Tx};
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
 
 use super::address::{self, PowerDriver};
+use super::bmc::{BmcFactsView, OWNER, pending};
 use super::credentials::{CredentialKey, Credentials};
-use crate::conditions::{ConditionUpdate, rfc3339_ms};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ownership::placement;
@@ -20,13 +21,6 @@ pub const MAX_USERNAME: usize = 256;
 pub const MAX_PASSWORD: usize = 1024;
 /// Most MACs one enrollment may name.
 pub const MAX_MACS: usize = 64;
-/// The condition a verification sets.
-pub const BMC_VERIFIED: &str = "BmcVerified";
-/// The condition the power sync sets.
-pub const BMC_REACHABLE: &str = "BmcReachable";
-/// The owner of the enrollment's conditions.
-pub const OWNER: &str = "Enrollment";
-
 /// A secret the API takes and never gives back: deserialized from a string, `Debug` shows
 /// nothing of it, and it has no `Serialize`.
 #[derive(Clone, PartialEq, Eq)]
@@ -136,78 +130,6 @@ pub struct EnrollRequest {
 
 fn default_inspect() -> bool {
     true
-}
-
-/// What a BMC reported at verification, as `nodes.get` shows it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BmcFactsView {
-    #[serde(default)]
-    pub system_path: String,
-    #[serde(default)]
-    pub uuid: Option<String>,
-    #[serde(default)]
-    pub serial: Option<String>,
-    #[serde(default)]
-    pub manufacturer: Option<String>,
-    #[serde(default)]
-    pub model: Option<String>,
-    /// The system's NIC MACs as the BMC lists them.
-    #[serde(default)]
-    pub macs: Vec<String>,
-}
-
-/// A node's BMC in `nodes.get` (never its credentials).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BmcView {
-    pub address: String,
-    /// `pin`, `verify` or `insecure`.
-    pub tls: String,
-    /// SHA-256 of the BMC's certificate, recorded at the first verification under `pin`.
-    pub cert_sha256: Option<String>,
-    /// RFC 3339; absent until verified.
-    pub verified_at: Option<String>,
-    pub facts: Option<BmcFactsView>,
-    /// Digests of the BMC-reported identifiers (what the ramdisk's hardware key must match).
-    pub identifiers: Vec<BmcIdentifier>,
-    /// MACs given at enrollment.
-    pub macs: Vec<String>,
-    /// The `power` axis: as the BMC last reported it (`on`, `off`, `unknown`).
-    pub power: String,
-    /// Whether the BMC answered when last asked; absent before the first answer.
-    pub reachable: Option<bool>,
-    /// What the BMC last answered when something failed.
-    pub last_error: Option<String>,
-    /// A credential rotation (`nodes.updateBmcCredentials`) is being verified.
-    pub rotation_pending: bool,
-}
-
-impl BmcView {
-    /// The view of `b` on node `node`.
-    pub fn new(b: &BmcRecord, node: &NodeRecord) -> Self {
-        Self {
-            address: b.address.clone(),
-            tls: b.tls.clone(),
-            cert_sha256: b.cert_sha256.clone(),
-            verified_at: b.verified_at.map(rfc3339_ms),
-            facts: b
-                .facts
-                .as_ref()
-                .and_then(|f| serde_json::from_value(f.clone()).ok()),
-            identifiers: b.identifiers.clone(),
-            macs: b.macs.clone(),
-            power: node.power.to_string(),
-            reachable: b.reachable,
-            last_error: b.last_error.clone(),
-            rotation_pending: b.candidate.is_some(),
-        }
-    }
-
-    /// The view of `node`'s BMC read in `r`, if it has one.
-    pub fn of(r: &Reader<'_>, node: &NodeRecord) -> Result<Option<Self>, OpError> {
-        Ok(r.bmc(&node.id)?.map(|b| Self::new(&b, node)))
-    }
 }
 
 fn invalid(msg: impl Into<String>) -> OpError {
@@ -374,8 +296,18 @@ pub fn enroll(
         hardware_key_trusted: false,
         identifier_digests: Vec::new(),
     };
-    let now = cpl_store::now_ms();
-    tx.insert_node_in(&new, ProvisionState::Enrolling, now)?;
+    let now = crate::edit::create_node(
+        tx,
+        &new,
+        ProvisionState::Enrolling,
+        actor,
+        &format!(
+            "enrolled through BMC {} (tls {}) on site {}",
+            addr.normalized,
+            req.bmc.tls.as_str(),
+            site.id
+        ),
+    )?;
     let sealed = key.seal(
         &node_id,
         &Credentials {
@@ -406,63 +338,8 @@ pub fn enroll(
         deployment: None,
         rescue: None,
     })?;
-    tx.record_event(&cpl_store::NewEvent {
-        node_id: &node_id,
-        at: now,
-        kind: "provisionState",
-        from: None,
-        to: Some(ProvisionState::Enrolling.as_str()),
-        actor,
-        message: &format!(
-            "enrolled through BMC {} (tls {}) on site {}",
-            addr.normalized,
-            req.bmc.tls.as_str(),
-            site.id
-        ),
-    })?;
     let mut edit = Edit::report(tx, &node_id, OWNER)?;
     pending(&mut edit, &site.id);
-    edit.save(tx)
-}
-
-/// `BmcVerified: unknown` while the verification waits or runs.
-pub(crate) fn pending(edit: &mut Edit, site_id: &str) {
-    crate::conditions::apply(
-        edit,
-        &ConditionUpdate {
-            type_: BMC_VERIFIED.to_owned(),
-            status: ConditionStatus::Unknown,
-            reason: "Pending".to_owned(),
-            message: format!(
-                "waiting for the site agent holding site {site_id}'s lease to verify the BMC"
-            ),
-            owner: OWNER.to_owned(),
-            gpus: Vec::new(),
-        },
-    );
-}
-
-/// `nodes.recover` of a node: back to `failedFrom`; an enrollment that failed is verified again
-/// (its deadline counting anew). One edit, one `version` move.
-pub fn recover(
-    tx: &Tx<'_>,
-    node_id: &str,
-    expected_version: u64,
-    actor: &str,
-) -> Result<NodeRecord, OpError> {
-    let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
-    crate::ops::nodes::recover_in(&mut edit)?;
-    super::boot::end_open(tx, node_id, edit.now())?;
-    if edit.node.provision_state == ProvisionState::Enrolling
-        && let Some(mut b) = tx.bmc(node_id)?
-    {
-        b.verified_at = None;
-        b.verify_command_id = None;
-        b.verify_started_at = Some(edit.now());
-        tx.put_bmc(&b)?;
-        let site = edit.node.site_id.clone().unwrap_or_default();
-        pending(&mut edit, &site);
-    }
     edit.save(tx)
 }
 

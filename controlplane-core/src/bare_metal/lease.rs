@@ -8,10 +8,9 @@
 use std::collections::HashMap;
 
 use bc_protocol::commands::CommandErrorCode;
-use cpl_store::{CommandRecord, CommandState, SiteLease, Tx, now_ms};
+use cpl_store::{CommandRecord, CommandState, SiteLease, Tx};
 use parking_lot::Mutex;
 
-use super::{BareMetal, ms};
 use crate::edit::Edit;
 use crate::error::OpError;
 
@@ -226,7 +225,7 @@ pub(crate) fn apply(
                 now,
             )? && let Some(done) = tx.command(&cmd.id)?
             {
-                super::on_command_final(tx, &done)?;
+                crate::commands::finished::on_final(tx, &done)?;
                 failed.push(done);
             }
         }
@@ -259,120 +258,6 @@ fn event(
     );
     edit.save(tx)?;
     Ok(())
-}
-
-impl BareMetal {
-    /// Loads the lease view from the store (at start, and after every change).
-    pub async fn load_leases(&self) -> Result<(), OpError> {
-        let leases = self
-            .store
-            .read(|r| r.site_leases().map_err(OpError::from))
-            .await?;
-        self.leases.set(&leases);
-        Ok(())
-    }
-
-    /// One pass of the lease rule over every site with site agents, at `now`. Returns how many
-    /// leases were granted or moved.
-    pub async fn sweep_leases(&self, now: i64, in_grace: bool) -> Result<usize, OpError> {
-        let sites = self
-            .store
-            .read(|r| r.sites_with_agents().map_err(OpError::from))
-            .await?;
-        let mut changed = 0;
-        for site in sites {
-            let sessions = std::sync::Arc::clone(&self.sessions);
-            let ttl = ms(self.cfg.lease_ttl);
-            let s = site.clone();
-            let moved = self
-                .store
-                .write(move |tx| {
-                    let mut agents = Vec::new();
-                    for id in tx.site_agent_ids(&s)? {
-                        let last_seen = tx.node(&id)?.and_then(|n| n.last_seen);
-                        agents.push(Agent {
-                            live: sessions.live_epoch(&id).is_some(),
-                            node_id: id,
-                            last_seen,
-                        });
-                    }
-                    let lease = tx.site_lease(&s)?;
-                    let d = decide(lease.as_ref(), &agents, now, ttl, in_grace);
-                    apply(tx, &s, &d, now, ttl)
-                })
-                .await?;
-            if moved.new_holder.is_none() && moved.old_holder.is_none() {
-                continue;
-            }
-            changed += 1;
-            self.after_move(&site, moved).await;
-        }
-        Ok(changed)
-    }
-
-    /// After a grant or move: the view, both agents' assignments, cancels for the commands the
-    /// old holder must not finish, and the enrollments that waited for a holder.
-    async fn after_move(&self, site_id: &str, moved: Moved) {
-        if let Err(e) = self.load_leases().await {
-            tracing::error!(error = %e, "reloading the site leases failed");
-        }
-        let span = tracing::info_span!("site", site_id = %site_id);
-        span.in_scope(|| {
-            tracing::info!(
-                holder = moved.new_holder.as_deref().unwrap_or("none"),
-                previous = moved.old_holder.as_deref().unwrap_or("none"),
-                failed_commands = moved.failed.len(),
-                "site lease granted"
-            )
-        });
-        if let Some(old) = &moved.old_holder {
-            for c in &moved.failed {
-                let msg = bc_protocol::pb::GatewayMessage {
-                    msg: Some(bc_protocol::pb::gateway_message::Msg::Cancel(
-                        bc_protocol::pb::Cancel { id: c.id.clone() },
-                    )),
-                };
-                let _ = self.sessions.send(old, msg).await;
-            }
-            self.push_assignment(old).await;
-        }
-        if let Some(new) = &moved.new_holder {
-            self.push_assignment(new).await;
-        }
-        self.issue_verifications(site_id).await;
-    }
-
-    /// Runs the lease controller until the task is dropped: every tick (a quarter of the TTL,
-    /// 50 ms to 1 s) `before` runs first (the gateway flushes heartbeats and renewals there, so
-    /// the rule never reads a stale `lastSeen`), then the lease rule, the enrollments waiting
-    /// for a verification, and the verification deadlines.
-    pub async fn run_leases<F, Fut>(self, mut before: F)
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = ()>,
-    {
-        let period = (self.cfg.lease_ttl / 4).clamp(
-            std::time::Duration::from_millis(50),
-            std::time::Duration::from_secs(1),
-        );
-        let started = now_ms();
-        if let Err(e) = self.load_leases().await {
-            tracing::error!(error = %e, "loading the site leases failed");
-        }
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            before().await;
-            let now = now_ms();
-            let in_grace = now < started.saturating_add(ms(self.cfg.grace));
-            if let Err(e) = self.sweep_leases(now, in_grace).await {
-                tracing::error!(error = %e, "site lease sweep failed");
-            }
-            self.verification_pass(now).await;
-            self.boot_pass(now).await;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -27,26 +27,36 @@
 //!   the holder (the command names the bare-metal node in `subjectNodeId`); `PowerReport`s of
 //!   the current holder and epoch move `power` (through [`crate::edit::Edit::report`]) and
 //!   `BmcReachable`.
-//! - **Inspection and commissioning** ([`boot`], [`inspect`], [`commission`], issue 15): a
-//!   verified enrollment goes to `inspecting`; the controller mints the machine's one-time boot
-//!   token, sends the holder its boot plan and `bmc.power` with PXE; the ramdisk joins with the
-//!   token only if the machine shows the BMC's identifiers; its inventory ends the inspection and
-//!   commissioning's steps decide `ready` (powered off) or `failed`; every state has a deadline.
-//! - **Release and retire** ([`release`], issue 16): `deployed -> releasing -> ready` and
-//!   `retiring -> retired` boot the ramdisk the same way and clean every disk (`disk.clean`);
-//!   an enrollment with `deployed: true` adopts a machine that runs its OS (`enrolling ->
-//!   deployed`).
+//! - **The workflows** ([`workflow`], [`table`]): each bare-metal state (`enrolling`,
+//!   `inspecting`, `commissioning`, `deploying`, `rescue`, `releasing`, `retiring`) is one
+//!   [`workflow::Workflow`] entry in its own module ([`verify`], [`inspect`], [`commission`],
+//!   [`deploy`], [`rescue`], [`release`]): its deadline, condition and step events, whether it
+//!   boots the ramdisk, the command it sends next, what a finished command means, what
+//!   `nodes.abort` cancels ([`abort`]). [`table::WORKFLOWS`] lists them; the controller's pass
+//!   ([`controller`]), the ramdisk's report, the command router
+//!   (`crate::commands::finished`) and `nodes.abort` read them there. A ramdisk state's machine
+//!   boots with a one-time token ([`boot`]) served by the site agent's boot service
+//!   ([`assignment`]); the ramdisk joins only if the machine shows the BMC's identifiers.
+//! - **Layers**: the workflow modules are transactions only (a `Tx` in, rows and events out)
+//!   and never name [`BareMetal`]; what leaves the control plane — the passes
+//!   ([`controller`], [`site_pass`]), the verbs' commits ([`verbs`], [`power`]), the
+//!   assignments — is on [`BareMetal`], above them. So the command router, which the Commands
+//!   controller calls, reaches the workflows without reaching back into the controller.
 //! - [`BareMetal`] is the service the gateway, the verbs and the controller share.
 //!
 //! # Limitations
-//! One control-plane process: the lease view is in memory beside the store. With several
-//! replicas the renewal must be written by whichever replica holds the holder's session.
+//! The lease view is in memory on the replica that runs the controller (the leader, with
+//! several replicas on PostgreSQL): a site agent whose session is on another replica gets no
+//! renewal through its heartbeats there. A workflow's work steps are an enum of the store's
+//! (`cpl_store::WorkStep`): a new workflow with steps of its own adds its variants there too.
 
 pub mod abort;
 pub mod address;
 pub mod assignment;
+pub mod bmc;
 pub mod boot;
 pub mod commission;
+pub mod controller;
 pub mod credentials;
 pub mod deploy;
 pub mod enroll;
@@ -56,8 +66,11 @@ pub mod power;
 pub mod release;
 pub mod rescue;
 pub mod site_detail;
+pub mod site_pass;
+pub mod table;
+pub mod verbs;
 pub mod verify;
-pub mod work;
+pub mod workflow;
 
 #[cfg(test)]
 mod bare_metal_tests;
@@ -113,29 +126,6 @@ impl Default for BareMetalConfig {
             max_requests_per_site: 64,
         }
     }
-}
-
-/// The effect of a finished command on its bare-metal node, in the transaction that finished it
-/// (an agent's result, an expiry, a `LEASE_LOST`, a cancel): a `bmc.*` command's
-/// ([`verify::on_command_final`]), the power-on of a ramdisk boot
-/// ([`inspect::on_power_final`]), commissioning's `diag.nvml`
-/// ([`commission::on_command_final`]), release and retire's `disk.clean`
-/// ([`release::on_command_final`]).
-pub fn on_command_final(
-    tx: &cpl_store::Tx<'_>,
-    cmd: &cpl_store::CommandRecord,
-) -> Result<(), crate::error::OpError> {
-    verify::on_command_final(tx, cmd)?;
-    inspect::on_power_final(tx, cmd)?;
-    commission::on_command_final(tx, cmd)?;
-    release::on_command_final(tx, cmd)?;
-    deploy::on_command_final(tx, cmd)?;
-    rescue::on_command_final(tx, cmd)
-}
-
-/// Milliseconds of a duration, saturating.
-pub(crate) fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// What the gateway, the verbs and the lease controller share. Cheap to clone.

@@ -2,18 +2,20 @@
 //! site's lease holder, `PowerReport`s of the current holder moving `power` and `BmcReachable`,
 //! and `nodes.updateBmcCredentials` (verify the new pair, then replace the old one).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use bc_protocol::commands::bmc::{BootDevice, PowerAction};
+use bc_protocol::commands::CommandArgs;
+use bc_protocol::commands::bmc::{BootDevice, BootDeviceArgs, PowerAction, PowerArgs, VerifyArgs};
 use bc_protocol::pb::PowerReport;
-use bc_protocol::{CommandName, ConditionStatus, Power};
-use cpl_store::{CommandRecord, Tx, now_ms};
+use bc_protocol::{ConditionStatus, Power};
+use cpl_store::{CommandRecord, Tx, duration_ms, now_ms};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::enroll::{BMC_REACHABLE, OWNER, Secret, check_credentials};
-use super::verify::{queue, set_power};
-use super::{BareMetal, Credentials, ms};
+use super::bmc::{BMC_REACHABLE, OWNER, live_holder, mark_expected, queue, set_power};
+use super::enroll::{Secret, check_credentials};
+use super::{BareMetal, Credentials};
 use crate::conditions::{ConditionUpdate, apply};
 use crate::edit::Edit;
 use crate::error::OpError;
@@ -72,21 +74,6 @@ pub enum ReportOutcome {
     Ignored(String),
 }
 
-/// The holder of `site_id`'s lease and its epoch, read in `tx`, when it has a live session.
-pub(crate) fn live_holder(
-    tx: &Tx<'_>,
-    bm: &BareMetal,
-    site_id: &str,
-) -> Result<(String, u64), OpError> {
-    let lease = tx.site_lease(site_id)?;
-    match lease.and_then(|l| l.holder_node_id.map(|h| (h, l.epoch))) {
-        Some((h, e)) if bm.sessions.live_epoch(&h).is_some() => Ok((h, e)),
-        _ => Err(OpError::Unavailable(format!(
-            "no site agent of site {site_id} holds the site's lease right now: nothing can reach the BMC; start or reconnect a bcd site on that site and retry"
-        ))),
-    }
-}
-
 /// Checks a power or boot-device request's node: it exists (at `version` when given), was
 /// enrolled through a BMC, and the BMC was verified. Returns its site.
 fn check_node(tx: &Tx<'_>, node_id: &str, version: Option<u64>) -> Result<String, OpError> {
@@ -122,37 +109,26 @@ impl BareMetal {
     /// `nodes.power`: a `bmc.power` command on the site's lease holder. The node's events and
     /// `commands.list {nodeId}` show it; a change toward `action` is not out of band.
     pub async fn power(&self, req: PowerRequest, actor: &str) -> Result<CommandRecord, OpError> {
-        let bm = self.clone();
+        let sessions = Arc::clone(&self.sessions);
         let actor = actor.to_owned();
-        let timeout = ms(self.cfg.command_timeout);
+        let timeout = duration_ms(self.cfg.command_timeout);
         let rec = self
             .store
             .write(move |tx| {
                 let site = check_node(tx, &req.node_id, req.version)?;
-                let (holder, epoch) = live_holder(tx, &bm, &site)?;
-                if let Some(mut b) = tx.bmc(&req.node_id)? {
-                    b.power_expected = Some(
-                        match req.action {
-                            PowerAction::On | PowerAction::Reboot => "on",
-                            PowerAction::Off | PowerAction::SoftOff => "off",
-                        }
-                        .to_owned(),
-                    );
-                    b.power_expected_at = Some(now_ms());
-                    tx.put_bmc(&b)?;
-                }
-                let args = serde_json::json!({
-                    "nodeId": req.node_id, "leaseEpoch": epoch, "action": req.action.as_str()
+                let (holder, epoch) = live_holder(tx, sessions.as_ref(), &site)?;
+                let expected = match req.action {
+                    PowerAction::On | PowerAction::Reboot => Power::On,
+                    PowerAction::Off | PowerAction::SoftOff => Power::Off,
+                };
+                mark_expected(tx, &req.node_id, expected)?;
+                let args = CommandArgs::BmcPower(PowerArgs {
+                    node_id: req.node_id.to_string(),
+                    lease_epoch: epoch,
+                    action: req.action,
+                    boot_device: None,
                 });
-                queue(
-                    tx,
-                    &holder,
-                    &req.node_id,
-                    CommandName::BmcPower,
-                    args,
-                    timeout,
-                    &actor,
-                )
+                queue(tx, &holder, &req.node_id, args, timeout, &actor)
             })
             .await?;
         self.commands.dispatch(&rec.node_id, false).await;
@@ -165,27 +141,21 @@ impl BareMetal {
         req: BootDeviceRequest,
         actor: &str,
     ) -> Result<CommandRecord, OpError> {
-        let bm = self.clone();
+        let sessions = Arc::clone(&self.sessions);
         let actor = actor.to_owned();
-        let timeout = ms(self.cfg.command_timeout);
+        let timeout = duration_ms(self.cfg.command_timeout);
         let rec = self
             .store
             .write(move |tx| {
                 let site = check_node(tx, &req.node_id, req.version)?;
-                let (holder, epoch) = live_holder(tx, &bm, &site)?;
-                let args = serde_json::json!({
-                    "nodeId": req.node_id, "leaseEpoch": epoch,
-                    "device": req.device.as_str(), "persistent": req.persistent
+                let (holder, epoch) = live_holder(tx, sessions.as_ref(), &site)?;
+                let args = CommandArgs::BmcSetBootDevice(BootDeviceArgs {
+                    node_id: req.node_id.to_string(),
+                    lease_epoch: epoch,
+                    device: req.device,
+                    persistent: req.persistent,
                 });
-                queue(
-                    tx,
-                    &holder,
-                    &req.node_id,
-                    CommandName::BmcSetBootDevice,
-                    args,
-                    timeout,
-                    &actor,
-                )
+                queue(tx, &holder, &req.node_id, args, timeout, &actor)
             })
             .await?;
         self.commands.dispatch(&rec.node_id, false).await;
@@ -205,7 +175,7 @@ impl BareMetal {
         check_credentials(&req.username, req.password.expose())?;
         let bm = self.clone();
         let actor = actor.to_owned();
-        let timeout = ms(self.cfg.command_timeout);
+        let timeout = duration_ms(self.cfg.command_timeout);
         let (holder, rec) = self
             .store
             .write(move |tx| {
@@ -223,7 +193,7 @@ impl BareMetal {
                     )));
                 }
                 let site = edit.node.site_id.clone().unwrap_or_default();
-                let (holder, epoch) = live_holder(tx, &bm, &site)?;
+                let (holder, epoch) = live_holder(tx, bm.sessions.as_ref(), &site)?;
                 b.candidate = Some(bm.key.seal(
                     &req.node_id,
                     &Credentials {
@@ -239,10 +209,12 @@ impl BareMetal {
                     "nodes.updateBmcCredentials: the site agent verifies the new credentials before they replace the old ones",
                 );
                 edit.save(tx)?;
-                let args = serde_json::json!({
-                    "nodeId": req.node_id, "leaseEpoch": epoch, "candidate": true
+                let args = CommandArgs::BmcVerify(VerifyArgs {
+                    node_id: req.node_id.to_string(),
+                    lease_epoch: epoch,
+                    candidate: true,
                 });
-                let rec = queue(tx, &holder, &req.node_id, CommandName::BmcVerify, args, timeout, &actor)?;
+                let rec = queue(tx, &holder, &req.node_id, args, timeout, &actor)?;
                 Ok((holder, rec))
             })
             .await?;

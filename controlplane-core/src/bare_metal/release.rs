@@ -5,15 +5,15 @@
 //! - `nodes.release` ([`release`]) and `nodes.retire` of an enrolled machine ([`start_retire`])
 //!   move the node and end the identity it held (`identityGeneration + 1`): the tenant's OS, or
 //!   a ramdisk still up, can present nothing that works afterwards; the verb closes its session.
-//! - `releasing` and `retiring` are ramdisk states ([`super::boot::RAMDISK_STATES`]): the
+//! - `releasing` and `retiring` are ramdisk states ([`RELEASING`], [`RETIRING`]): the
 //!   controller's pass boots the machine into the ramdisk with a one-time token as for an
-//!   inspection. The ramdisk's first inventory ([`super::work::on_inventory`]) is checked
-//!   against the BMC's identifiers again — a wrong machine is never cleaned — and marks the
-//!   boot ready to clean.
-//! - The pass then queues `disk.clean` ([`queue_clean`]) with the pool's
+//!   inspection. The ramdisk's first inventory
+//!   ([`super::workflow::Workflow::ready_for_work`]) is checked against the BMC's identifiers
+//!   again — a wrong machine is never cleaned — and marks the boot ready to clean.
+//! - The pass then queues `disk.clean` ([`next`]) with the pool's
 //!   `acceptance.cleaning` (`metadata` by default), its deadline what is left of the state's
 //!   (`acceptance.cleaningDeadlineSeconds`, 3,600 s by default).
-//! - Its result ([`on_command_final`], in the transaction that finished it) is one
+//! - Its result ([`finished`], in the transaction that finished it) is one
 //!   `cleaningStep` event per disk and the `Cleaned` condition. A disk that failed (or the
 //!   command failing, timing out, being cancelled) fails the node (failedFrom `releasing` or
 //!   `retiring`, maintenance on); `nodes.recover` boots and cleans again. A read-only disk is
@@ -26,11 +26,12 @@
 
 use std::time::Duration;
 
+use bc_protocol::commands::CommandArgs;
 use bc_protocol::commands::clean::{CleanArgs, CleanMode, CleanResult, DiskOutcome};
 use bc_protocol::{CommandName, ConditionStatus, ProvisionState};
 use cpl_store::{BootRecord, CommandRecord, CommandState, NodeRecord, Pool, Tx};
 
-use super::boot::OWNER;
+use super::workflow::{Deadline, Ramdisk, Turn, Workflow};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::{apply_transition, bump_identity, refuse_while_allocated};
@@ -42,10 +43,31 @@ pub const DEFAULT_CLEANING_DEADLINE: Duration = Duration::from_secs(3600);
 /// The shortest deadline a `disk.clean` is sent with, however little of the state's is left.
 const MIN_CLEAN_TIMEOUT_MS: i64 = 60_000;
 
-/// Whether `s` is one of the cleaning states.
-pub fn cleaning(s: ProvisionState) -> bool {
-    matches!(s, ProvisionState::Releasing | ProvisionState::Retiring)
-}
+/// `releasing`: boot the ramdisk, clean every disk, check the machine again, `ready`.
+pub const RELEASING: Workflow = Workflow {
+    state: ProvisionState::Releasing,
+    condition: CLEANED,
+    steps: Some("cleaningStep"),
+    deadline: Deadline::Pool {
+        seconds: |a| a.cleaning_deadline_seconds,
+        default: DEFAULT_CLEANING_DEADLINE,
+    },
+    ramdisk: Some(Ramdisk {
+        power_on_condition: CLEANED,
+        open_ended_after: None,
+        on_report: |tx, edit, b| RELEASING.ready_for_work(tx, edit, b, CommandName::DiskClean),
+        next,
+        finished,
+        overdue: |b, secs| ("CleaningDeadline", super::workflow::overdue_work(b, secs)),
+    }),
+    abort: super::workflow::boot_commands,
+};
+
+/// `retiring`: as [`RELEASING`], but a clean ends in `retired` (no identity, powered off).
+pub const RETIRING: Workflow = Workflow {
+    state: ProvisionState::Retiring,
+    ..RELEASING
+};
 
 /// How much of each disk the pool erases.
 pub fn mode(pool: Option<&Pool>) -> CleanMode {
@@ -53,7 +75,7 @@ pub fn mode(pool: Option<&Pool>) -> CleanMode {
 }
 
 fn condition(edit: &mut Edit, status: ConditionStatus, reason: &str, msg: String) {
-    crate::conditions::apply_owned(edit, OWNER, CLEANED, status, reason, msg);
+    RELEASING.condition(edit, status, reason, msg);
 }
 
 fn booting(edit: &mut Edit) {
@@ -102,30 +124,39 @@ pub(crate) fn start_retire(edit: &mut Edit) -> Result<(), OpError> {
     Ok(())
 }
 
-/// Queues `disk.clean` for the ramdisk of `node_id` with the pool's mode, its deadline what is
-/// left of the state's (at least a minute); returns the command's id.
+/// Once the ramdisk reported, `disk.clean` with the pool's mode, its deadline what is left of
+/// the state's (at least a minute), when the ramdisk's session is live.
+fn next(tx: &Tx<'_>, t: &mut Turn<'_>) -> Result<Option<String>, OpError> {
+    if t.boot.steps_at.is_none()
+        || t.boot.work_command_id.is_some()
+        || t.boot.work_step.is_some()
+        || !t.live
+    {
+        return Ok(None);
+    }
+    let id = queue_clean(tx, t.boot, t.pool, t.now)?;
+    t.boot.work_command_id = Some(id);
+    tx.put_boot(t.boot)?;
+    Ok(Some(t.boot.node_id.clone()))
+}
+
+/// Queues `disk.clean` for the ramdisk of boot `b` with the pool's mode, its deadline what is
+/// left of the state's (at least a minute), with a `cleaningStep` event and the `Cleaned`
+/// condition unknown; returns the command's id.
 pub(crate) fn queue_clean(
     tx: &Tx<'_>,
     b: &BootRecord,
     pool: Option<&Pool>,
-    state: ProvisionState,
     now: i64,
 ) -> Result<String, OpError> {
-    let left = super::work::time_left(b, pool, state, now, MIN_CLEAN_TIMEOUT_MS);
+    let left = RELEASING.time_left(b, pool, now, MIN_CLEAN_TIMEOUT_MS);
     let m = mode(pool);
-    let rec = super::work::insert_ramdisk_command(
-        tx,
-        &b.node_id,
-        CommandName::DiskClean,
-        serde_json::json!({ "mode": m.as_str() }),
-        now,
-        left,
-    )?;
-    let mut edit = Edit::report(tx, &b.node_id, OWNER)?;
-    edit.event(
-        "cleaningStep",
-        None,
-        Some("running".to_owned()),
+    let args = CommandArgs::DiskClean(CleanArgs { mode: m });
+    let rec = super::workflow::send_to_ramdisk(tx, &b.node_id, args, now, left)?;
+    let mut edit = Edit::report(tx, &b.node_id, super::boot::OWNER)?;
+    RELEASING.step(
+        &mut edit,
+        "running",
         format!("disk.clean ({}, mode {m}) sent to the ramdisk", rec.id),
     );
     condition(
@@ -236,23 +267,18 @@ fn disk_events(edit: &mut Edit, r: &serde_json::Value) {
             DiskOutcome::ReadOnly => "readOnly",
             DiskOutcome::Failed => "failed",
         };
-        edit.event("cleaningStep", None, Some(to.to_owned()), msg);
+        RELEASING.step(edit, to, msg);
     }
 }
 
-/// A finished `disk.clean` that is the current boot's decides the cleaning (in the transaction
-/// that finished the command); anything else is ignored.
-pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
-    if cmd.name != CommandName::DiskClean.as_str() {
-        return Ok(());
-    }
-    let Some((_, mut edit)) = super::work::owner_of(tx, cmd)? else {
-        return Ok(());
-    };
+/// The boot's `disk.clean` is over: it decides the cleaning (in the transaction that ended it).
+fn finished(
+    tx: &Tx<'_>,
+    cmd: &CommandRecord,
+    _: BootRecord,
+    mut edit: Edit,
+) -> Result<(), OpError> {
     let state = edit.node.provision_state;
-    if !cleaning(state) {
-        return Ok(());
-    }
     if let Some(r) = &cmd.result {
         disk_events(&mut edit, r);
     }

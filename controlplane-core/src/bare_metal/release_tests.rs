@@ -74,7 +74,7 @@ fn queue(b: &Bed) -> Result<CommandRecord, Box<dyn std::error::Error>> {
             "the report made the boot ready to clean"
         );
         let pool = tx.pool(n.pool_id.as_deref().unwrap_or_default())?;
-        let id = release::queue_clean(tx, &rec, pool.as_ref(), n.provision_state, now_ms())?;
+        let id = release::queue_clean(tx, &rec, pool.as_ref(), now_ms())?;
         rec.work_command_id = Some(id.clone());
         tx.put_boot(&rec)?;
         tx.command(&id)?
@@ -92,7 +92,7 @@ fn finish(b: &Bed, cmd: &CommandRecord, state: CommandState, result: Option<Valu
         done.error_message = Some("ran past its deadline".into());
     }
     b.store
-        .write_blocking(|tx| release::on_command_final(tx, &done))?;
+        .write_blocking(|tx| crate::commands::finished::on_final(tx, &done))?;
     Ok(())
 }
 
@@ -142,7 +142,7 @@ fn a_release_cleans_every_disk_then_commissions_back_to_ready() -> TestResult {
         "the report only makes the boot ready to clean"
     );
     let cmd = queue(&b)?;
-    assert_eq!(cmd.name, "disk.clean");
+    assert_eq!(cmd.name, bc_protocol::CommandName::DiskClean);
     assert_eq!(cmd.args, json!({"mode": "metadata"}));
     assert!(
         cmd.deadline_at > now_ms() + 500_000,
@@ -219,7 +219,7 @@ fn a_failed_disk_fails_the_release_and_recover_cleans_again() -> TestResult {
     // nodes.recover: back to releasing; the controller boots and cleans again.
     let n = b
         .store
-        .write_blocking(|tx| super::enroll::recover(tx, &b.node, n.version, "operator:t"))?;
+        .write_blocking(|tx| super::abort::recover(tx, &b.node, n.version, "operator:t"))?;
     assert_eq!(n.provision_state, ProvisionState::Releasing);
     boot_and_join(&b)?;
     b.report(INVENTORY.as_bytes())?;
@@ -356,7 +356,7 @@ async fn the_cleaning_deadline_fails_a_release_saying_how_far_it_got() -> TestRe
         .store
         .read_blocking(|r| r.boot(&b.node))?
         .ok_or("no boot begun")?;
-    assert_eq!(rec.purpose, "releasing");
+    assert_eq!(rec.purpose, ProvisionState::Releasing);
     bm.boot_pass(now + 3_599_000).await;
     assert_eq!(b.node()?.provision_state, ProvisionState::Releasing);
     bm.boot_pass(now + 3_601_000).await;
@@ -412,7 +412,7 @@ async fn a_rescue_starts_ssh_with_the_keys_and_then_has_no_deadline() -> TestRes
         tx.command(&id)?
             .ok_or(OpError::Internal("no command".into()))
     })?;
-    assert_eq!(cmd.name, "rescue.start");
+    assert_eq!(cmd.name, bc_protocol::CommandName::RescueStart);
     assert_eq!(cmd.args, json!({"sshKeys": [key]}));
     let result = json!({"port": 22, "hostKeyFingerprints": ["SHA256:abc"],
                         "addresses": ["10.0.2.15/24"], "authorizedKeys": 1});
@@ -420,7 +420,7 @@ async fn a_rescue_starts_ssh_with_the_keys_and_then_has_no_deadline() -> TestRes
     done.state = CommandState::Succeeded;
     done.result = Some(result);
     b.store
-        .write_blocking(|tx| super::on_command_final(tx, &done))?;
+        .write_blocking(|tx| crate::commands::finished::on_final(tx, &done))?;
     let n = b.node()?;
     assert_eq!(n.provision_state, ProvisionState::Rescue);
     let c = cond(&n, super::rescue::RESCUED).ok_or("no Rescued")?;

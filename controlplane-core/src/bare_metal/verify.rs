@@ -1,103 +1,38 @@
-//! BMC verification: `bmc.verify` issued to the site's lease holder for every enrollment waiting
-//! for one, its result applied (identifiers stored as the hardware key's digests, or the node
-//! failed with what the BMC answered), the deadline of an enrollment no holder verified, and the
-//! effect of every finished `bmc.*` command on its bare-metal node.
+//! The `enrolling` workflow: BMC verification. `bmc.verify` is queued on the site's lease holder
+//! for every enrollment waiting for one ([`issue`]; the site pass sends it), its result applied
+//! (identifiers stored as the hardware key's digests, or the node failed with what the BMC
+//! answered), the deadline of an enrollment no holder verified ([`fail_overdue`]), and the
+//! effect of every finished `bmc.*` command on its bare-metal node ([`on_final`]).
 
-use bc_protocol::commands::CommandErrorCode;
-use bc_protocol::commands::bmc::{BmcFacts, PowerResult, PowerState};
+use bc_protocol::commands::bmc::{BmcFacts, PowerResult, PowerState, VerifyArgs};
+use bc_protocol::commands::{CommandArgs, CommandErrorCode};
 use bc_protocol::hwid::{self, Kind};
-use bc_protocol::{CommandName, ConditionStatus, Power, ProvisionState};
-use cpl_store::{BmcIdentifier, BmcRecord, CommandRecord, CommandState, NewEvent, Tx, now_ms};
+use bc_protocol::{ConditionStatus, ProvisionState};
+use cpl_store::{BmcIdentifier, BmcRecord, CommandRecord, CommandState, Tx};
 
-use super::enroll::{BMC_REACHABLE, BMC_VERIFIED, BmcFactsView, OWNER};
-use super::{BareMetal, ms};
+use super::bmc::{
+    BMC_REACHABLE, BMC_VERIFIED, BmcFactsView, OWNER, power_of, reason_of, set_power,
+};
+use super::workflow::{Deadline, Workflow};
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::ops::nodes::apply_transition;
 
-/// A `bmc.*` command for site agent `holder` about bare-metal node `subject`, queued in `tx`,
-/// with a `bmcCommand` event on the subject so its log shows what was asked of its BMC.
-pub(crate) fn queue(
-    tx: &Tx<'_>,
-    holder: &str,
-    subject: &str,
-    name: CommandName,
-    args: serde_json::Value,
-    timeout_ms: i64,
-    actor: &str,
-) -> Result<CommandRecord, OpError> {
-    let now = now_ms();
-    let rec = CommandRecord {
-        id: crate::commands::new_command_id(),
-        node_id: holder.to_owned(),
-        name: name.as_str().to_owned(),
-        args,
-        state: CommandState::Queued,
-        progress: 0,
-        result: None,
-        error_code: None,
-        error_message: None,
-        actor: actor.to_owned(),
-        created_at: now,
-        sent_at: None,
-        started_at: None,
-        finished_at: None,
-        deadline_at: now.saturating_add(timeout_ms),
-        subject_node_id: Some(subject.to_owned()),
-    };
-    tx.insert_command(&rec)?;
-    tx.record_event(&NewEvent {
-        node_id: subject,
-        at: now,
-        kind: "bmcCommand",
-        from: None,
-        to: Some("queued"),
-        actor,
-        message: &format!(
-            "{} {} ({}) for site agent {holder}",
-            rec.name,
-            describe_args(&rec.args),
-            rec.id
-        ),
-    })?;
-    Ok(rec)
-}
-
-/// The arguments worth a log line (`action off`, `device pxe persistent`), never a credential
-/// (none travels in `bmc.*` args).
-fn describe_args(args: &serde_json::Value) -> String {
-    let mut parts = Vec::new();
-    for k in ["action", "device"] {
-        if let Some(v) = args.get(k).and_then(|v| v.as_str()) {
-            parts.push(format!("{k} {v}"));
-        }
-    }
-    if args.get("persistent").and_then(|v| v.as_bool()) == Some(true) {
-        parts.push("persistent".to_owned());
-    }
-    if args.get("candidate").and_then(|v| v.as_bool()) == Some(true) {
-        parts.push("candidate credentials".to_owned());
-    }
-    if let Some(e) = args.get("leaseEpoch") {
-        parts.push(format!("lease epoch {e}"));
-    }
-    parts.join(", ")
-}
-
-/// `BMC_AUTH_FAILED` as a condition reason: `BmcAuthFailed`.
-pub fn reason_of(code: &str) -> String {
-    code.split('_')
-        .filter(|w| !w.is_empty())
-        .map(|w| {
-            let lower = w.to_ascii_lowercase();
-            let mut c = lower.chars();
-            match c.next() {
-                Some(f) => f.to_ascii_uppercase().to_string() + c.as_str(),
-                None => String::new(),
-            }
-        })
-        .collect()
-}
+/// `enrolling`: the site's lease holder verifies the BMC (`bmc.verify`, issued by the
+/// controller's site pass); its result records the BMC's identifiers and moves the node on, or
+/// fails it with what the BMC answered. No ramdisk; the deadline is the control plane's.
+pub const WORKFLOW: Workflow = Workflow {
+    state: ProvisionState::Enrolling,
+    condition: BMC_VERIFIED,
+    steps: None,
+    deadline: Deadline::Verification,
+    ramdisk: None,
+    abort: |boot, bmc| {
+        let mut cancel = super::workflow::boot_commands(boot, bmc);
+        cancel.extend(bmc.verify_command_id.clone());
+        cancel
+    },
+};
 
 /// The identifiers of `facts` as `kind:value` digests, by the hardware key's rules (a value
 /// the rules reject, such as a placeholder serial, is left out as the hardware key leaves it).
@@ -135,36 +70,15 @@ pub fn identifiers(facts: &BmcFacts) -> Vec<BmcIdentifier> {
     out
 }
 
-fn power_of(p: PowerState) -> Power {
-    match p {
-        PowerState::On => Power::On,
-        PowerState::Off => Power::Off,
-        PowerState::Unknown => Power::Unknown,
-    }
-}
-
-/// Sets the power axis on `edit` with a `power` event when it changes.
-pub(crate) fn set_power(edit: &mut Edit, to: Power, message: &str) {
-    let from = edit.node.power;
-    if from != to {
-        edit.node.power = to;
-        edit.event(
-            "power",
-            Some(from.to_string()),
-            Some(to.to_string()),
-            message,
-        );
-    }
-}
-
 fn condition(edit: &mut Edit, type_: &str, status: ConditionStatus, reason: &str, msg: String) {
     crate::conditions::apply_owned(edit, OWNER, type_, status, reason, msg);
 }
 
-/// The effect of a finished `bmc.*` command on its bare-metal node, in the transaction that
-/// finished it (an agent's result, an expiry, a `LEASE_LOST`, a cancel). Anything else is
-/// ignored.
-pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
+/// The effect of a `bmc.*` command that just ended on its bare-metal node, in the transaction
+/// that ended it (an agent's result, an expiry, a `LEASE_LOST`, a cancel): a `bmcCommand` event,
+/// and a verification's or a rotation's result, or the power state a `bmc.power` read back.
+/// A command about no enrolled node is ignored.
+pub fn on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
     let Some(subject) = cmd.subject_node_id.as_deref() else {
         return Ok(());
     };
@@ -191,28 +105,28 @@ pub fn on_command_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError>
             ),
         },
     );
-    let candidate = cmd.args.get("candidate").and_then(|v| v.as_bool()) == Some(true);
-    match cmd.name.as_str() {
-        "bmc.verify" if candidate => rotation_result(tx, &mut edit, bmc, cmd, &code, &message)?,
-        "bmc.verify" if bmc.verify_command_id.as_deref() == Some(&cmd.id) => {
+    match CommandArgs::parse(cmd.name, &cmd.args) {
+        Ok(CommandArgs::BmcVerify(a)) if a.candidate => {
+            rotation_result(tx, &mut edit, bmc, cmd, &code, &message)?
+        }
+        Ok(CommandArgs::BmcVerify(_)) if bmc.verify_command_id.as_deref() == Some(&cmd.id) => {
             verify_result(tx, &mut edit, bmc, cmd, &code, &message)?
         }
-        "bmc.power" if cmd.state == CommandState::Succeeded => {
+        Ok(CommandArgs::BmcPower(a)) if cmd.state == CommandState::Succeeded => {
             if let Some(r) = cmd
                 .result
                 .as_ref()
                 .and_then(|r| serde_json::from_value::<PowerResult>(r.clone()).ok())
                 && r.power != PowerState::Unknown
             {
-                let action = cmd
-                    .args
-                    .get("action")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("");
                 set_power(
                     &mut edit,
                     power_of(r.power),
-                    &format!("read back after nodes.power {action} ({})", cmd.id),
+                    &format!(
+                        "read back after nodes.power {} ({})",
+                        a.action.as_str(),
+                        cmd.id
+                    ),
                 );
             }
         }
@@ -378,131 +292,55 @@ fn rotation_result(
     tx.put_bmc(&bmc).map_err(OpError::from)
 }
 
-/// What the verification pass does to one enrolling node.
-fn due(b: &BmcRecord, now: i64, deadline_ms: i64) -> bool {
-    b.verified_at.is_none()
-        && b.verify_started_at
-            .is_some_and(|t| now >= t.saturating_add(deadline_ms))
-}
-
-impl BareMetal {
-    /// Issues `bmc.verify` to the holder of `site_id`'s lease for every `enrolling` node of the
-    /// site that waits for one; sends the holder its assignment first (it must know the BMC).
-    pub async fn issue_verifications(&self, site_id: &str) {
-        let Some((holder, _)) = self.leases.holder_of(site_id) else {
-            return;
-        };
-        if self.sessions.live_epoch(&holder).is_none() {
-            return;
-        }
-        let (site, h) = (site_id.to_owned(), holder.clone());
-        let timeout = ms(self.cfg.command_timeout);
-        let issued = self
-            .store
-            .write(move |tx| {
-                let Some(lease) = tx.site_lease(&site)? else {
-                    return Ok::<_, OpError>(0);
-                };
-                if lease.holder_node_id.as_deref() != Some(h.as_str()) {
-                    return Ok(0);
-                }
-                let mut n = 0;
-                for mut b in tx.site_bmcs(&site)? {
-                    let Some(node) = tx.node(&b.node_id)? else {
-                        continue;
-                    };
-                    if node.provision_state != ProvisionState::Enrolling || b.verified_at.is_some()
-                    {
-                        continue;
-                    }
-                    if let Some(c) = b.verify_command_id.as_deref()
-                        && tx.command(c)?.is_some_and(|c| !c.state.is_final())
-                    {
-                        continue;
-                    }
-                    let args = serde_json::json!({
-                        "nodeId": b.node_id, "leaseEpoch": lease.epoch, "candidate": false
-                    });
-                    let rec = queue(
-                        tx,
-                        &h,
-                        &b.node_id,
-                        CommandName::BmcVerify,
-                        args,
-                        timeout,
-                        OWNER,
-                    )?;
-                    b.verify_command_id = Some(rec.id);
-                    tx.put_bmc(&b)?;
-                    n += 1;
-                }
-                Ok(n)
-            })
-            .await;
-        match issued {
-            Ok(0) => {}
-            Ok(n) => {
-                tracing::info!(site_id = %site_id, holder = %holder, verifications = n, "bmc.verify issued");
-                self.push_assignment(&holder).await;
-                self.commands.dispatch(&holder, false).await;
-            }
-            Err(e) => tracing::error!(site_id = %site_id, error = %e, "issuing bmc.verify failed"),
-        }
+/// Queues `bmc.verify` on `holder`, if it holds `site_id`'s lease, for every `enrolling` node
+/// of the site that waits for one (no verification yet, none in flight), each with a deadline
+/// of `timeout_ms`. Returns how many were queued; the caller sends the holder its assignment
+/// (it must know the BMCs) and dispatches them.
+pub(crate) fn issue(
+    tx: &Tx<'_>,
+    site_id: &str,
+    holder: &str,
+    timeout_ms: i64,
+) -> Result<usize, OpError> {
+    let Some(lease) = tx.site_lease(site_id)? else {
+        return Ok(0);
+    };
+    if lease.holder_node_id.as_deref() != Some(holder) {
+        return Ok(0);
     }
-
-    /// The controller's pass over enrollments at `now`: those past their deadline fail (with
-    /// why: no site agent held the lease, or the BMC was not verified in time); the others get
-    /// a verification if their site has a holder.
-    pub async fn verification_pass(&self, now: i64) {
-        let deadline = ms(self.cfg.verify_deadline);
-        let pending = match self
-            .store
-            .read(|r| {
-                r.bmcs_in_state(ProvisionState::Enrolling.as_str())
-                    .map_err(OpError::from)
-            })
-            .await
+    let mut n = 0;
+    for mut b in tx.site_bmcs(site_id)? {
+        let Some(node) = tx.node(&b.node_id)? else {
+            continue;
+        };
+        if node.provision_state != ProvisionState::Enrolling || b.verified_at.is_some() {
+            continue;
+        }
+        if let Some(c) = b.verify_command_id.as_deref()
+            && tx.command(c)?.is_some_and(|c| !c.state.is_final())
         {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "reading enrollments failed");
-                return;
-            }
-        };
-        let mut sites = std::collections::BTreeSet::new();
-        for b in pending {
-            if !due(&b, now, deadline) {
-                let id = b.node_id.clone();
-                if b.verified_at.is_none()
-                    && let Ok(Some(n)) = self
-                        .store
-                        .read(move |r| r.node(&id).map_err(OpError::from))
-                        .await
-                    && let Some(s) = n.site_id
-                {
-                    sites.insert(s);
-                }
-                continue;
-            }
-            let limit = self.cfg.verify_deadline;
-            let id = b.node_id.clone();
-            let r = self
-                .store
-                .write(move |tx| fail_overdue(tx, &id, limit))
-                .await;
-            if let Err(e) = r {
-                tracing::error!(node_id = %b.node_id, error = %e, "failing an overdue enrollment failed");
-            }
+            continue;
         }
-        for s in sites {
-            self.issue_verifications(&s).await;
-        }
+        let args = CommandArgs::BmcVerify(VerifyArgs {
+            node_id: b.node_id.clone(),
+            lease_epoch: lease.epoch,
+            candidate: false,
+        });
+        let rec = super::bmc::queue(tx, holder, &b.node_id, args, timeout_ms, OWNER)?;
+        b.verify_command_id = Some(rec.id);
+        tx.put_bmc(&b)?;
+        n += 1;
     }
+    Ok(n)
 }
 
 /// Fails an enrollment whose verification did not finish within `limit` (and its command, if
 /// one is in flight).
-fn fail_overdue(tx: &Tx<'_>, node_id: &str, limit: std::time::Duration) -> Result<(), OpError> {
+pub(crate) fn fail_overdue(
+    tx: &Tx<'_>,
+    node_id: &str,
+    limit: std::time::Duration,
+) -> Result<(), OpError> {
     let Some(mut b) = tx.bmc(node_id)? else {
         return Ok(());
     };

@@ -5,6 +5,10 @@
 //! Exactly-once effect rests on two rules: the control plane may send a command more than once
 //! (every new session re-sends what is not over), and the agent journals each command id before
 //! running it, so a second delivery re-sends the journaled result instead of running again.
+//!
+//! Every record is built by [`record::queued`] from typed arguments ([`record::Args`]); what a
+//! command that is over means for its node is decided by one router ([`finished::on_final`]),
+//! in the transaction that ended it: an agent's update, a cancel, an expiry, a lost lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +22,11 @@ use tracing::Instrument;
 
 use crate::error::OpError;
 use crate::port::AgentSessions;
+
+pub mod finished;
+pub mod record;
+
+pub use record::new_command_id;
 
 /// Default time a command may take, queue time included.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
@@ -110,11 +119,6 @@ impl From<CommandError> for OpError {
 /// `force`.
 pub const DISRUPTIVE_COMMANDS: &[CommandName] = &[CommandName::GpuReset, CommandName::NodeReboot];
 
-/// A fresh command id: `cmd_` and 20 characters of `[a-z0-9]`.
-pub fn new_command_id() -> String {
-    format!("cmd_{}", cpl_store::random_lowercase(20))
-}
-
 /// The controller. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Commands {
@@ -127,7 +131,7 @@ fn wire(c: &CommandRecord) -> GatewayMessage {
     GatewayMessage {
         msg: Some(Msg::Command(Command {
             id: c.id.clone(),
-            name: c.name.clone(),
+            name: c.name.as_str().to_owned(),
             args_json: serde_json::to_vec(&c.args).unwrap_or_default(),
             deadline_ms: c.deadline_at,
         })),
@@ -168,26 +172,15 @@ impl Commands {
             .unwrap_or(false);
         // What the agent would refuse when it runs the command is refused here, before the
         // command is queued or sent.
-        bc_protocol::commands::check_args(parsed, &args)?;
-        let now = now_ms();
-        let rec = CommandRecord {
-            id: new_command_id(),
-            node_id: node_id.to_owned(),
-            name: parsed.as_str().to_owned(),
-            args,
-            state: CommandState::Queued,
-            progress: 0,
-            result: None,
-            error_code: None,
-            error_message: None,
-            actor: actor.to_owned(),
-            created_at: now,
-            sent_at: None,
-            started_at: None,
-            finished_at: None,
-            deadline_at: now.saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
-            subject_node_id: None,
+        let args = record::Args::checked(parsed, args)?;
+        let timeout_ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+        let to = record::Queue {
+            node_id,
+            subject: None,
+            actor,
+            timeout_ms,
         };
+        let rec = record::queued(to, args, now_ms());
         let to_insert = rec.clone();
         let id = node_id.to_owned();
         self.store
@@ -241,8 +234,14 @@ impl Commands {
         }
     }
 
-    /// Applies a CommandUpdate from the node's agent.
-    pub async fn update(&self, node_id: &str, u: bc_protocol::pb::CommandUpdate) {
+    /// Applies a CommandUpdate from the node's agent (with what its end means for the node, in
+    /// the same transaction). Returns the command as the update left it; `None` for an update
+    /// of no command of this node, a state the wire does not define, or a store error (logged).
+    pub async fn update(
+        &self,
+        node_id: &str,
+        u: bc_protocol::pb::CommandUpdate,
+    ) -> Option<CommandRecord> {
         use bc_protocol::pb::CommandState as W;
         let state = match W::try_from(u.state) {
             Ok(W::Running) => CommandState::Running,
@@ -250,7 +249,7 @@ impl Commands {
             Ok(W::Failed) => CommandState::Failed,
             Ok(W::Cancelled) => CommandState::Cancelled,
             Ok(W::Expired) => CommandState::Expired,
-            _ => return,
+            _ => return None,
         };
         let result = if u.result_json.is_empty() {
             None
@@ -275,18 +274,11 @@ impl Commands {
                 else {
                     return Ok::<_, OpError>(None);
                 };
-                // The Health controller's conditions are written in the same transaction, so
-                // nobody reads a finished command before its effect on the node. A result re-sent
-                // after a reconnect changes nothing, conditions included.
-                if after.state.is_final()
-                    && !before.state.is_final()
-                    && let Err(e) = crate::health::apply_command_result(tx, &after)
-                {
-                    tracing::warn!(error = %e, "Health: condition not written");
-                }
-                // A BMC command's effect on its bare-metal node, in the same transaction.
+                // What the command's end means for its node (Health's conditions, a workflow's
+                // next state) is written in the same transaction, so nobody reads a finished
+                // command before its effect. A result re-sent after a reconnect changes nothing.
                 if after.state.is_final() && !before.state.is_final() {
-                    crate::bare_metal::on_command_final(tx, &after)?;
+                    finished::on_final(tx, &after)?;
                 }
                 Ok(Some(after))
             })
@@ -296,9 +288,16 @@ impl Commands {
         match applied {
             Ok(Some(c)) => {
                 tracing::info!(name = %c.name, state = c.state.as_str(), "command update");
+                Some(c)
             }
-            Ok(None) => tracing::warn!("update for an unknown command ignored"),
-            Err(e) => tracing::error!(error = %e, "recording command update failed"),
+            Ok(None) => {
+                tracing::warn!("update for an unknown command ignored");
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "recording command update failed");
+                None
+            }
         }
     }
 
@@ -325,9 +324,9 @@ impl Commands {
                     "cancelled by operator",
                     now_ms(),
                 )? && let Some(done) = tx.command(&c2)?
-                    && let Err(e) = crate::bare_metal::on_command_final(tx, &done)
+                    && let Err(e) = finished::on_final(tx, &done)
                 {
-                    tracing::warn!(error = %e, "the cancelled BMC command's effect was not written");
+                    tracing::warn!(error = %e, "the cancelled command's effect was not written");
                 }
                 Ok::<_, StoreError>(())
             })
@@ -368,7 +367,7 @@ impl Commands {
                             now_ms(),
                         )?;
                         if over && let Some(done) = tx.command(&id)? {
-                            crate::bare_metal::on_command_final(tx, &done)?;
+                            finished::on_final(tx, &done)?;
                         }
                         Ok::<_, OpError>(over)
                     })

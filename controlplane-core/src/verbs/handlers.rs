@@ -219,7 +219,7 @@ impl Core {
         let actor = actor.to_owned();
         let d = self
             .write(move |tx| {
-                let n = crate::bare_metal::enroll::recover(tx, &b.node_id, b.version, &actor)?;
+                let n = crate::bare_metal::abort::recover(tx, &b.node_id, b.version, &actor)?;
                 query::get_node(tx, &n.id)
             })
             .await?;

@@ -389,7 +389,7 @@ impl From<&CommandRecord> for CommandView {
         Self {
             id: c.id.clone(),
             node_id: c.node_id.clone(),
-            name: c.name.clone(),
+            name: c.name.as_str().to_owned(),
             args: c.args.clone(),
             state: c.state.as_str().to_owned(),
             progress: c.progress,

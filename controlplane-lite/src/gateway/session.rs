@@ -303,10 +303,9 @@ fn store_bound(m: &Option<agent_message::Msg>) -> Option<&'static str> {
 /// After a site agent's `bmc.verify` is over: its new assignment (a verified BMC is synced,
 /// with the certificate pinned at the verification; a rotation's new pair or none).
 async fn after_bmc_verify(gw: &GatewayService, node_id: &str, command_id: &str) {
-    let verify = bc_protocol::CommandName::BmcVerify.as_str();
     if let Ok(Some(c)) = gw.commands.get(command_id).await
         && c.state.is_final()
-        && c.name == verify
+        && c.name == bc_protocol::CommandName::BmcVerify
     {
         gw.bare_metal.push_assignment(node_id).await;
     }

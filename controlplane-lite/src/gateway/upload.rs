@@ -217,7 +217,7 @@ fn check_command(cmd: &CommandRecord, node_id: &str) -> Result<(), Status> {
             "command {cid} belongs to another node"
         )));
     }
-    if cmd.name != bc_protocol::CommandName::LogsCollect.as_str() {
+    if cmd.name != bc_protocol::CommandName::LogsCollect {
         return Err(Status::invalid_argument(format!(
             "command {cid} is {}, not logs.collect",
             cmd.name
@@ -326,6 +326,7 @@ async fn write_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bc_protocol::CommandName;
     use cpl_store::CommandState;
 
     fn chunk(offset: u64, data: &[u8], last: Option<(u64, String)>) -> UploadChunk {
@@ -374,11 +375,11 @@ mod tests {
         assert!(a.accept(&chunk(0, b"x", None)).is_err());
     }
 
-    fn record(node: &str, name: &str, state: CommandState) -> CommandRecord {
+    fn record(node: &str, name: CommandName, state: CommandState) -> CommandRecord {
         CommandRecord {
             id: "cmd_a".into(),
             node_id: node.into(),
-            name: name.into(),
+            name,
             args: serde_json::json!({}),
             state,
             progress: 0,
@@ -397,19 +398,19 @@ mod tests {
 
     #[test]
     fn only_the_owning_node_uploads_for_an_open_logs_collect() {
-        let ok = record("node_a", "logs.collect", CommandState::Running);
+        let ok = record("node_a", CommandName::LogsCollect, CommandState::Running);
         assert!(check_command(&ok, "node_a").is_ok());
         let code = |r: Result<(), Status>| r.err().map(|s| s.code());
         assert_eq!(
             code(check_command(&ok, "node_b")),
             Some(tonic::Code::PermissionDenied)
         );
-        let other = record("node_a", "gpu.reset", CommandState::Running);
+        let other = record("node_a", CommandName::GpuReset, CommandState::Running);
         assert_eq!(
             code(check_command(&other, "node_a")),
             Some(tonic::Code::InvalidArgument)
         );
-        let over = record("node_a", "logs.collect", CommandState::Expired);
+        let over = record("node_a", CommandName::LogsCollect, CommandState::Expired);
         assert_eq!(
             code(check_command(&over, "node_a")),
             Some(tonic::Code::FailedPrecondition)

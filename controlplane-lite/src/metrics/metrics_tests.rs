@@ -127,7 +127,7 @@ async fn fleet_gauges_come_from_the_store_at_scrape_time() {
                 c.insert_command(&CommandRecord {
                     id: id.into(),
                     node_id: "node_a".into(),
-                    name: "inventory.refresh".into(),
+                    name: bc_protocol::CommandName::InventoryRefresh,
                     args: serde_json::json!({}),
                     state,
                     progress: 0,
