@@ -315,16 +315,10 @@ pub fn xid_update(conditions: &[Condition], event: &XidEvent) -> Option<Conditio
     ))
 }
 
-/// Applies an XID event (`Event.data_json` of type `xid`) from the node's agent, in its own write
-/// transaction. Data that is not an [`XidEvent`] is logged and changes nothing.
-pub async fn on_xid(store: &Store, node_id: &str, event: &serde_json::Value) {
-    let event: XidEvent = match serde_json::from_value(event.clone()) {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::warn!(error = %e, "XID event is not its contract; ignored");
-            return;
-        }
-    };
+/// Applies an XID event of the node's agent (parsed by [`crate::agent_report`] from
+/// `Event.data_json` of type `xid`), in its own write transaction.
+pub async fn on_xid(store: &Store, node_id: &str, event: &XidEvent) {
+    let event = event.clone();
     let id = node_id.to_owned();
     let written = store
         .write(move |tx| {

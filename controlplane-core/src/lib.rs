@@ -21,7 +21,11 @@
 //! - [`verbs`]: every operator method as a type ([`verbs::Method`], [`verbs::Request`],
 //!   [`verbs::Response`]), one dispatcher ([`verbs::Core::dispatch`]), and the OpenAPI document
 //!   generated from them ([`verbs::openapi`]).
-//! - [`commands`]: the Commands controller (queue, dispatch, updates, deadlines).
+//! - [`agent_report`]: the one door of what agents report over their sessions
+//!   ([`verbs::Core::report`] with an [`agent_report::AgentReport`]): the gateway keeps the
+//!   stream, the core chooses the transaction and does what the report means.
+//! - [`commands`]: the Commands controller (queue, dispatch, updates, deadlines), the one
+//!   builder of command records and the one router of a command that ended.
 //! - [`bare_metal`]: enrollment through a BMC, the site lease, the power axis's owner, BMC
 //!   credentials sealed at rest.
 //! - [`port::AgentSessions`]: how the core reaches a live agent session (push a spec, send a
@@ -35,11 +39,13 @@
 //! controlplane-lite (`tests/layers.rs`) reads `cargo metadata` and fails if that changes.
 //!
 //! # Limitations
-//! Controllers run in every
-//! process; with several replicas they will need a leader (DESIGN.md).
+//! The controllers run where controlplane-lite starts them: on one replica at a time, under its
+//! controller lease. The core does not know replicas; what it needs of another replica's
+//! sessions goes through [`port::AgentSessions`].
 #![forbid(unsafe_code)]
 
 pub mod acceptance;
+pub mod agent_report;
 pub mod bare_metal;
 pub mod bmc_address;
 pub mod commands;

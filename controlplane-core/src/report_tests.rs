@@ -143,7 +143,6 @@ fn xid_events_from_the_agent_leave_the_version() -> TestResult {
             observed_at: chrono::DateTime::from_timestamp(0, 0).unwrap_or_default(),
             driver_message: false,
         };
-        let ev = serde_json::to_value(&ev)?;
         rt.block_on(crate::health::on_xid(&store, "node_r", &ev));
     }
     let n = store.read_blocking(|r| get(r, "node_r"))?;

@@ -381,6 +381,7 @@ struct Parts {
     commands: Commands,
     gateway: GatewayService,
     bare_metal: cpl_core::bare_metal::BareMetal,
+    core: Core,
 }
 
 fn parts(
@@ -406,8 +407,24 @@ fn parts(
     // A restart must not flap a lease: no move while agents may still be reconnecting (the same
     // grace Liveness gives them before it judges silence).
     bm_cfg.grace = cfg.liveness.unreachable_after;
+    let issuer = TokenIssuer {
+        ca_pin: boot.ca_pin.clone(),
+        control_plane: boot.gateway_url.clone(),
+    };
+    let replica = cpl_core::status::ReplicaIdentity {
+        id: gateway_id.clone(),
+        gateway_url: boot.gateway_url.clone(),
+    };
     let bare_metal =
         cpl_core::bare_metal::BareMetal::new(commands.clone(), bmc_key, bm_cfg).with_boot(boot);
+    let core = Core {
+        store: store.clone(),
+        commands: commands.clone(),
+        bare_metal: bare_metal.clone(),
+        sessions: Arc::clone(&cluster) as Arc<dyn cpl_core::port::AgentSessions>,
+        issuer,
+        replica,
+    };
     let gateway = GatewayService {
         store: store.clone(),
         ca: Arc::clone(&ca),
@@ -421,11 +438,10 @@ fn parts(
         },
         registry: Arc::clone(&registry),
         heartbeats: Arc::new(HeartbeatBuffer::default()),
-        commands: commands.clone(),
         metrics: metrics.clone(),
         reports: Arc::new(crate::gateway::report_rate::ReportLimiter::default()),
         uploads: Arc::new(crate::gateway::upload::InFlight::default()),
-        bare_metal: bare_metal.clone(),
+        core: core.clone(),
     };
     Parts {
         store,
@@ -436,6 +452,7 @@ fn parts(
         commands,
         gateway,
         bare_metal,
+        core,
     }
 }
 
@@ -703,22 +720,8 @@ pub async fn start(cfg: ServeConfig) -> Result<Running, ServeError> {
         });
     }
     spawn_gateway(&mut tasks, &cfg, &p, listeners.gateway, shutdown_rx.clone())?;
-    let core = Core {
-        store: p.store.clone(),
-        commands: p.commands.clone(),
-        bare_metal: p.bare_metal.clone(),
-        sessions: Arc::clone(&p.cluster) as Arc<dyn cpl_core::port::AgentSessions>,
-        issuer: TokenIssuer {
-            ca_pin: endpoints.ca_pin.clone(),
-            control_plane: gateway_url.clone(),
-        },
-        replica: cpl_core::status::ReplicaIdentity {
-            id: p.gateway.cfg.gateway_id.clone(),
-            gateway_url,
-        },
-    };
     let api_state = ApiState {
-        core,
+        core: p.core.clone(),
         api_token: api_token.clone(),
         bundles_dir: cfg.state_dir.join("bundles"),
     };

@@ -653,3 +653,62 @@ async fn a_machine_enrolled_as_deployed_keeps_its_os_and_is_never_booted() -> Te
     assert_eq!(w.sessions.commands("node_sa").len(), 1);
     Ok(())
 }
+
+/// The verbs' and reports' core over the world's store, sessions and bare-metal service.
+fn core_of(w: &World) -> crate::verbs::Core {
+    crate::verbs::Core {
+        store: w.store.clone(),
+        commands: w.bm.commands.clone(),
+        bare_metal: w.bm.clone(),
+        sessions: Arc::clone(&w.sessions) as Arc<dyn AgentSessions>,
+        issuer: crate::verbs::TokenIssuer {
+            ca_pin: "sha256:00".into(),
+            control_plane: "https://127.0.0.1:1".into(),
+        },
+        replica: crate::status::ReplicaIdentity {
+            id: "gw-test".into(),
+            gateway_url: "https://127.0.0.1:1".into(),
+        },
+    }
+}
+
+#[tokio::test]
+async fn a_verification_reported_over_to_the_core_sends_the_holder_its_new_assignment() -> TestResult
+{
+    use crate::agent_report::{AgentReport, Effect};
+    let w = world()?;
+    let now = now_ms();
+    w.agent("node_sa", now)?;
+    w.bm.sweep_leases(now, false).await?;
+    w.enroll("pa55-w0rd-one")?;
+    w.bm.issue_verifications(SITE).await;
+    let cmds = w.sessions.commands("node_sa");
+    let id = cmds.first().map(|c| c.id.clone()).ok_or("no bmc.verify")?;
+    let before = w.sessions.assignments("node_sa").len();
+    let core = core_of(&w);
+    let running = CommandUpdate {
+        id: id.clone(),
+        state: bc_protocol::pb::CommandState::Running.into(),
+        ..Default::default()
+    };
+    let e = core
+        .report("node_sa", 1, AgentReport::CommandUpdate(running))
+        .await?;
+    assert_eq!(e, vec![Effect::Recorded]);
+    assert_eq!(w.sessions.assignments("node_sa").len(), before);
+    let done = succeeded(&id, serde_json::to_value(facts())?);
+    let e = core
+        .report("node_sa", 1, AgentReport::CommandUpdate(done))
+        .await?;
+    assert_eq!(
+        e,
+        vec![Effect::Recorded, Effect::AssignmentSent("node_sa".into())]
+    );
+    let a = w.sessions.assignments("node_sa");
+    assert_eq!(a.len(), before + 1, "the ended verification's assignment");
+    assert!(
+        a.last().is_some_and(|a| a.bmcs[0].sync_power),
+        "a verified BMC is synced from now on"
+    );
+    Ok(())
+}

@@ -158,6 +158,14 @@ impl BareMetal {
         }
     }
 
+    /// A heartbeat of `node_id` at `now` (ms): renews the site lease it holds for one TTL and
+    /// returns the new expiry (for `HeartbeatAck.site_lease_expires_at_ms`), 0 when it holds
+    /// none. The heartbeat flush writes the renewal.
+    pub fn renew_lease(&self, node_id: &str, now: i64) -> i64 {
+        let ttl = cpl_store::duration_ms(self.cfg.lease_ttl);
+        self.leases.renew(node_id, now, ttl)
+    }
+
     /// The same service with the ramdisk's boot settings (the gateway URL and CA pin).
     pub fn with_boot(mut self, settings: boot::BootSettings) -> Self {
         self.boot = Arc::new(settings);

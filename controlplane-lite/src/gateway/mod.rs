@@ -75,15 +75,15 @@ pub struct GatewayService {
     pub cfg: GatewayConfig,
     pub registry: Arc<Registry>,
     pub heartbeats: Arc<HeartbeatBuffer>,
-    pub commands: cpl_core::commands::Commands,
     /// Heartbeat, inventory and flush metrics (`bcctl_…`).
     pub metrics: crate::metrics::Metrics,
     /// Each node's bound on reports that need the store.
     pub reports: Arc<report_rate::ReportLimiter>,
     /// Commands with an upload in progress: one at a time per command.
     pub uploads: Arc<upload::InFlight>,
-    /// Site agents: their assignments, lease renewals and power reports.
-    pub bare_metal: cpl_core::bare_metal::BareMetal,
+    /// The core: what agents report enters through `Core::report`; site agents' assignments and
+    /// lease renewals are its bare-metal service's.
+    pub core: cpl_core::verbs::Core,
 }
 
 impl GatewayService {
@@ -132,7 +132,7 @@ impl GatewayService {
     /// (one transaction).
     pub async fn flush_once(&self) {
         let beats = self.heartbeats.take();
-        let renewals = self.bare_metal.leases.take_renewals();
+        let renewals = self.core.bare_metal.leases.take_renewals();
         if beats.is_empty() && renewals.is_empty() {
             return;
         }
