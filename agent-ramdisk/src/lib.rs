@@ -48,13 +48,13 @@
 //! The ramdisk joins, reports inventory (NVMe health and NIC firmware included) and serves the
 //! commands above, which is what inspection and commissioning need (the control plane decides
 //! the steps), `disk.clean`, which release and retire need, `image.write`, which deploying
-//! needs, and `rescue.start`; burn-in beyond `diag.nvml` and the BMC's address seen in-band are
-//! still to come. Disk erase has no NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk
-//! is discarded or zeroed), and its ATA security erase was tested against a fake drive only.
-//! `image.write` takes raw, gzip and zstd images, not qcow2 (see [`deploy`]). NIC firmware
-//! (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and only IPv4 DHCP is tried.
-//! The rescue's dropbear has no RSA host key (ed25519 and ECDSA only), and a rescue ends only by
-//! `nodes.unrescue` (no idle timeout).
+//! needs, and `rescue.start`; burn-in beyond `diag.nvml` is still to come. Disk erase has no
+//! NVMe Sanitize or SCSI sanitize ([`clean::full`]: a SAS disk is discarded or zeroed), and its
+//! ATA security erase was tested against a fake drive only. `image.write` takes raw images
+//! (plain, gzip or zstd) and plain qcow2 through the image's `qemu-img` (see [`deploy`]). NIC
+//! firmware (`ice`'s DDP package, some `bnxt_en` cards) is not in the image, and only IPv4 DHCP
+//! is tried. The rescue's dropbear has no RSA host key (ed25519 and ECDSA only), and a rescue
+//! ends only by `nodes.unrescue` (no idle timeout).
 #![forbid(unsafe_code)]
 
 pub mod boot;

@@ -20,7 +20,9 @@
 //! Node rows are changed only through the core's edit path, never here.
 //!
 //! # Limitations
-//! One process, one SQLite file: no high availability.
+//! With SQLite, one process and one file. Several replicas need PostgreSQL (`--store
+//! postgres://…`): the database is shared, one leader at a time runs the controllers
+//! ([`leadership`]); the availability is the database's.
 #![forbid(unsafe_code)]
 pub mod api;
 pub mod bundle_store;

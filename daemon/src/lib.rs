@@ -24,9 +24,10 @@
 //!   become exit codes.
 //!
 //! # Limitations
-//! Nothing depends on this crate. The ramdisk mode joins, reports and serves commands; its
-//! bare-metal steps (burn-in, erase, image write) are to come (see `bcd-ramdisk`). The agent has
-//! no local control socket (`bcd status` reads `status.json`).
+//! Nothing depends on this crate. The ramdisk mode joins, reports and serves the bare-metal
+//! workflows' commands (erase, image write, rescue; see `bcd-ramdisk`); burn-in beyond
+//! `diag.nvml` is to come. The agent has no local control socket (`bcd status` reads
+//! `status.json`).
 #![forbid(unsafe_code)]
 pub mod agent;
 pub mod config;
