@@ -106,7 +106,7 @@ pub enum JoinOutcome {
     /// Nothing joined; the request is recorded (the transaction must commit to keep it).
     AwaitingApproval(AwaitingApproval),
     /// Nothing joined, and the refusal's effects must commit
-    /// ([`crate::bare_metal::boot::join`]).
+    /// (`crate::bare_metal::boot::join`).
     Refused(Refused),
 }
 

@@ -1,7 +1,7 @@
 //! The BMC of a bare-metal machine as the control plane keeps it: its conditions
 //! (`BmcVerified`, `BmcReachable`), what it reported at verification and how `nodes.get` shows
 //! it ([`BmcView`], never a credential), the `bmc.*` commands a site agent runs on it
-//! ([`queue`], with a `bmcCommand` event on the machine), and the power axis it reports.
+//! (`queue`, with a `bmcCommand` event on the machine), and the power axis it reports.
 
 use bc_protocol::commands::CommandArgs;
 use bc_protocol::commands::bmc::PowerState;

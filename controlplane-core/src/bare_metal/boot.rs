@@ -3,12 +3,12 @@
 //! booted is the one the BMC described at enrollment.
 //!
 //! # Design
-//! - A boot ([`begin`]) is a row in `node_boots`: a token `boot_<id>.<secret>`, hashed for the
+//! - A boot (`begin`) is a row in `node_boots`: a token `boot_<id>.<secret>`, hashed for the
 //!   join and sealed (node-bound, [`super::CredentialKey::seal_boot_token`]) for the site agent,
 //!   which serves it on the kernel command line ([`kernel_args`]) to the node's MACs only, while
 //!   the token is unused and unexpired. A new boot replaces the node's old one: the old token is
 //!   unknown from then on.
-//! - The ramdisk joins with it ([`join`]): mode `ramdisk` only, the token unused and unexpired,
+//! - The ramdisk joins with it (`join`): mode `ramdisk` only, the token unused and unexpired,
 //!   the node in the state the boot is for, no live session, and the machine's identifier
 //!   digests matching what the BMC reported at verification ([`mismatches`]). A match is a
 //!   re-join in place: the node's `identityGeneration` goes up, so whatever certificate an
@@ -312,7 +312,7 @@ fn authenticate(r: &Reader<'_>, token: &str, now: i64) -> Result<BootRecord, Joi
     Ok(boot)
 }
 
-/// Whether a join is the ramdisk's (by mode or by its token), to be decided by [`join`].
+/// Whether a join is the ramdisk's (by mode or by its token), to be decided by `join`.
 pub fn is_ramdisk_join(f: &JoinFacts) -> bool {
     f.mode == Mode::Ramdisk || f.token.trim().starts_with(BOOT_TOKEN_PREFIX)
 }

@@ -4,7 +4,7 @@
 //! on) naming the step and the value.
 //!
 //! # Design
-//! The steps the inspection's inventory decides run in the report's transaction ([`begin`]):
+//! The steps the inspection's inventory decides run in the report's transaction (`begin`):
 //! - `gpuCount`, `gpuModel`: the profile conditions (`GpuCountMismatch`, `GpuModelMismatch`);
 //! - `memory`: installed memory (the DIMMs' total, else `MemTotal` with 5 % allowed) against
 //!   `hardwareProfile.minMemoryBytes`;
@@ -17,7 +17,7 @@
 //! - `hardwareKey`: the key is trusted (two independent identifiers).
 //!
 //! A profile that expects GPUs adds `gpuDiag`: the controller sends `diag.nvml` (with the
-//! profile's count and model) to the ramdisk, and its result decides ([`finished`]).
+//! profile's count and model) to the ramdisk, and its result decides (`finished`).
 //! A step the profile does not ask for is skipped, and says so.
 
 use std::time::Duration;

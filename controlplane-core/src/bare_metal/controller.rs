@@ -6,14 +6,14 @@
 //! Transactions only move states and write rows; the pass does everything that leaves the
 //! control plane, so a move made anywhere (a verification's result, `nodes.inspect`, an
 //! inventory report) takes effect within a pass:
-//! - a node in a ramdisk state without a boot gets one ([`super::boot::begin`]); the site's
+//! - a node in a ramdisk state without a boot gets one (`super::boot::begin`); the site's
 //!   lease holder gets its assignment (the boot service learns the machine's MACs and kernel
 //!   arguments) and then `bmc.power {on | reboot, bootDevice: pxe}`;
 //! - a boot whose node left its state ends: the holder powers the machine off (when `ready`
 //!   and the pool's `acceptance.powerOffWhenReady`, the default, or when `failed` or
 //!   `retired`), and its boot service forgets the token;
 //! - a node past its state's deadline fails, saying what never happened
-//!   ([`super::table::fail_overdue`]);
+//!   (`super::table::fail_overdue`);
 //! - otherwise its workflow's next command is queued ([`super::workflow::Ramdisk::next`]) and
 //!   dispatched.
 //!

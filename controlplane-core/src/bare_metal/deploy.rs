@@ -7,9 +7,9 @@
 //!   the controller boots it into the ramdisk with a one-time token.
 //! - The ramdisk's first report, checked against the BMC's identifiers
 //!   ([`super::workflow::Workflow::ready_for_work`]), makes the boot ready; the pass sends
-//!   `image.write` ([`queue_write`]), whose deadline is what is left of the state's
+//!   `image.write` (`queue_write`), whose deadline is what is left of the state's
 //!   (`acceptance.deployDeadlineSeconds`, 3,600 s by default).
-//! - Its result ([`finished`]) is a `deployStep` event (the disk, why it was chosen,
+//! - Its result (`finished`) is a `deployStep` event (the disk, why it was chosen,
 //!   bytes, MiB/s); then the site agent sets the boot device to disk, persistent
 //!   (`bmc.setBootDevice`), and reboots the machine (`bmc.power reboot`); that reboot's success
 //!   is `deployed`, the `Deployed` condition true and the ramdisk's identity ended.

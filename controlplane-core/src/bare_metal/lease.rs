@@ -1,6 +1,6 @@
 //! The site lease: which site agent of a site does its BMC work, at which epoch, until when.
 //!
-//! [`decide`] is the rule (pure, tested on its own); [`BareMetal::run_leases`] the controller
+//! [`decide`] is the rule (pure, tested on its own); `BareMetal::run_leases` the controller
 //! that applies it on every tick: grants, moves (failing the old holder's open `bmc.*` commands
 //! with `LEASE_LOST`, never re-sending them), assignments to both agents, and the enrollments
 //! waiting for a holder. [`LeaseView`] is the in-memory copy the gateway answers heartbeats from.

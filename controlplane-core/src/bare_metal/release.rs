@@ -2,7 +2,7 @@
 //! `ready | deployed | failed -> retiring -> retired`, each through the ramdisk's `disk.clean`.
 //!
 //! # Design
-//! - `nodes.release` ([`release`]) and `nodes.retire` of an enrolled machine ([`start_retire`])
+//! - `nodes.release` ([`release`]) and `nodes.retire` of an enrolled machine (`start_retire`)
 //!   move the node and end the identity it held (`identityGeneration + 1`): the tenant's OS, or
 //!   a ramdisk still up, can present nothing that works afterwards; the verb closes its session.
 //! - `releasing` and `retiring` are ramdisk states ([`RELEASING`], [`RETIRING`]): the
@@ -10,15 +10,15 @@
 //!   inspection. The ramdisk's first inventory
 //!   ([`super::workflow::Workflow::ready_for_work`]) is checked against the BMC's identifiers
 //!   again — a wrong machine is never cleaned — and marks the boot ready to clean.
-//! - The pass then queues `disk.clean` ([`next`]) with the pool's
+//! - The pass then queues `disk.clean` (`next`) with the pool's
 //!   `acceptance.cleaning` (`metadata` by default), its deadline what is left of the state's
 //!   (`acceptance.cleaningDeadlineSeconds`, 3,600 s by default).
-//! - Its result ([`finished`], in the transaction that finished it) is one
+//! - Its result (`finished`, in the transaction that finished it) is one
 //!   `cleaningStep` event per disk and the `Cleaned` condition. A disk that failed (or the
 //!   command failing, timing out, being cancelled) fails the node (failedFrom `releasing` or
 //!   `retiring`, maintenance on); `nodes.recover` boots and cleans again. A read-only disk is
 //!   named and left. After a clean release, commissioning's inventory checks run again on the
-//!   ramdisk's report ([`super::commission::recheck`]) → `ready`; a retire goes on to `retired`.
+//!   ramdisk's report (`super::commission::recheck`) → `ready`; a retire goes on to `retired`.
 //!
 //! # Limitations
 //! Commissioning's `gpuDiag` (`diag.nvml`) is not re-run on release. A machine whose BMC cannot

@@ -1,6 +1,6 @@
 //! The workflow table: one [`Workflow`] entry per bare-metal provision state, and what is
-//! decided through it in a transaction — the ramdisk's report ([`on_report`]), a command that
-//! ended ([`on_final`], [`on_power_on_final`]), a state past its deadline ([`fail_overdue`]).
+//! decided through it in a transaction — the ramdisk's report (`on_report`), a command that
+//! ended ([`on_final`], [`on_power_on_final`]), a state past its deadline (`fail_overdue`).
 //! The controller's pass (`super::controller`) and `nodes.abort` read the same entries.
 //!
 //! Adding a workflow is adding its module (the entry and the functions it names) and one line

@@ -1,7 +1,7 @@
 //! The `enrolling` workflow: BMC verification. `bmc.verify` is queued on the site's lease holder
-//! for every enrollment waiting for one ([`issue`]; the site pass sends it), its result applied
+//! for every enrollment waiting for one (`issue`; the site pass sends it), its result applied
 //! (identifiers stored as the hardware key's digests, or the node failed with what the BMC
-//! answered), the deadline of an enrollment no holder verified ([`fail_overdue`]), and the
+//! answered), the deadline of an enrollment no holder verified (`fail_overdue`), and the
 //! effect of every finished `bmc.*` command on its bare-metal node ([`on_final`]).
 
 use bc_protocol::commands::bmc::{BmcFacts, PowerResult, PowerState, VerifyArgs};
