@@ -53,7 +53,7 @@ pub const BOOT_DEVICE_SET: &str = "bootDeviceSet";
 const MIN_WRITE_TIMEOUT_MS: i64 = 60_000;
 
 /// `nodes.deploy` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeployRequest {
     #[serde(alias = "id")]

@@ -27,15 +27,22 @@ pub const BMC_REACHABLE: &str = "BmcReachable";
 /// The owner of the enrollment's conditions.
 pub const OWNER: &str = "Enrollment";
 
-/// A secret the API takes and never gives back: deserialized from a string, `Debug` shows
-/// nothing of it, and it has no `Serialize`.
-#[derive(Clone, PartialEq, Eq)]
+/// A secret the API takes and never gives back: deserialized from a string, and `Debug` shows
+/// nothing of it. It serializes as the string only so that a client (`bcctl`) can send it in a
+/// request; no answer of the API holds one ([`BmcView`] shows no credential).
+#[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct Secret(String);
 
 impl Secret {
     /// The secret itself, for sealing.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
     }
 }
 
@@ -91,7 +98,7 @@ impl TlsMode {
 }
 
 /// The BMC of `nodes.enroll`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BmcInput {
     /// `redfish+https://host[:port][/redfish/v1/Systems/<id>]`, `redfish+http://…` or
@@ -106,7 +113,7 @@ pub struct BmcInput {
 }
 
 /// `nodes.enroll` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnrollRequest {
     /// The site whose site agent reaches the BMC.

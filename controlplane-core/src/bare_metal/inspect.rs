@@ -51,7 +51,7 @@ pub const DEFAULT_INSPECTION_DEADLINE: Duration = Duration::from_secs(1800);
 pub const DEFAULT_COMMISSIONING_DEADLINE: Duration = Duration::from_secs(3600);
 
 /// `nodes.inspect` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InspectRequest {
     #[serde(alias = "id")]

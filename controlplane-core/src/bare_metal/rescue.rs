@@ -37,7 +37,7 @@ pub const DEFAULT_RESCUE_DEADLINE: Duration = Duration::from_secs(1800);
 pub const RESCUE_READY: &str = "rescueReady";
 
 /// `nodes.rescue` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RescueRequest {
     #[serde(alias = "id")]
@@ -50,7 +50,7 @@ pub struct RescueRequest {
 }
 
 /// `nodes.unrescue` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UnrescueRequest {
     #[serde(alias = "id")]
