@@ -17,7 +17,7 @@ use crate::inventory::gpu_atoms;
 use crate::ops::{new_id, nodes::REASON_DRAINING};
 
 /// `allocations.create` request.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationRequest {
     pub pool_id: crate::text::Id,

@@ -9,7 +9,9 @@ use crate::detail::NodeDetail;
 use crate::error::OpError;
 
 /// Filters of `nodes.list`; absent matches everything.
-#[derive(Debug, Clone, Default, serde::Deserialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeFilter {
     pub pool_id: Option<crate::text::Id>,

@@ -226,6 +226,15 @@ macro_rules! bounded {
                 Ok(Self(s))
             }
 
+            /// `s` as given, NOT checked against [`Self::RULE`]: for a client building a
+            /// request to send (`bcctl`), so that the server's decoder checks the string and
+            /// answers as it answers any client (`INVALID_ARGUMENT` naming the field). The core
+            /// never builds one this way (a test of this module keeps it so): its values come
+            /// from [`Self::new`] or from a decoded request.
+            pub fn unchecked(s: impl Into<String>) -> Self {
+                Self(s.into())
+            }
+
             /// The string.
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -450,6 +459,34 @@ mod tests {
         );
         let key = serde_json::to_value(Key::schema()).unwrap_or_default();
         assert_eq!(key["maxLength"], 63);
+    }
+
+    /// `unchecked` is for clients: no module of the core builds a text value that way, so every
+    /// value the core acts on kept its rule.
+    #[test]
+    fn the_core_never_builds_an_unchecked_text() {
+        fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.extension().is_some_and(|x| x == "rs")
+                    && !path.ends_with("src/text.rs")
+                    && std::fs::read_to_string(&path)
+                        .is_ok_and(|t| t.contains(concat!("::unchecked", "(")))
+                {
+                    found.push(path.display().to_string());
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        walk(&src, &mut found);
+        assert!(src.join("verbs").is_dir(), "{} not found", src.display());
+        assert!(found.is_empty(), "unchecked text values in {found:?}");
     }
 
     proptest::proptest! {

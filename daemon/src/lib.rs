@@ -19,6 +19,9 @@
 //! - [`ramdisk`]: `bcd ramdisk` — `bcd-ramdisk`'s boot with its flags, signals and the log
 //!   settings of the kernel command line.
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
+//! - [`process`]: what those three modes share around the session core — the session flags
+//!   (one flattened group), the join token source, the errors that stop any mode, shutdown
+//!   signals, systemd's notifier and the command journal.
 //! - [`config`], [`ops`]: `/etc/bcd/bcd.toml` and the agent's flags; [`metrics`]: `/metrics`.
 //! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch, and the only place errors
 //!   become exit codes.
@@ -34,6 +37,7 @@ pub mod config;
 pub mod converge;
 pub mod metrics;
 pub mod ops;
+pub mod process;
 pub mod ramdisk;
 pub mod sim;
 pub mod site;

@@ -201,6 +201,78 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// `bcd <argv>`.
+    fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bcd").chain(argv.iter().copied()))
+    }
+
+    /// `bcd agent` and `bcd site` read the one session flag group alike; `bcd ramdisk` its
+    /// reconnect flags. Each keeps its reconnect cap: 2 min for a node agent, 30 s for the
+    /// site and the ramdisk.
+    #[test]
+    fn the_modes_share_one_session_flag_group() -> Result<(), clap::Error> {
+        let flags = [
+            "--control-plane",
+            "https://a:7443,https://b:7443",
+            "--ca-pin",
+            "sha256:00",
+            "--join-token-file",
+            "/t",
+            "--root",
+            "/r",
+            "--config",
+            "/c.toml",
+            "--reconnect-base",
+            "100ms",
+        ];
+        let with = |mode: &'static str| [&[mode][..], &flags[..]].concat();
+        let Command::Agent(agent) = parse(&with("agent"))?.command else {
+            panic!("bcd agent parsed as another mode");
+        };
+        let Command::Site(site) = parse(&with("site"))?.command else {
+            panic!("bcd site parsed as another mode");
+        };
+        let Command::Ramdisk(ramdisk) = parse(&["ramdisk", "--reconnect-base", "100ms"])?.command
+        else {
+            panic!("bcd ramdisk parsed as another mode");
+        };
+        assert_eq!(
+            agent.session.control_plane,
+            ["https://a:7443", "https://b:7443"]
+        );
+        assert_eq!(
+            agent.session.reconnect.reconnect_base,
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            agent.session.reconnect.reconnect_max,
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            site.session.reconnect.reconnect_max,
+            Duration::from_secs(30)
+        );
+        assert_eq!(ramdisk.reconnect.reconnect_max, Duration::from_secs(30));
+        assert_eq!(ramdisk.reconnect.reconnect_base, Duration::from_millis(100));
+        let mut same = site.session.clone();
+        same.reconnect.reconnect_max = agent.session.reconnect.reconnect_max;
+        assert_eq!(same, agent.session);
+        // The cap is still a flag of each.
+        let Command::Site(site) = parse(&["site", "--reconnect-max", "5s"])?.command else {
+            panic!("bcd site parsed as another mode");
+        };
+        assert_eq!(site.session.reconnect.reconnect_max, Duration::from_secs(5));
+        Ok(())
+    }
+
+    /// clap's own checks of every subcommand, the modes' flattened groups included.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
 
     #[test]
     fn a_bcd_directive_reaches_the_daemon_library_crates() {

@@ -1,24 +1,25 @@
-//! The ramdisk agent (`bcd ramdisk`): `bcd-ramdisk`'s boot with the process around it — flags,
-//! signals, and the log settings from the kernel command line (`bcd.log`), which `main` needs
-//! before the logger starts.
+//! The ramdisk agent (`bcd ramdisk`): `bcd-ramdisk`'s boot with the process around it — its
+//! flags (the reconnect ones are [`crate::process::ReconnectArgs`]), signals, and the log
+//! settings from the kernel command line (`bcd.log`), which `main` needs before the logger
+//! starts.
 //!
 //! Run as the ramdisk's `/init` runs it: `bcd ramdisk --log-file /run/bcd.log`. On a normal host,
 //! for tests: `bcd ramdisk --cmdline FILE --no-setup`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use bcd_probes::hostroot::HostRoot;
 use bcd_probes::nvml::NvmlConfig;
 use bcd_ramdisk::rescue::RescueConfig;
 use bcd_ramdisk::setup::SetupConfig;
 use bcd_ramdisk::{BootConfig, BootError};
-use tokio::sync::watch;
 
-use crate::agent::AgentError;
+use crate::process::{self, ReconnectArgs, SessionError};
 
-/// Flags of `bcd ramdisk`.
+/// Flags of `bcd ramdisk`. The control plane, its pin and the boot token come from the kernel
+/// command line, not from flags.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("reconnect_max", |a| a.default_value("30s")))]
 pub struct RamdiskArgs {
     /// The kernel command line to read `bcd.url`, `bcd.pin`, `bcd.token`, `bcd.node` (and
     /// `bcd.log`, `bcd.modules`, `bcd.dhcp_timeout`) from.
@@ -48,12 +49,8 @@ pub struct RamdiskArgs {
     /// Also write the log to this file (logs.collect collects it as the agent's log).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
-    /// First reconnect wait ceiling; doubles per failure up to --reconnect-max.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "500ms")]
-    pub reconnect_base: Duration,
-    /// Largest reconnect wait.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
-    pub reconnect_max: Duration,
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
     #[command(flatten)]
     pub nvml: bcd_probes::nvml::cli::NvmlArgs,
 }
@@ -66,7 +63,7 @@ pub enum RamdiskError {
     Boot(#[from] BootError),
     /// Signal handling could not be set up.
     #[error(transparent)]
-    Agent(#[from] AgentError),
+    Session(#[from] SessionError),
 }
 
 /// The log filter the kernel command line asks for (`bcd.log`), if it can be read: `main` uses it
@@ -104,10 +101,9 @@ pub async fn run(args: RamdiskArgs) -> Result<(), RamdiskError> {
             ..RescueConfig::default()
         },
         log_file: args.log_file.clone(),
-        reconnect_base: args.reconnect_base,
-        reconnect_max: args.reconnect_max,
+        reconnect_base: args.reconnect.reconnect_base,
+        reconnect_max: args.reconnect.reconnect_max,
     };
-    let (stop_tx, stop) = watch::channel(false);
-    crate::agent::watch_signals(stop_tx).await?;
+    let stop = process::shutdown_signal()?;
     Ok(bcd_ramdisk::run(cfg, stop).await?)
 }

@@ -1,6 +1,6 @@
-//! The site agent (`bcd site`): `bcd-site`'s machine and hooks on the session core, with the
-//! process around them — flags, `/etc/bcd/bcd.toml` (the shared keys and `[site]`), signals,
-//! systemd — and the power sync loop running beside the session.
+//! The site agent (`bcd site`): `bcd-site`'s machine and hooks on the session core, with its own
+//! flags and `/etc/bcd/bcd.toml`'s `[site]` section (the session flags, signals, systemd and the
+//! journal are [`crate::process`]'s), and the power sync loop running beside the session.
 //!
 //! Join with a join token (mode SITE; the control plane decides the role and the site), then one
 //! session with the gateway, reconnecting with backoff, until SIGTERM/SIGINT. BMC credentials
@@ -8,11 +8,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bc_sys::notify::Notifier;
 use bcd_core::executor::Executor;
-use bcd_core::lifecycle::{Lifecycle, LifecycleConfig};
+use bcd_core::lifecycle::Lifecycle;
 use bcd_core::state::StateDir;
 use bcd_core::status::StatusFile;
 use bcd_probes::hostroot::HostRoot;
@@ -23,51 +22,24 @@ use bcd_site::machine::SiteMachine;
 use bcd_site::site::Site;
 use tokio::sync::watch;
 
-use crate::agent::{AgentError, JoinTokens};
+use crate::process::{self, SessionArgs, SessionError};
 
 /// Outbound messages a session queues at most.
 const OUTBOUND_CAPACITY: usize = 256;
 
 /// Flags of `bcd site`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("reconnect_max", |a| a.default_value("30s")))]
 pub struct SiteArgs {
-    /// Control plane gateway URL, e.g. `https://cp.example:7443`; with several replicas, their
-    /// URLs comma-separated or as repeated flags (tried in a shuffled order).
-    #[arg(
-        long,
-        env = "BCD_CONTROL_PLANE",
-        value_delimiter = ',',
-        value_name = "URL"
-    )]
-    pub control_plane: Vec<String>,
-    /// Join token `<id>.<secret>` of the site; needed only until the appliance has an identity.
-    #[arg(long, env = "BCD_JOIN_TOKEN", hide_env_values = true)]
-    pub join_token: Option<String>,
-    /// Pin of the control plane's CA: `sha256:<hex of the CA's SubjectPublicKeyInfo>`.
-    #[arg(long, env = "BCD_CA_PIN")]
-    pub ca_pin: Option<String>,
-    /// File holding the join token (read at every join attempt).
-    #[arg(long, env = "BCD_JOIN_TOKEN_FILE")]
-    pub join_token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub session: SessionArgs,
     /// Where the identity, journal and status live (default `[site] state_dir`,
     /// /var/lib/bcd-site).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
-    /// Host root prefix for /sys, /proc, /dev, /etc (default /).
-    #[arg(long)]
-    pub root: Option<PathBuf>,
-    /// Config file (default /etc/bcd/bcd.toml when it exists). Flags and BCD_* variables win.
-    #[arg(long, env = "BCD_CONFIG")]
-    pub config: Option<PathBuf>,
     /// The ipmitool binary (default `[site] ipmitool`, `ipmitool` on PATH).
     #[arg(long)]
     pub ipmitool: Option<PathBuf>,
-    /// First reconnect wait ceiling; doubles per failure up to --reconnect-max.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "500ms")]
-    pub reconnect_base: Duration,
-    /// Largest reconnect wait.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
-    pub reconnect_max: Duration,
     /// Serve network boots (iPXE scripts, the ramdisk's kernel and initramfs) on this address
     /// (default `[site] boot_listen`; unset: no boot service).
     #[arg(long)]
@@ -89,9 +61,9 @@ pub struct SiteArgs {
 /// What stops the site agent.
 #[derive(Debug, thiserror::Error)]
 pub enum SiteError {
-    /// What stops any agent: state dir, usage, TLS, join, signals, the config file.
+    /// What stops any mode: state dir, usage, TLS, join, signals, the config file.
     #[error(transparent)]
-    Agent(#[from] AgentError),
+    Session(#[from] SessionError),
     /// The `[site]` section or a `BCD_SITE_*` variable is invalid.
     #[error(transparent)]
     Site(#[from] SiteConfigError),
@@ -117,30 +89,10 @@ impl ProcessSignals for Systemd {
 /// The effective configuration: defaults < file < BCD_* environment < flags, for the shared
 /// keys and for `[site]`.
 pub fn resolve_config(args: &SiteArgs) -> Result<(crate::config::Config, SiteConfig), SiteError> {
-    use crate::config::{Config, ConfigError, ConfigOverrides, DEFAULT_PATH};
-    let flags = ConfigOverrides {
-        control_plane: crate::config::flag_list(&args.control_plane),
-        join_token_file: args.join_token_file.clone(),
-        ca_pin: args.ca_pin.clone(),
-        root: args.root.clone(),
-        journalctl: (args.ops.journalctl != std::path::Path::new("journalctl"))
-            .then(|| args.ops.journalctl.clone()),
-        reboot_command: (args.ops.reboot_command != "systemctl reboot").then(|| {
-            args.ops
-                .reboot_command
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect()
-        }),
-        ..Default::default()
-    };
-    let env = ConfigOverrides::from_process_env().map_err(AgentError::from)?;
-    let (path, explicit) = match &args.config {
-        Some(p) => (p.clone(), true),
-        None => (PathBuf::from(DEFAULT_PATH), false),
-    };
-    let cfg = Config::resolve(&path, explicit, &env, &flags)
-        .map_err(|e: ConfigError| AgentError::from(e))?;
+    let cfg = args
+        .session
+        .resolve_config(args.ops.overrides())
+        .map_err(SessionError::from)?;
     let mut site = cfg.site.clone();
     site.apply_env(|name| std::env::var(name).ok())?;
     if let Some(d) = &args.state_dir {
@@ -168,15 +120,8 @@ pub fn resolve_config(args: &SiteArgs) -> Result<(crate::config::Config, SiteCon
 /// Runs the site agent until SIGTERM/SIGINT.
 pub async fn run(args: SiteArgs) -> Result<(), SiteError> {
     let (cfg, site_cfg) = resolve_config(&args)?;
-    let notifier = Arc::new(Notifier::from_env().unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "NOTIFY_SOCKET unusable; not talking to systemd");
-        Notifier::disabled()
-    }));
-    if let Some(every) = bc_sys::notify::watchdog_interval_from_env() {
-        bc_sys::notify::spawn_watchdog(Arc::clone(&notifier), every);
-    }
-    let (stop_tx, stop) = watch::channel(false);
-    crate::agent::watch_signals(stop_tx).await?;
+    let notifier = process::systemd();
+    let stop = process::shutdown_signal()?;
     run_until(&args, &cfg, site_cfg, notifier, stop).await
 }
 
@@ -188,16 +133,13 @@ async fn run_until(
     stop: watch::Receiver<bool>,
 ) -> Result<(), SiteError> {
     let root = HostRoot::new(&cfg.root);
-    let state = StateDir::open(&site_cfg.state_dir).map_err(AgentError::from)?;
+    let state = StateDir::open(&site_cfg.state_dir).map_err(SessionError::from)?;
     let status = StatusFile::new(state.path());
     let boot_id = root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
         .unwrap_or_default();
-    let journal = crate::agent::open_journal(state.path(), &boot_id).map_err(AgentError::from)?;
-    let mut ops = args.ops.config(&site_cfg.state_dir, &root);
-    ops.reboot =
-        bcd_core::ops::reboot::RebootConfig::from_command_line(&cfg.reboot_command.join(" "));
-    ops.journalctl = cfg.journalctl.clone();
+    let journal = process::open_journal(state.path(), &boot_id).map_err(SessionError::from)?;
+    let ops = args.ops.resolved(cfg, &site_cfg.state_dir, &root);
     let site = Arc::new(Site::new(
         site_cfg.clone(),
         Arc::new(RealConnector::new(site_cfg.clone())),
@@ -230,18 +172,8 @@ async fn run_until(
     let mut hooks = SiteHooks::new(site, status, Systemd(Arc::clone(&notifier)));
     let _ = notifier.ready();
     tracing::info!(state_dir = %site_cfg.state_dir.display(), "site agent starting");
-    let config = LifecycleConfig {
-        control_planes: cfg.control_plane.clone(),
-        ca_pin: cfg.ca_pin.clone(),
-        reconnect_base: args.reconnect_base,
-        reconnect_max: args.reconnect_max,
-        retry_refused_joins: false,
-        outbound_capacity: OUTBOUND_CAPACITY,
-    };
-    let tokens = JoinTokens {
-        flag: args.join_token.clone(),
-        file: cfg.join_token_file.clone(),
-    };
+    let config = args.session.lifecycle(cfg, OUTBOUND_CAPACITY);
+    let tokens = args.session.tokens(cfg);
     let lifecycle = Lifecycle {
         config: &config,
         executor: &executor,
@@ -250,7 +182,7 @@ async fn run_until(
     };
     let outcome = bcd_core::lifecycle::run(&lifecycle, &mut hooks, stop)
         .await
-        .map_err(|e| AgentError::from_lifecycle(e, &site_cfg.state_dir).into());
+        .map_err(|e| SessionError::from_lifecycle(e, &site_cfg.state_dir).into());
     sync.abort();
     outcome
 }

@@ -81,7 +81,7 @@ fn fail(edit: &mut Edit, reason: &str, why: String) -> Result<(), OpError> {
 }
 
 /// `nodes.deploy` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DeployRequest {
     #[serde(alias = "id")]

@@ -21,15 +21,22 @@ pub const MAX_USERNAME: usize = 256;
 pub const MAX_PASSWORD: usize = 1024;
 /// Most MACs one enrollment may name.
 pub const MAX_MACS: usize = 64;
-/// A secret the API takes and never gives back: deserialized from a string, `Debug` shows
-/// nothing of it, and it has no `Serialize`.
-#[derive(Clone, PartialEq, Eq)]
+/// A secret the API takes and never gives back: deserialized from a string, and `Debug` shows
+/// nothing of it. It serializes as the string only so that a client (`bcctl`) can send it in a
+/// request; no answer of the API holds one ([`BmcView`] shows no credential).
+#[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct Secret(String);
 
 impl Secret {
     /// The secret itself, for sealing.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
     }
 }
 
@@ -85,7 +92,7 @@ impl TlsMode {
 }
 
 /// The BMC of `nodes.enroll`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BmcInput {
     /// `redfish+https://host[:port][/redfish/v1/Systems/<id>]`, `redfish+http://…` or
@@ -100,7 +107,7 @@ pub struct BmcInput {
 }
 
 /// `nodes.enroll` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnrollRequest {
     /// The site whose site agent reaches the BMC.

@@ -48,7 +48,7 @@ pub const WORKFLOW: Workflow = Workflow {
 };
 
 /// `nodes.inspect` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InspectRequest {
     #[serde(alias = "id")]

@@ -24,7 +24,7 @@ use crate::error::OpError;
 pub const EXPECTED_WINDOW_MS: i64 = 10 * 60 * 1000;
 
 /// `nodes.power` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PowerRequest {
     #[serde(alias = "id")]
@@ -38,7 +38,7 @@ pub struct PowerRequest {
 }
 
 /// `nodes.setBootDevice` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BootDeviceRequest {
     #[serde(alias = "id")]
@@ -54,7 +54,7 @@ pub struct BootDeviceRequest {
 }
 
 /// `nodes.updateBmcCredentials` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdateBmcCredentialsRequest {
     #[serde(alias = "id")]

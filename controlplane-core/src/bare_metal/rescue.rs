@@ -64,7 +64,7 @@ fn event(edit: &mut Edit, to: &str, msg: String) {
 }
 
 /// `nodes.rescue` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RescueRequest {
     #[serde(alias = "id")]
@@ -77,7 +77,7 @@ pub struct RescueRequest {
 }
 
 /// `nodes.unrescue` request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UnrescueRequest {
     #[serde(alias = "id")]

@@ -10,7 +10,7 @@ use crate::error::OpError;
 use crate::text::{Id, Name};
 
 /// `pools.create` request.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewPool {
     pub name: Name,

@@ -9,7 +9,7 @@ use crate::error::OpError;
 use crate::text::{Id, Name};
 
 /// `sites.create` request.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewSite {
     pub name: Name,

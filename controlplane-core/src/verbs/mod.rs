@@ -21,18 +21,22 @@ pub use dispatch::{
 };
 pub use types::*;
 
-use crate::bare_metal::deploy::DeployRequest;
-use crate::bare_metal::enroll::EnrollRequest;
-use crate::bare_metal::inspect::InspectRequest;
-use crate::bare_metal::power::{BootDeviceRequest, PowerRequest, UpdateBmcCredentialsRequest};
-use crate::bare_metal::rescue::{RescueRequest, UnrescueRequest};
+// Every request type of the table, and the types its fields need, at one path for clients
+// (`bcctl` builds them), wherever the module that handles it lives.
+pub use crate::bare_metal::deploy::DeployRequest;
+pub use crate::bare_metal::enroll::{BmcInput, EnrollRequest, Secret, TlsMode};
+pub use crate::bare_metal::inspect::InspectRequest;
+pub use crate::bare_metal::power::{BootDeviceRequest, PowerRequest, UpdateBmcCredentialsRequest};
+pub use crate::bare_metal::rescue::{RescueRequest, UnrescueRequest};
+pub use crate::ops::pools::NewPool;
+pub use crate::ops::sites::NewSite;
+pub use crate::placer::AllocationRequest;
+pub use crate::query::NodeFilter;
+
 use crate::bare_metal::site_detail::SiteDetail;
 use crate::detail::NodeDetail;
 use crate::error::OpError;
-use crate::ops::pools::NewPool;
-use crate::ops::sites::NewSite;
-use crate::placer::{AllocationRequest, PoolCapacity};
-use crate::query::NodeFilter;
+use crate::placer::PoolCapacity;
 use crate::status::ControlPlaneStatus;
 use cpl_store::{Allocation, Pool, Site};
 
@@ -105,8 +109,11 @@ macro_rules! verbs {
             }
         }
 
-        /// A decoded request of one method.
-        #[derive(Debug, Clone)]
+        /// A request of one method: what the server decoded ([`Method::decode`]), or what a
+        /// client (`bcctl`) built to send. Serializes as the request itself, the body of
+        /// `POST /v1/<method>`; [`Request::method`] says where it goes.
+        #[derive(Debug, Clone, PartialEq, Serialize)]
+        #[serde(untagged)]
         pub enum Request {
             $(#[doc = $summary] $variant($req)),+
         }

@@ -1,7 +1,9 @@
 //! The typed requests and answers of the operator verbs (camelCase JSON). Requests refuse unknown
 //! fields; a node, pool, site, token or allocation reference also accepts `id` for its id. Lists
 //! are wrapped (`{"nodes": [...]}`) so they can grow fields later. The OpenAPI document is
-//! generated from these same types.
+//! generated from these same types, and clients (`bcctl`) build and serialize them too
+//! ([`super::Request`]), so a field renamed here is renamed for the server and its clients at
+//! once. An absent optional field serializes as `null`, which every request reads as absent.
 
 use cpl_store::{
     Allocation, CommandRecord, DedicatedRootLease, HardwareProfile, JoinToken, NodeEvent, Pool,
@@ -16,8 +18,8 @@ use crate::detail::NodeDetail;
 use crate::text::{Id, Key, Name, ShortText, Text};
 
 /// A request without fields (`pools.list`, `sites.list`, `tokens.list`): any body is accepted
-/// and ignored.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ToSchema)]
+/// and ignored; it serializes as `{}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, ToSchema)]
 pub struct NoArgs {}
 
 impl<'de> Deserialize<'de> for NoArgs {
@@ -32,7 +34,7 @@ impl<'de> Deserialize<'de> for NoArgs {
 pub struct Empty {}
 
 /// A request naming one node.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeRef {
     #[serde(alias = "id")]
@@ -40,7 +42,7 @@ pub struct NodeRef {
 }
 
 /// A node mutation: the node and the `version` the caller read (stale: `CONFLICT`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeMutation {
     #[serde(alias = "id")]
@@ -49,7 +51,7 @@ pub struct NodeMutation {
 }
 
 /// `nodes.taint`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TaintRequest {
     #[serde(alias = "id")]
@@ -62,7 +64,7 @@ pub struct TaintRequest {
 }
 
 /// `nodes.untaint`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UntaintRequest {
     #[serde(alias = "id")]
@@ -72,7 +74,7 @@ pub struct UntaintRequest {
 }
 
 /// `nodes.setLabels`: labels to add or replace (others stay).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SetLabelsRequest {
     #[serde(alias = "id")]
@@ -84,7 +86,7 @@ pub struct SetLabelsRequest {
 }
 
 /// `nodes.removeLabels`: keys to remove (a key the node does not carry is skipped).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RemoveLabelsRequest {
     #[serde(alias = "id")]
@@ -94,7 +96,7 @@ pub struct RemoveLabelsRequest {
 }
 
 /// `nodes.setMaintenance`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MaintenanceRequest {
     #[serde(alias = "id")]
@@ -106,7 +108,7 @@ pub struct MaintenanceRequest {
 }
 
 /// `nodes.updateSpec`: the new desired spec (a `NodeSpec` object, docs/node-model.md).
-#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpecRequest {
     #[serde(alias = "id")]
@@ -117,7 +119,7 @@ pub struct SpecRequest {
 }
 
 /// `nodes.startDedicatedRoot`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LeaseRequest {
     #[serde(alias = "id")]
@@ -127,7 +129,7 @@ pub struct LeaseRequest {
 }
 
 /// `nodes.approveRejoin`: the request shown by `nodes.get` (`rejoinRequest.id`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApproveRejoinRequest {
     #[serde(alias = "id")]
@@ -138,7 +140,7 @@ pub struct ApproveRejoinRequest {
 }
 
 /// `nodes.move`: the pool the node moves to.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MoveRequest {
     #[serde(alias = "id")]
@@ -168,7 +170,7 @@ pub struct LeaseStarted {
 }
 
 /// A request naming one pool.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolRef {
     #[serde(alias = "id")]
@@ -176,7 +178,7 @@ pub struct PoolRef {
 }
 
 /// `pools.update`: name and hardware profile.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolUpdate {
     #[serde(alias = "id")]
@@ -191,7 +193,7 @@ pub struct PoolUpdate {
 }
 
 /// `pools.delete`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolDelete {
     #[serde(alias = "id")]
@@ -206,7 +208,7 @@ pub struct PoolList {
 }
 
 /// A request naming one site.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteRef {
     #[serde(alias = "id")]
@@ -214,7 +216,7 @@ pub struct SiteRef {
 }
 
 /// `sites.update`: a new name.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteUpdate {
     #[serde(alias = "id")]
@@ -224,7 +226,7 @@ pub struct SiteUpdate {
 }
 
 /// `sites.delete`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SiteDelete {
     #[serde(alias = "id")]
@@ -240,7 +242,7 @@ pub struct SiteList {
 
 /// `tokens.create` request. Without `ttlSeconds` the token lives an hour; without `maxUses` it
 /// is unlimited.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokensCreateRequest {
     #[serde(default)]
@@ -279,7 +281,7 @@ pub struct TokensCreateResponse {
 }
 
 /// A request naming one token.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenRef {
     #[serde(alias = "id")]
@@ -293,7 +295,7 @@ pub struct TokenList {
 }
 
 /// A request naming one allocation.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationRef {
     #[serde(alias = "id")]
@@ -301,7 +303,7 @@ pub struct AllocationRef {
 }
 
 /// `allocations.list` filters; absent matches everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AllocationListRequest {
     #[serde(default)]
@@ -320,7 +322,7 @@ pub struct AllocationList {
 }
 
 /// `commands.create` request.
-#[derive(Debug, Clone, PartialEq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandsCreateRequest {
     pub node_id: Id,
@@ -337,14 +339,14 @@ pub struct CommandsCreateRequest {
 }
 
 /// A request naming one command.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandRef {
     pub command_id: Id,
 }
 
 /// `commands.list` request.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandsListRequest {
     #[serde(default)]

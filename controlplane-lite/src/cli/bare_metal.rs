@@ -1,4 +1,5 @@
-//! `bcctl nodes enroll|power|boot-device|update-bmc-credentials` (bare metal, issue 14) and the
+//! The bare-metal node subcommands (`bcctl nodes enroll`, `inspect`, `deploy`, `rescue`,
+//! `power`, `boot-device`, `update-bmc-credentials`, ...), the requests they send, and the
 //! `sites get` table. A BMC password is never taken on the command line (it would sit in the
 //! shell's history and in every process listing): it comes from `--password-file` or, with
 //! `--password-stdin`, from standard input (a prompt without echo on a terminal).
@@ -7,12 +8,20 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use bc_protocol::commands::bmc::{BootDevice, PowerAction};
+use bc_protocol::commands::deploy::{
+    Compression, ConfigDrive, ImageFormat, ImageSource, RootDeviceHints,
+};
 use clap::{Args, Subcommand, ValueEnum};
-use cpl_core::verbs::Method;
-use serde_json::{Value, json};
+use cpl_core::text::{Id, Name};
+use cpl_core::verbs::{
+    BmcInput, BootDeviceRequest, DeployRequest, EnrollRequest, InspectRequest, PowerRequest,
+    Request, RescueRequest, Secret, TlsMode, UnrescueRequest, UpdateBmcCredentialsRequest,
+};
+use serde_json::Value;
 
-use super::ops::{items, mutate, print};
-use super::{ClientArgs, render};
+use super::call::{Call, items, spelled};
+use super::render;
 
 /// Where the BMC password comes from: one of the two, never the command line.
 #[derive(Debug, Clone, Args)]
@@ -29,21 +38,24 @@ pub struct PasswordSource {
 /// `nodes.power`'s actions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PowerVerb {
+    /// Power on.
     On,
+    /// Power off at once.
     Off,
+    /// Restart at once.
     Reboot,
+    /// Ask the OS to shut down.
     #[value(name = "softOff", alias = "soft-off")]
     SoftOff,
 }
 
-impl PowerVerb {
-    /// The API's spelling.
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::On => "on",
-            Self::Off => "off",
-            Self::Reboot => "reboot",
-            Self::SoftOff => "softOff",
+impl From<PowerVerb> for PowerAction {
+    fn from(v: PowerVerb) -> Self {
+        match v {
+            PowerVerb::On => PowerAction::On,
+            PowerVerb::Off => PowerAction::Off,
+            PowerVerb::Reboot => PowerAction::Reboot,
+            PowerVerb::SoftOff => PowerAction::SoftOff,
         }
     }
 }
@@ -51,8 +63,19 @@ impl PowerVerb {
 /// `nodes.setBootDevice`'s devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BootVerb {
+    /// The network (PXE).
     Pxe,
+    /// The local disk.
     Disk,
+}
+
+impl From<BootVerb> for BootDevice {
+    fn from(v: BootVerb) -> Self {
+        match v {
+            BootVerb::Pxe => BootDevice::Pxe,
+            BootVerb::Disk => BootDevice::Disk,
+        }
+    }
 }
 
 /// The bare-metal node subcommands (flattened into `bcctl nodes`).
@@ -80,9 +103,10 @@ pub enum BareMetalCommand {
         username: String,
         #[command(flatten)]
         password: PasswordSource,
-        /// How the site agent checks the BMC's certificate: pin (first use), verify, insecure.
-        #[arg(long, default_value = "pin")]
-        tls: String,
+        /// How the site agent checks the BMC's certificate: pin (trust on first use), verify
+        /// (the site agent's system roots), insecure (no check).
+        #[arg(long, default_value = "pin", value_parser = spelled::<TlsMode>(["pin", "verify", "insecure"]))]
+        tls: TlsMode,
         /// A NIC MAC of the machine; repeatable.
         #[arg(long = "mac")]
         macs: Vec<String>,
@@ -173,12 +197,12 @@ pub struct DeployArgs {
     /// The SHA-256 of the file as served (64 lowercase hex digits).
     #[arg(long)]
     pub image_sha256: String,
-    /// raw or qcow2.
-    #[arg(long, default_value = "raw")]
-    pub image_format: String,
-    /// none, gzip or zstd.
-    #[arg(long, default_value = "none")]
-    pub image_compression: String,
+    /// How the image file is laid out.
+    #[arg(long, default_value = "raw", value_parser = spelled::<ImageFormat>(["raw", "qcow2"]))]
+    pub image_format: ImageFormat,
+    /// How the image file is compressed on the server.
+    #[arg(long, default_value = "none", value_parser = spelled::<Compression>(["none", "gzip", "zstd"]))]
+    pub image_compression: Compression,
     /// Root-device hint: the disk's serial.
     #[arg(long)]
     pub root_serial: Option<String>,
@@ -203,17 +227,19 @@ pub struct DeployArgs {
 }
 
 impl DeployArgs {
-    /// The `nodes.deploy` body without the node and version.
-    fn json(&self) -> anyhow::Result<Value> {
+    /// The `nodes.deploy` request for `node_id` at `version`.
+    fn request(&self, node_id: Id, version: u64) -> anyhow::Result<DeployRequest> {
         let hints = [
             self.root_serial.is_some(),
             self.root_wwn.is_some(),
             self.root_name.is_some(),
             self.root_min_size.is_some(),
         ];
-        let root = hints.iter().any(|h| *h).then(|| {
-            json!({"serial": self.root_serial, "wwn": self.root_wwn,
-                   "name": self.root_name, "minSizeBytes": self.root_min_size})
+        let root_device = hints.iter().any(|h| *h).then(|| RootDeviceHints {
+            serial: self.root_serial.clone(),
+            wwn: self.root_wwn.clone(),
+            name: self.root_name.clone(),
+            min_size_bytes: self.root_min_size,
         });
         let user_data = match &self.user_data_file {
             Some(p) => Some(
@@ -222,27 +248,35 @@ impl DeployArgs {
             ),
             None => None,
         };
-        let drive = self
-            .hostname
-            .as_ref()
-            .map(|h| json!({"hostname": h, "sshKeys": self.ssh_keys, "userData": user_data}));
-        if drive.is_none() && (!self.ssh_keys.is_empty() || user_data.is_some()) {
+        if self.hostname.is_none() && (!self.ssh_keys.is_empty() || user_data.is_some()) {
             bail!("--ssh-key and --user-data-file go on the config drive: give --hostname too");
         }
-        Ok(json!({
-            "image": {"url": self.image_url, "sha256": self.image_sha256,
-                      "format": self.image_format, "compression": self.image_compression},
-            "rootDevice": root,
-            "configDrive": drive,
-        }))
+        let config_drive = self.hostname.as_ref().map(|h| ConfigDrive {
+            hostname: h.clone(),
+            ssh_keys: self.ssh_keys.clone(),
+            user_data,
+        });
+        Ok(DeployRequest {
+            node_id,
+            version: Some(version),
+            image: ImageSource {
+                url: self.image_url.clone(),
+                sha256: self.image_sha256.clone(),
+                format: self.image_format,
+                compression: self.image_compression,
+            },
+            root_device,
+            config_drive,
+        })
     }
 }
 
-/// Runs a bare-metal node subcommand.
-pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()> {
-    let c = args.client()?;
-    match cmd {
-        BareMetalCommand::Enroll {
+/// What a bare-metal node subcommand sends. Reads the BMC password (`enroll`,
+/// `update-bmc-credentials`) and the user-data file (`deploy`) now.
+pub(crate) fn call(cmd: BareMetalCommand) -> anyhow::Result<Call> {
+    use BareMetalCommand as B;
+    Ok(match cmd {
+        B::Enroll {
             site,
             pool,
             name,
@@ -253,94 +287,101 @@ pub async fn run(args: &ClientArgs, cmd: BareMetalCommand) -> anyhow::Result<()>
             macs,
             no_inspect,
             deployed,
-        } => {
-            let secret = read_password(&password)?;
-            let body = json!({
-                "siteId": site,
-                "poolId": pool,
-                "name": name,
-                "bmc": {"address": bmc_address, "username": username, "password": secret, "tls": tls},
-                "macs": (!macs.is_empty()).then_some(macs),
-                "inspect": !no_inspect,
-                "deployed": deployed,
-            });
-            let v: Value = c.call(Method::NodesEnroll, &body).await?;
-            print(args, &v, render::object)
-        }
-        BareMetalCommand::Inspect { node_id, version } => {
-            mutate(args, &c, Method::NodesInspect, &node_id, version, json!({})).await
-        }
-        BareMetalCommand::Deploy {
+        } => Call::once(Request::NodesEnroll(EnrollRequest {
+            site_id: Id::unchecked(site),
+            pool_id: pool.map(Id::unchecked),
+            name: name.map(Name::unchecked),
+            bmc: BmcInput {
+                address: bmc_address,
+                username,
+                password: Secret::from(read_password(&password)?),
+                tls,
+            },
+            macs: (!macs.is_empty()).then_some(macs),
+            inspect: !no_inspect,
+            deployed,
+        })),
+        B::Inspect { node_id, version } => Call::mutation(node_id, version, |node_id, version| {
+            Request::NodesInspect(InspectRequest {
+                node_id,
+                version: Some(version),
+            })
+        }),
+        B::Deploy {
             node_id,
             deploy,
             version,
         } => {
-            let extra = deploy.json()?;
-            mutate(args, &c, Method::NodesDeploy, &node_id, version, extra).await
+            // Built once now, so a missing --hostname or an unreadable file fails before
+            // anything is sent.
+            let first = deploy.request(Id::unchecked(node_id.as_str()), 0)?;
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesDeploy(DeployRequest {
+                    node_id,
+                    version: Some(version),
+                    ..first.clone()
+                })
+            })
         }
-        BareMetalCommand::Rescue {
+        B::Rescue {
             node_id,
             ssh_keys,
             version,
-        } => {
-            let extra = json!({"sshKeys": ssh_keys});
-            mutate(args, &c, Method::NodesRescue, &node_id, version, extra).await
-        }
-        BareMetalCommand::Unrescue { node_id, version } => {
-            mutate(
-                args,
-                &c,
-                Method::NodesUnrescue,
-                &node_id,
-                version,
-                json!({}),
-            )
-            .await
-        }
-        BareMetalCommand::Release { node_id, version } => {
-            mutate(args, &c, Method::NodesRelease, &node_id, version, json!({})).await
-        }
-        BareMetalCommand::Power {
+        } => Call::mutation(node_id, version, move |node_id, version| {
+            Request::NodesRescue(RescueRequest {
+                node_id,
+                version: Some(version),
+                ssh_keys: ssh_keys.clone(),
+            })
+        }),
+        B::Unrescue { node_id, version } => Call::mutation(node_id, version, |node_id, version| {
+            Request::NodesUnrescue(UnrescueRequest {
+                node_id,
+                version: Some(version),
+            })
+        }),
+        B::Release { node_id, version } => Call::node_verb(node_id, version, Request::NodesRelease),
+        B::Power {
             node_id,
             action,
             version,
-        } => {
-            let extra = json!({"action": action.as_str()});
-            mutate(args, &c, Method::NodesPower, &node_id, version, extra).await
-        }
-        BareMetalCommand::BootDevice {
+        } => Call::mutation(node_id, version, move |node_id, version| {
+            Request::NodesPower(PowerRequest {
+                node_id,
+                version: Some(version),
+                action: action.into(),
+            })
+        }),
+        B::BootDevice {
             node_id,
             device,
             persistent,
             version,
-        } => {
-            let device = match device {
-                BootVerb::Pxe => "pxe",
-                BootVerb::Disk => "disk",
-            };
-            let extra = json!({"device": device, "persistent": persistent});
-            mutate(
-                args,
-                &c,
-                Method::NodesSetBootDevice,
-                &node_id,
-                version,
-                extra,
-            )
-            .await
-        }
-        BareMetalCommand::UpdateBmcCredentials {
+        } => Call::mutation(node_id, version, move |node_id, version| {
+            Request::NodesSetBootDevice(BootDeviceRequest {
+                node_id,
+                version: Some(version),
+                device: device.into(),
+                persistent,
+            })
+        }),
+        B::UpdateBmcCredentials {
             node_id,
             username,
             password,
             version,
         } => {
-            let secret = read_password(&password)?;
-            let extra = json!({"username": username, "password": secret});
-            let m = Method::NodesUpdateBmcCredentials;
-            mutate(args, &c, m, &node_id, version, extra).await
+            let password = Secret::from(read_password(&password)?);
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesUpdateBmcCredentials(UpdateBmcCredentialsRequest {
+                    node_id,
+                    version,
+                    username: username.clone(),
+                    password: password.clone(),
+                })
+            })
         }
-    }
+    })
 }
 
 /// The password from its source (see [`PasswordSource`]); an empty one is refused here.
@@ -435,6 +476,7 @@ pub fn site(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_password_file_gives_its_first_line_without_the_newline() -> anyhow::Result<()> {

@@ -19,8 +19,10 @@ use bc_metal_sim::sushy::{EmulatorConfig, FakeSystem, LAUNCHER, htpasswd_script,
 use bc_protocol::{PoolAgent, PoolKind, ProvisionState, SiteKind};
 use controlplane_lite::client::Client;
 use controlplane_lite::server::{self, ServeConfig};
+use cpl_core::text::{Id, Name};
+use cpl_core::verbs::{BmcInput, EnrollRequest, NodeRef, Request, Secret, TlsMode};
 use cpl_store::{NewToken, Pool, Site, now_ms};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::process::{Child, Command};
 
 use super::dev::{DevArgs, find_bcd};
@@ -324,9 +326,7 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
         Ok(ids) => {
             println!("\n{n} machine(s) ready:");
             for id in ids {
-                let v: Value = api
-                    .call(cpl_core::verbs::Method::NodesGet, &json!({"nodeId": id}))
-                    .await?;
+                let v: Value = api.request(&node_get(id)).await?;
                 println!(
                     "  {id}  {}  power {}  serial {}",
                     v["provisionState"].as_str().unwrap_or("?"),
@@ -384,14 +384,21 @@ async fn enroll_and_follow(
     }
     let mut ids = Vec::new();
     for m in machines {
-        let v: Value = api
-            .call(
-                cpl_core::verbs::Method::NodesEnroll,
-                &json!({"siteId": SITE, "poolId": POOL, "name": m.name,
-                        "bmc": {"address": format!("redfish+{bmc_base}/redfish/v1/Systems/{}", m.uuid),
-                                "username": BMC_USER, "password": BMC_PASSWORD}}),
-            )
-            .await?;
+        let enroll = Request::NodesEnroll(EnrollRequest {
+            site_id: Id::unchecked(SITE),
+            pool_id: Some(Id::unchecked(POOL)),
+            name: Some(Name::unchecked(m.name.as_str())),
+            bmc: BmcInput {
+                address: format!("redfish+{bmc_base}/redfish/v1/Systems/{}", m.uuid),
+                username: BMC_USER.to_owned(),
+                password: Secret::from(BMC_PASSWORD.to_owned()),
+                tls: TlsMode::default(),
+            },
+            macs: None,
+            inspect: true,
+            deployed: false,
+        });
+        let v: Value = api.request(&enroll).await?;
         let id = v["id"]
             .as_str()
             .context("nodes.enroll answered no id")?
@@ -419,12 +426,7 @@ async fn enroll_and_follow(
             last.clone_from(&line);
         }
         if let Some(i) = states.iter().position(|s| *s == ProvisionState::Failed) {
-            let v: Value = api
-                .call(
-                    cpl_core::verbs::Method::NodesGet,
-                    &json!({"nodeId": ids[i]}),
-                )
-                .await?;
+            let v: Value = api.request(&node_get(&ids[i])).await?;
             bail!(
                 "{} failed: {}",
                 ids[i],
@@ -454,4 +456,11 @@ async fn enroll_and_follow(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// `nodes.get` of `id`.
+fn node_get(id: &str) -> Request {
+    Request::NodesGet(NodeRef {
+        node_id: Id::unchecked(id),
+    })
 }

@@ -2,11 +2,12 @@
 //! the node's newest succeeded one) with a progress bar, checking its SHA-256 against the
 //! command's result before the file takes its name.
 
-use cpl_core::verbs::Method;
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use serde_json::{Value, json};
+use cpl_core::text::Id;
+use cpl_core::verbs::{CommandRef, CommandsListRequest, Request};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
@@ -15,7 +16,10 @@ use super::ClientArgs;
 /// The node's newest succeeded logs.collect command id.
 async fn newest(c: &controlplane_lite::client::Client, node_id: &str) -> anyhow::Result<String> {
     let list: Value = c
-        .call(Method::CommandsList, &json!({"nodeId": node_id}))
+        .request(&Request::CommandsList(CommandsListRequest {
+            node_id: Some(Id::unchecked(node_id)),
+            limit: None,
+        }))
         .await?;
     let mut found: Vec<&Value> = list
         .get("commands")
@@ -52,7 +56,9 @@ pub async fn download(
         None => newest(&c, node_id).await?,
     };
     let cmd: Value = c
-        .call(Method::CommandsGet, &json!({"commandId": id}))
+        .request(&Request::CommandsGet(CommandRef {
+            command_id: Id::unchecked(id.as_str()),
+        }))
         .await?;
     if cmd["nodeId"] != node_id {
         bail!(

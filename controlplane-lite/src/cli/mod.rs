@@ -3,14 +3,20 @@
 
 pub mod bare_metal;
 pub mod bench;
+pub mod call;
 pub mod dev;
 pub mod dev_metal;
+pub mod follow;
 pub mod logs;
 pub mod nodes;
 pub mod ops;
 pub mod render;
 pub mod status;
 pub mod table;
+#[cfg(test)]
+mod wire_cases;
+#[cfg(test)]
+mod wire_tests;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,27 +1,37 @@
 //! `bcctl nodes ...`: the node verbs, `nodes run` (commands) and `nodes logs` (bundles).
 
-use cpl_core::verbs::Method;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use bc_protocol::{Connectivity, ProvisionState};
 use clap::Subcommand;
-use serde_json::{Value, json};
+use cpl_core::text::{Id, Key, ShortText, Text};
+use cpl_core::verbs::{
+    ApproveRejoinRequest, CommandsCreateRequest, LeaseRequest, MaintenanceRequest, MoveRequest,
+    NodeFilter, NodeRef, RemoveLabelsRequest, Request, SetLabelsRequest, SpecRequest, TaintRequest,
+    UntaintRequest,
+};
+use serde_json::Value;
 
-use super::ops::{items, mutate, parse_arg, print};
-use super::{ClientArgs, Output, render};
-use controlplane_lite::client::Client;
+use super::call::{Call, all_of, items, print, spelled};
+use super::{ClientArgs, render};
 
 /// `bcctl nodes ...`
 #[derive(Debug, Clone, Subcommand)]
 pub enum NodesCommand {
     /// List nodes.
     List {
+        /// Only nodes of this pool.
         #[arg(long)]
         pool: Option<String>,
-        #[arg(long)]
-        provision_state: Option<bc_protocol::ProvisionState>,
-        #[arg(long)]
-        connectivity: Option<bc_protocol::Connectivity>,
+        /// Only nodes in this provisionState.
+        #[arg(long, value_parser = spelled::<ProvisionState>(all_of(ProvisionState::ALL, ProvisionState::as_str)))]
+        provision_state: Option<ProvisionState>,
+        /// Only nodes with this connectivity.
+        #[arg(long, value_parser = spelled::<Connectivity>(all_of(Connectivity::ALL, Connectivity::as_str)))]
+        connectivity: Option<Connectivity>,
+        /// `true`: only schedulable nodes; `false`: only unschedulable ones.
         #[arg(long)]
         schedulable: Option<bool>,
         /// Only nodes with this label (`key=value`); repeatable, all must match.
@@ -33,149 +43,204 @@ pub enum NodesCommand {
         firmware: Option<String>,
     },
     /// Show one node (NodeDetail).
-    Get { node_id: String },
+    Get {
+        /// The node (`node_…`).
+        node_id: String,
+    },
     /// Show a node's event log.
-    Events { node_id: String },
+    Events {
+        /// The node (`node_…`).
+        node_id: String,
+    },
     /// Cordon: no new work.
     Cordon {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Uncordon.
     Uncordon {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Cordon plus `draining` until the node's allocations are released.
     Drain {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Add an operator taint (`taint:<key>` in noScheduleReasons).
     Taint {
+        /// The node (`node_…`).
         node_id: String,
+        /// The taint's key (`taint:<key>` in noScheduleReasons).
         key: String,
+        /// The taint's value.
         #[arg(long, default_value = "")]
         value: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Add or replace labels (`key=value`, repeatable); other labels stay.
     SetLabels {
+        /// The node (`node_…`).
         node_id: String,
+        /// A label `key=value` (the value may be empty); repeatable.
         #[arg(required = true)]
         labels: Vec<String>,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Remove labels by key.
     RemoveLabels {
+        /// The node (`node_…`).
         node_id: String,
+        /// A label key to remove; repeatable.
         #[arg(required = true)]
         keys: Vec<String>,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Remove a taint.
     Untaint {
+        /// The node (`node_…`).
         node_id: String,
+        /// The taint's key.
         key: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Accept a node by hand (`adopting → adopted`).
     Adopt {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Recover a failed node back to where it failed from.
     Recover {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Retire a node for good: its identity ends; a node without a BMC goes on to `retired` at
     /// once, a machine enrolled through its BMC is cleaned in the ramdisk first.
     Retire {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Abort a bare-metal workflow in flight: the node fails from its state (maintenance on),
     /// its command in flight is cancelled and the machine powered off; `recover` starts over.
     Abort {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Turn maintenance on or off.
     SetMaintenance {
+        /// The node (`node_…`).
         node_id: String,
         /// `true` or `false`.
         #[arg(action = clap::ArgAction::Set)]
         maintenance: bool,
+        /// Why (shown as maintenanceReason).
         #[arg(long)]
         reason: Option<String>,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Revoke the node's identity (identityGeneration + 1; its certificates stop working).
     RevokeIdentity {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Delete the node.
     Delete {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Replace the node's desired spec (generation + 1). JSON inline or `@file`.
     UpdateSpec {
+        /// The node (`node_…`).
         node_id: String,
+        /// The NodeSpec: JSON inline, or `@FILE`.
         spec: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Start a dedicated-root lease (trust becomes tenant-controlled).
     StartDedicatedRoot {
+        /// The node (`node_…`).
         node_id: String,
+        /// The tenant that holds the lease.
         #[arg(long)]
         tenant: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// End the dedicated-root lease.
     EndDedicatedRoot {
+        /// The node (`node_…`).
         node_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Approve a machine's pending re-join in place (`nodes get` shows the request; the agent's
     /// log names it too). The machine joins at its next attempt, without a new token.
     ApproveRejoin {
+        /// The node (`node_…`).
         node_id: String,
         /// The request id (`rejoin_…`).
         request_id: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Move the node to another pool (role, trust, owner, adapter and drivers follow the pool).
     Move {
+        /// The node (`node_…`).
         node_id: String,
+        /// The pool the node moves to.
         #[arg(long)]
         pool: String,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
         #[arg(long)]
         version: Option<u64>,
     },
     /// Run a command on the node (inventory.refresh, diag.nvml, logs.collect, gpu.reset, node.reboot).
     Run {
+        /// The node (`node_…`).
         node_id: String,
+        /// The command's name, e.g. `diag.nvml`.
         command: String,
         /// Argument `key=value` (value parsed as JSON when it is JSON, else a string); repeatable.
         #[arg(long = "arg")]
@@ -189,6 +254,7 @@ pub enum NodesCommand {
     },
     /// Download a logs.collect bundle (default: the node's newest succeeded one).
     Logs {
+        /// The node (`node_…`).
         node_id: String,
         /// The logs.collect command id.
         #[arg(long)]
@@ -205,190 +271,265 @@ pub enum NodesCommand {
 /// Runs `bcctl nodes ...`.
 pub async fn nodes(args: &ClientArgs, cmd: NodesCommand) -> anyhow::Result<()> {
     let c = args.client()?;
-    match cmd {
-        NodesCommand::List {
+    let table: fn(&Value) -> String = match &cmd {
+        NodesCommand::Logs {
+            node_id,
+            command,
+            file,
+        } => return super::logs::download(args, node_id, command.clone(), file).await,
+        NodesCommand::Run { wait: true, .. } => {
+            let created = call(cmd)?.send(&c).await?;
+            let id = created
+                .get("id")
+                .and_then(Value::as_str)
+                .context("commands.create returned no id")?;
+            return super::follow::follow(args, &c, id).await;
+        }
+        NodesCommand::List { .. } => |v| render::nodes(&items(v, "nodes")),
+        NodesCommand::Events { .. } => events_table,
+        _ => render::object,
+    };
+    let v = call(cmd)?.send(&c).await?;
+    print(args, &v, table)
+}
+
+/// What `bcctl nodes <cmd>` sends (`nodes logs` downloads a bundle instead: not a request).
+pub(crate) fn call(cmd: NodesCommand) -> anyhow::Result<Call> {
+    use NodesCommand as N;
+    let once = Call::once;
+    Ok(match cmd {
+        N::List {
             pool,
             provision_state,
             connectivity,
             schedulable,
             labels,
             firmware,
-        } => {
-            let mut filter = json!({"poolId": pool, "provisionState": provision_state, "connectivity": connectivity, "schedulable": schedulable, "firmware": firmware});
-            if !labels.is_empty() {
-                filter["labels"] = Value::Object(label_map(&labels)?);
-            }
-            let v: Value = c.call(Method::NodesList, &filter).await?;
-            print(args, &v, |v| render::nodes(&items(v, "nodes")))
+        } => once(Request::NodesList(NodeFilter {
+            pool_id: pool.map(Id::unchecked),
+            provision_state,
+            connectivity,
+            schedulable,
+            labels: (!labels.is_empty())
+                .then(|| label_map(&labels))
+                .transpose()?,
+            firmware: firmware.map(ShortText::unchecked),
+        })),
+        N::Get { node_id } => once(Request::NodesGet(node_ref(node_id))),
+        N::Events { node_id } => once(Request::NodesEvents(node_ref(node_id))),
+        N::Cordon { node_id, version } => Call::node_verb(node_id, version, Request::NodesCordon),
+        N::Uncordon { node_id, version } => {
+            Call::node_verb(node_id, version, Request::NodesUncordon)
         }
-        NodesCommand::Get { node_id } => {
-            let v: Value = c
-                .call(Method::NodesGet, &json!({"nodeId": node_id}))
-                .await?;
-            print(args, &v, render::object)
-        }
-        NodesCommand::Events { node_id } => events(args, &c, &node_id).await,
-        NodesCommand::Logs {
-            node_id,
-            command,
-            file,
-        } => super::logs::download(args, &node_id, command, &file).await,
-        NodesCommand::Run {
-            node_id,
-            command,
-            args: kvs,
-            wait,
-            timeout,
-        } => run(args, &c, &node_id, &command, &kvs, wait, timeout).await,
-        NodesCommand::BareMetal(cmd) => super::bare_metal::run(args, cmd).await,
-        mutation => {
-            let (method, node_id, version, extra) = node_mutation(mutation)?;
-            mutate(args, &c, method, &node_id, version, extra).await
-        }
-    }
-}
-
-/// `bcctl nodes events`: the node's event log as a table.
-async fn events(args: &ClientArgs, c: &Client, node_id: &str) -> anyhow::Result<()> {
-    let v: Value = c
-        .call(Method::NodesEvents, &json!({"nodeId": node_id}))
-        .await?;
-    print(args, &v, |v| {
-        render::list(
-            &items(v, "events"),
-            &[
-                ("AT", "/at"),
-                ("WHAT", "/kind"),
-                ("FROM", "/from"),
-                ("TO", "/to"),
-                ("WHO", "/actor"),
-                ("MESSAGE", "/message"),
-            ],
-        )
-    })
-}
-
-/// A node mutation subcommand as its method, node, `--version` and the body's other fields.
-fn node_mutation(cmd: NodesCommand) -> anyhow::Result<(Method, String, Option<u64>, Value)> {
-    use NodesCommand as N;
-    let plain = |m, node_id, version| Ok((m, node_id, version, json!({})));
-    match cmd {
-        N::Cordon { node_id, version } => plain(Method::NodesCordon, node_id, version),
-        N::Uncordon { node_id, version } => plain(Method::NodesUncordon, node_id, version),
-        N::Drain { node_id, version } => plain(Method::NodesDrain, node_id, version),
-        N::Adopt { node_id, version } => plain(Method::NodesAdopt, node_id, version),
-        N::Recover { node_id, version } => plain(Method::NodesRecover, node_id, version),
-        N::Retire { node_id, version } => plain(Method::NodesRetire, node_id, version),
-        N::Abort { node_id, version } => plain(Method::NodesAbort, node_id, version),
+        N::Drain { node_id, version } => Call::node_verb(node_id, version, Request::NodesDrain),
+        N::Adopt { node_id, version } => Call::node_verb(node_id, version, Request::NodesAdopt),
+        N::Recover { node_id, version } => Call::node_verb(node_id, version, Request::NodesRecover),
+        N::Retire { node_id, version } => Call::node_verb(node_id, version, Request::NodesRetire),
+        N::Abort { node_id, version } => Call::node_verb(node_id, version, Request::NodesAbort),
         N::RevokeIdentity { node_id, version } => {
-            plain(Method::NodesRevokeIdentity, node_id, version)
+            Call::node_verb(node_id, version, Request::NodesRevokeIdentity)
         }
-        N::Delete { node_id, version } => plain(Method::NodesDelete, node_id, version),
+        N::Delete { node_id, version } => Call::node_verb(node_id, version, Request::NodesDelete),
         N::EndDedicatedRoot { node_id, version } => {
-            plain(Method::NodesEndDedicatedRoot, node_id, version)
+            Call::node_verb(node_id, version, Request::NodesEndDedicatedRoot)
         }
         N::Taint {
             node_id,
             key,
             value,
             version,
-        } => Ok((
-            Method::NodesTaint,
-            node_id,
-            version,
-            json!({"key": key, "value": value}),
-        )),
+        } => {
+            let (key, value) = (Key::unchecked(key), ShortText::unchecked(value));
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesTaint(TaintRequest {
+                    node_id,
+                    version,
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+            })
+        }
         N::Untaint {
             node_id,
             key,
             version,
-        } => Ok((Method::NodesUntaint, node_id, version, json!({"key": key}))),
+        } => {
+            let key = Key::unchecked(key);
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesUntaint(UntaintRequest {
+                    node_id,
+                    version,
+                    key: key.clone(),
+                })
+            })
+        }
         N::SetLabels {
             node_id,
             labels,
             version,
-        } => Ok((
-            Method::NodesSetLabels,
-            node_id,
-            version,
-            json!({"labels": label_map(&labels)?}),
-        )),
+        } => {
+            let labels = label_map(&labels)?;
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesSetLabels(SetLabelsRequest {
+                    node_id,
+                    version,
+                    labels: labels.clone(),
+                })
+            })
+        }
         N::RemoveLabels {
             node_id,
             keys,
             version,
-        } => Ok((
-            Method::NodesRemoveLabels,
-            node_id,
-            version,
-            json!({"keys": keys}),
-        )),
+        } => {
+            let keys: Vec<Key> = keys.into_iter().map(Key::unchecked).collect();
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesRemoveLabels(RemoveLabelsRequest {
+                    node_id,
+                    version,
+                    keys: keys.clone(),
+                })
+            })
+        }
         N::SetMaintenance {
             node_id,
             maintenance,
             reason,
             version,
-        } => Ok((
-            Method::NodesSetMaintenance,
-            node_id,
-            version,
-            json!({"maintenance": maintenance, "reason": reason}),
-        )),
+        } => {
+            let reason = reason.map(Text::unchecked);
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesSetMaintenance(MaintenanceRequest {
+                    node_id,
+                    version,
+                    maintenance,
+                    reason: reason.clone(),
+                })
+            })
+        }
         N::UpdateSpec {
             node_id,
             spec,
             version,
-        } => Ok((
-            Method::NodesUpdateSpec,
-            node_id,
-            version,
-            json!({"spec": read_spec(spec)?}),
-        )),
+        } => {
+            let spec = read_spec(spec)?;
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesUpdateSpec(SpecRequest {
+                    node_id,
+                    version,
+                    spec: spec.clone(),
+                })
+            })
+        }
         N::StartDedicatedRoot {
             node_id,
             tenant,
             version,
-        } => Ok((
-            Method::NodesStartDedicatedRoot,
-            node_id,
-            version,
-            json!({"tenantId": tenant}),
-        )),
+        } => {
+            let tenant_id = Id::unchecked(tenant);
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesStartDedicatedRoot(LeaseRequest {
+                    node_id,
+                    version,
+                    tenant_id: tenant_id.clone(),
+                })
+            })
+        }
         N::ApproveRejoin {
             node_id,
             request_id,
             version,
-        } => Ok((
-            Method::NodesApproveRejoin,
-            node_id,
-            version,
-            json!({"requestId": request_id}),
-        )),
+        } => {
+            let request_id = Id::unchecked(request_id);
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesApproveRejoin(ApproveRejoinRequest {
+                    node_id,
+                    version,
+                    request_id: request_id.clone(),
+                })
+            })
+        }
         N::Move {
             node_id,
             pool,
             version,
-        } => Ok((Method::NodesMove, node_id, version, json!({"poolId": pool}))),
-        N::List { .. }
-        | N::Get { .. }
-        | N::Events { .. }
-        | N::Run { .. }
-        | N::Logs { .. }
-        | N::BareMetal(_) => bail!("not a node mutation"),
+        } => {
+            let pool_id = Id::unchecked(pool);
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesMove(MoveRequest {
+                    node_id,
+                    version,
+                    pool_id: pool_id.clone(),
+                })
+            })
+        }
+        N::Run {
+            node_id,
+            command,
+            args,
+            timeout,
+            wait: _,
+        } => {
+            let mut a = serde_json::Map::new();
+            for kv in &args {
+                let (k, v) = parse_arg(kv)?;
+                a.insert(k, v);
+            }
+            once(Request::CommandsCreate(CommandsCreateRequest {
+                node_id: Id::unchecked(node_id),
+                name: Id::unchecked(command),
+                args: Some(Value::Object(a)),
+                timeout_seconds: Some(timeout.as_secs().max(1)),
+            }))
+        }
+        N::BareMetal(cmd) => super::bare_metal::call(cmd)?,
+        N::Logs { .. } => bail!("`nodes logs` downloads a bundle; it is not one request"),
+    })
+}
+
+/// A request naming `node_id`.
+fn node_ref(node_id: String) -> NodeRef {
+    NodeRef {
+        node_id: Id::unchecked(node_id),
     }
 }
 
-/// `key=value` arguments as a JSON object of strings (the value may be empty: `key=`).
-fn label_map(pairs: &[String]) -> anyhow::Result<serde_json::Map<String, Value>> {
+/// `bcctl nodes events`: the node's event log as a table.
+fn events_table(v: &Value) -> String {
+    render::list(
+        &items(v, "events"),
+        &[
+            ("AT", "/at"),
+            ("WHAT", "/kind"),
+            ("FROM", "/from"),
+            ("TO", "/to"),
+            ("WHO", "/actor"),
+            ("MESSAGE", "/message"),
+        ],
+    )
+}
+
+/// `key=value` arguments as labels (the value may be empty: `key=`; a key given twice keeps its
+/// last value).
+fn label_map(pairs: &[String]) -> anyhow::Result<BTreeMap<Key, ShortText>> {
     pairs
         .iter()
         .map(|kv| {
             let (k, v) = kv
                 .split_once('=')
                 .with_context(|| format!("label {kv:?}: expected key=value"))?;
-            Ok((k.to_owned(), Value::String(v.to_owned())))
+            Ok((Key::unchecked(k), ShortText::unchecked(v)))
         })
         .collect()
+}
+
+/// A `--arg key=value` of `nodes run`: the value parsed as JSON when it is JSON, else a string.
+fn parse_arg(kv: &str) -> anyhow::Result<(String, Value)> {
+    let Some((k, v)) = kv.split_once('=') else {
+        bail!("--arg {kv:?}: expected key=value");
+    };
+    let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
+    Ok((k.to_owned(), value))
 }
 
 /// The spec argument: JSON inline or `@file`.
@@ -398,102 +539,4 @@ fn read_spec(spec: String) -> anyhow::Result<Value> {
         None => spec,
     };
     serde_json::from_str(&text).context("the spec is not valid JSON")
-}
-
-/// `bcctl nodes run`: creates the command; with `--wait`, follows it to its end.
-async fn run(
-    args: &ClientArgs,
-    c: &Client,
-    node_id: &str,
-    command: &str,
-    kvs: &[String],
-    wait: bool,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let mut a = serde_json::Map::new();
-    for kv in kvs {
-        let (k, v) = parse_arg(kv)?;
-        a.insert(k, v);
-    }
-    let body = json!({"nodeId": node_id, "name": command, "args": a, "timeoutSeconds": timeout.as_secs().max(1)});
-    let created: Value = c.call(Method::CommandsCreate, &body).await?;
-    if !wait {
-        return print(args, &created, render::object);
-    }
-    let id = created
-        .get("id")
-        .and_then(Value::as_str)
-        .context("commands.create returned no id")?
-        .to_owned();
-    follow(args, c, &id).await
-}
-
-/// Polls a command until it is over, printing progress; fails unless it succeeded.
-async fn follow(args: &ClientArgs, c: &Client, id: &str) -> anyhow::Result<()> {
-    let mut last = String::new();
-    loop {
-        let v: Value = c
-            .call(Method::CommandsGet, &json!({"commandId": id}))
-            .await?;
-        let state = v
-            .get("state")
-            .and_then(Value::as_str)
-            .unwrap_or("?")
-            .to_owned();
-        let progress = v.get("progress").and_then(Value::as_u64).unwrap_or(0);
-        let line = format!("{id} {state} {progress}%");
-        if line != last && args.output == Output::Table {
-            eprintln!("{line}");
-            last = line;
-        }
-        if matches!(
-            state.as_str(),
-            "succeeded" | "failed" | "cancelled" | "expired"
-        ) {
-            print(args, &v, render::object)?;
-            if state != "succeeded" {
-                bail!("{}", failure_line(id, &state, &v));
-            }
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// What `nodes run --wait` says when a command did not succeed: its state, and the error code
-/// and message the agent (or the control plane: `DEADLINE_EXCEEDED`, `CANCELLED`) gave.
-fn failure_line(id: &str, state: &str, v: &Value) -> String {
-    let err = v.get("error");
-    let code = err.and_then(|e| e.get("code")).and_then(Value::as_str);
-    let message = err.and_then(|e| e.get("message")).and_then(Value::as_str);
-    match (code, message) {
-        (Some(c), Some(m)) if !m.is_empty() => {
-            format!("command {id} {state}: {c}: {}", super::table::safe(m))
-        }
-        (Some(c), _) => format!("command {id} {state}: {c}"),
-        _ => format!("command {id} {state}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_failed_command_says_its_code_and_message() {
-        let v = json!({"state": "failed", "error": {"code": "GPU_BUSY", "message": "pid 42 runs on 0000:1a:00.0"}});
-        assert_eq!(
-            failure_line("cmd_1", "failed", &v),
-            "command cmd_1 failed: GPU_BUSY: pid 42 runs on 0000:1a:00.0"
-        );
-        let esc = json!({"error": {"code": "X", "message": "a\u{1b}[2J"}});
-        assert_eq!(
-            failure_line("c", "failed", &esc),
-            "command c failed: X: a\\u{1b}[2J"
-        );
-        assert_eq!(
-            failure_line("c", "expired", &json!({})),
-            "command c expired"
-        );
-    }
 }

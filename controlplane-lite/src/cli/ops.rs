@@ -1,15 +1,21 @@
 //! Operator verbs: one `bcctl` subcommand per API method. Mutations take `--version` (the version
 //! you read); without it bcctl reads the node's current version first.
 
-use cpl_core::verbs::Method;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use bc_protocol::{PoolAgent, PoolKind, SiteKind};
 use clap::Subcommand;
-use serde_json::{Value, json};
+use cpl_core::text::{Id, Name, Text};
+use cpl_core::verbs::{
+    AllocationListRequest, AllocationRef, AllocationRequest, CommandRef, CommandsListRequest,
+    NewPool, NewSite, NoArgs, PoolDelete, PoolRef, PoolUpdate, Request, SiteDelete, SiteRef,
+    SiteUpdate, TokenRef, TokensCreateRequest,
+};
+use cpl_store::{Acceptance, HardwareProfile, LinkDegradedPolicy};
+use serde_json::Value;
 
-use super::{ClientArgs, Output, render};
-use controlplane_lite::client::Client;
+use super::call::{Call, all_of, items, print, spelled};
+use super::{ClientArgs, render};
 
 /// `bcctl pools|sites|tokens|allocations|commands ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -18,14 +24,16 @@ pub enum PoolsCommand {
     Create {
         #[arg(long)]
         name: String,
-        /// metal-host | vps-host | provider | metal-dedicated
-        #[arg(long)]
-        kind: String,
+        /// What the pool's machines are; their role and trust follow from it.
+        #[arg(long, value_parser = spelled::<PoolKind>(all_of(PoolKind::ALL, PoolKind::as_str)))]
+        kind: PoolKind,
+        /// The site the pool's machines are in.
         #[arg(long)]
         site: Option<String>,
-        /// bcd | none
-        #[arg(long, default_value = "bcd")]
-        agent: String,
+        /// Whether its machines run bcd.
+        #[arg(long, default_value = "bcd", value_parser = spelled::<PoolAgent>(all_of(PoolAgent::ALL, PoolAgent::as_str)))]
+        agent: PoolAgent,
+        /// The tenant whose pool this is.
         #[arg(long)]
         owner_tenant: Option<String>,
         #[command(flatten)]
@@ -71,9 +79,9 @@ pub struct ProfileArgs {
     #[arg(long)]
     pub expected_gpu_model: Option<String>,
     /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
-    /// only, the default) | noSchedule.
-    #[arg(long, value_parser = ["ignore", "noSchedule"])]
-    pub pcie_link_degraded: Option<String>,
+    /// only, the default) or noSchedule.
+    #[arg(long, value_parser = spelled::<LinkDegradedPolicy>(["ignore", "noSchedule"]))]
+    pub pcie_link_degraded: Option<LinkDegradedPolicy>,
     /// Bare-metal commissioning: installed memory at least this, e.g. `512G` (`minMemoryBytes`).
     #[arg(long, value_parser = super::parse_bytes)]
     pub min_memory: Option<u64>,
@@ -91,17 +99,18 @@ pub struct ProfileArgs {
 }
 
 impl ProfileArgs {
-    /// The `hardwareProfile` object (absent keys: null, which the API reads as unset).
-    fn json(&self) -> Value {
-        json!({
-            "expectedGpuCount": self.expected_gpus,
-            "expectedGpuModel": self.expected_gpu_model,
-            "pcieLinkDegraded": self.pcie_link_degraded,
-            "minMemoryBytes": self.min_memory,
-            "expectedCpuModel": self.expected_cpu_model,
-            "minCpuThreads": self.min_cpu_threads,
-            "minLinkedNics": self.min_linked_nics,
-        })
+    /// The `hardwareProfile` (without drivers: the API sets those).
+    fn profile(&self) -> HardwareProfile {
+        HardwareProfile {
+            expected_gpu_count: self.expected_gpus,
+            expected_gpu_model: self.expected_gpu_model.clone(),
+            drivers: Default::default(),
+            pcie_link_degraded: self.pcie_link_degraded,
+            min_memory_bytes: self.min_memory,
+            expected_cpu_model: self.expected_cpu_model.clone(),
+            min_cpu_threads: self.min_cpu_threads,
+            min_linked_nics: self.min_linked_nics,
+        }
     }
 }
 
@@ -143,8 +152,8 @@ pub struct AcceptanceArgs {
 }
 
 impl AcceptanceArgs {
-    /// The `acceptance` object, `None` when no flag was given.
-    fn json(&self) -> Option<Value> {
+    /// The `acceptance` rules, `None` when no flag was given.
+    fn acceptance(&self) -> Option<Acceptance> {
         let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
         let any = self.require_trusted_key.is_some()
             || self.acceptance_deadline.is_some()
@@ -155,18 +164,16 @@ impl AcceptanceArgs {
             || self.cleaning_deadline.is_some()
             || self.deploy_deadline.is_some()
             || self.rescue_deadline.is_some();
-        any.then(|| {
-            json!({
-                "requireTrustedKey": self.require_trusted_key,
-                "deadlineSeconds": secs(self.acceptance_deadline),
-                "inspectionDeadlineSeconds": secs(self.inspection_deadline),
-                "commissioningDeadlineSeconds": secs(self.commissioning_deadline),
-                "powerOffWhenReady": self.power_off_when_ready,
-                "cleaning": self.cleaning.map(|m| m.as_str()),
-                "cleaningDeadlineSeconds": secs(self.cleaning_deadline),
-                "deployDeadlineSeconds": secs(self.deploy_deadline),
-                "rescueDeadlineSeconds": secs(self.rescue_deadline),
-            })
+        any.then(|| Acceptance {
+            require_trusted_key: self.require_trusted_key,
+            deadline_seconds: secs(self.acceptance_deadline),
+            inspection_deadline_seconds: secs(self.inspection_deadline),
+            commissioning_deadline_seconds: secs(self.commissioning_deadline),
+            power_off_when_ready: self.power_off_when_ready,
+            cleaning: self.cleaning,
+            cleaning_deadline_seconds: secs(self.cleaning_deadline),
+            deploy_deadline_seconds: secs(self.deploy_deadline),
+            rescue_deadline_seconds: secs(self.rescue_deadline),
         })
     }
 }
@@ -177,9 +184,9 @@ pub enum SitesCommand {
     Create {
         #[arg(long)]
         name: String,
-        /// platform | custom
-        #[arg(long, default_value = "platform")]
-        kind: String,
+        /// The platform's own site, or a tenant's `custom` one (its nodes are tenant-owned).
+        #[arg(long, default_value = "platform", value_parser = spelled::<SiteKind>(all_of(SiteKind::ALL, SiteKind::as_str)))]
+        kind: SiteKind,
         #[arg(long)]
         owner_tenant: Option<String>,
     },
@@ -269,95 +276,32 @@ pub enum CommandsCommand {
     },
 }
 
-pub(super) fn print(
-    args: &ClientArgs,
-    v: &Value,
-    table: impl FnOnce(&Value) -> String,
-) -> anyhow::Result<()> {
-    if args.output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(v)?);
-    } else {
-        print!("{}", table(v));
-    }
-    Ok(())
-}
-
-pub(super) fn items(v: &Value, key: &str) -> Vec<Value> {
-    v.get(key)
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-}
-
-pub(super) async fn version_of(
-    client: &Client,
-    node_id: &str,
-    given: Option<u64>,
-) -> anyhow::Result<u64> {
-    if let Some(v) = given {
-        return Ok(v);
-    }
-    let n: Value = client
-        .call(Method::NodesGet, &json!({"nodeId": node_id}))
-        .await?;
-    n.get("version")
-        .and_then(Value::as_u64)
-        .context("nodes.get returned no version")
-}
-
-pub(super) async fn mutate(
-    args: &ClientArgs,
-    client: &Client,
-    method: Method,
-    node_id: &str,
-    version: Option<u64>,
-    extra: Value,
-) -> anyhow::Result<()> {
-    use controlplane_lite::client::ClientError;
-    // Without --version the operator means "the node as it is now": a CONFLICT then only says an
-    // agent report (Inventory, SpecStatus) moved the version between our read and our write, so
-    // read it again. With --version a CONFLICT is the answer the operator asked for.
-    const CONFLICT_RETRIES: u32 = 5;
-    let mut attempt = 0;
-    loop {
-        let current = version_of(client, node_id, version).await?;
-        let mut body = json!({"nodeId": node_id, "version": current});
-        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
-            for (k, v) in e {
-                b.insert(k.clone(), v.clone());
-            }
-        }
-        match client.call::<_, Value>(method, &body).await {
-            Ok(v) => return print(args, &v, render::object),
-            Err(ClientError::Api(e))
-                if version.is_none()
-                    && e.code == bc_protocol::ErrorCode::Conflict
-                    && attempt < CONFLICT_RETRIES =>
-            {
-                attempt += 1;
-                tracing::debug!(
-                    node_id,
-                    attempt,
-                    "version moved under {method}; reading it again"
-                );
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-pub(super) fn parse_arg(kv: &str) -> anyhow::Result<(String, Value)> {
-    let Some((k, v)) = kv.split_once('=') else {
-        bail!("--arg {kv:?}: expected key=value");
-    };
-    let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_owned()));
-    Ok((k.to_owned(), value))
-}
-
 /// Runs `bcctl pools ...`.
 pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
-    let c = args.client()?;
-    let v: Value = match cmd {
+    let table: fn(&Value) -> String = match cmd {
+        PoolsCommand::List => |v| {
+            render::list(
+                &items(v, "pools"),
+                &[
+                    ("ID", "/id"),
+                    ("NAME", "/name"),
+                    ("KIND", "/kind"),
+                    ("AGENT", "/agent"),
+                    ("SITE", "/siteId"),
+                    ("OWNER", "/ownerTenantId"),
+                    ("VERSION", "/version"),
+                ],
+            )
+        },
+        _ => render::object,
+    };
+    let v = pools_call(cmd).send(&args.client()?).await?;
+    print(args, &v, table)
+}
+
+/// What `bcctl pools <cmd>` sends.
+pub(crate) fn pools_call(cmd: PoolsCommand) -> Call {
+    Call::once(match cmd {
         PoolsCommand::Create {
             name,
             kind,
@@ -366,257 +310,239 @@ pub async fn pools(args: &ClientArgs, cmd: PoolsCommand) -> anyhow::Result<()> {
             owner_tenant,
             profile,
             acceptance,
-        } => {
-            let mut body = json!({"name": name, "kind": kind, "siteId": site, "agent": agent, "ownerTenantId": owner_tenant,
-                        "hardwareProfile": profile.json()});
-            if let Some(a) = acceptance.json() {
-                body["acceptance"] = a;
-            }
-            c.call(Method::PoolsCreate, &body).await?
-        }
-        PoolsCommand::List => {
-            let v: Value = c.call(Method::PoolsList, &json!({})).await?;
-            return print(args, &v, |v| {
-                render::list(
-                    &items(v, "pools"),
-                    &[
-                        ("ID", "/id"),
-                        ("NAME", "/name"),
-                        ("KIND", "/kind"),
-                        ("AGENT", "/agent"),
-                        ("SITE", "/siteId"),
-                        ("OWNER", "/ownerTenantId"),
-                        ("VERSION", "/version"),
-                    ],
-                )
-            });
-        }
-        PoolsCommand::Get { pool_id } => {
-            c.call(Method::PoolsGet, &json!({"poolId": pool_id}))
-                .await?
-        }
-        PoolsCommand::Capacity { pool_id } => {
-            c.call(Method::PoolsCapacity, &json!({"poolId": pool_id}))
-                .await?
-        }
+        } => Request::PoolsCreate(NewPool {
+            name: Name::unchecked(name),
+            kind,
+            agent,
+            site_id: site.map(Id::unchecked),
+            owner_tenant_id: owner_tenant.map(Id::unchecked),
+            hardware_profile: profile.profile(),
+            acceptance: acceptance.acceptance().unwrap_or_default(),
+        }),
+        PoolsCommand::List => Request::PoolsList(NoArgs {}),
+        PoolsCommand::Get { pool_id } => Request::PoolsGet(pool_ref(pool_id)),
+        PoolsCommand::Capacity { pool_id } => Request::PoolsCapacity(pool_ref(pool_id)),
         PoolsCommand::Update {
             pool_id,
             version,
             name,
             profile,
             acceptance,
-        } => {
-            let mut body = json!({"poolId": pool_id, "version": version, "name": name,
-                        "hardwareProfile": profile.json()});
-            if let Some(a) = acceptance.json() {
-                body["acceptance"] = a;
-            }
-            c.call(Method::PoolsUpdate, &body).await?
-        }
-        PoolsCommand::Delete { pool_id, version } => {
-            c.call(
-                Method::PoolsDelete,
-                &json!({"poolId": pool_id, "version": version}),
-            )
-            .await?
-        }
-    };
-    print(args, &v, render::object)
+        } => Request::PoolsUpdate(PoolUpdate {
+            pool_id: Id::unchecked(pool_id),
+            version,
+            name: Name::unchecked(name),
+            hardware_profile: profile.profile(),
+            acceptance: acceptance.acceptance(),
+        }),
+        PoolsCommand::Delete { pool_id, version } => Request::PoolsDelete(PoolDelete {
+            pool_id: Id::unchecked(pool_id),
+            version,
+        }),
+    })
+}
+
+fn pool_ref(pool_id: String) -> PoolRef {
+    PoolRef {
+        pool_id: Id::unchecked(pool_id),
+    }
 }
 
 /// Runs `bcctl sites ...`.
 pub async fn sites(args: &ClientArgs, cmd: SitesCommand) -> anyhow::Result<()> {
-    let c = args.client()?;
-    let v: Value = match cmd {
+    let table: fn(&Value) -> String = match cmd {
+        SitesCommand::List => |v| {
+            render::list(
+                &items(v, "sites"),
+                &[
+                    ("ID", "/id"),
+                    ("NAME", "/name"),
+                    ("KIND", "/kind"),
+                    ("OWNER", "/ownerTenantId"),
+                    ("VERSION", "/version"),
+                ],
+            )
+        },
+        SitesCommand::Get { .. } => super::bare_metal::site,
+        _ => render::object,
+    };
+    let v = sites_call(cmd).send(&args.client()?).await?;
+    print(args, &v, table)
+}
+
+/// What `bcctl sites <cmd>` sends.
+pub(crate) fn sites_call(cmd: SitesCommand) -> Call {
+    Call::once(match cmd {
         SitesCommand::Create {
             name,
             kind,
             owner_tenant,
-        } => {
-            c.call(
-                Method::SitesCreate,
-                &json!({"name": name, "kind": kind, "ownerTenantId": owner_tenant}),
-            )
-            .await?
-        }
-        SitesCommand::List => {
-            let v: Value = c.call(Method::SitesList, &json!({})).await?;
-            return print(args, &v, |v| {
-                render::list(
-                    &items(v, "sites"),
-                    &[
-                        ("ID", "/id"),
-                        ("NAME", "/name"),
-                        ("KIND", "/kind"),
-                        ("OWNER", "/ownerTenantId"),
-                        ("VERSION", "/version"),
-                    ],
-                )
-            });
-        }
-        SitesCommand::Get { site_id } => {
-            let v: Value = c
-                .call(Method::SitesGet, &json!({"siteId": site_id}))
-                .await?;
-            return print(args, &v, super::bare_metal::site);
-        }
+        } => Request::SitesCreate(NewSite {
+            name: Name::unchecked(name),
+            kind,
+            owner_tenant_id: owner_tenant.map(Id::unchecked),
+        }),
+        SitesCommand::List => Request::SitesList(NoArgs {}),
+        SitesCommand::Get { site_id } => Request::SitesGet(SiteRef {
+            site_id: Id::unchecked(site_id),
+        }),
         SitesCommand::Update {
             site_id,
             version,
             name,
-        } => {
-            c.call(
-                Method::SitesUpdate,
-                &json!({"siteId": site_id, "version": version, "name": name}),
-            )
-            .await?
-        }
-        SitesCommand::Delete { site_id, version } => {
-            c.call(
-                Method::SitesDelete,
-                &json!({"siteId": site_id, "version": version}),
-            )
-            .await?
-        }
-    };
-    print(args, &v, render::object)
+        } => Request::SitesUpdate(SiteUpdate {
+            site_id: Id::unchecked(site_id),
+            version,
+            name: Name::unchecked(name),
+        }),
+        SitesCommand::Delete { site_id, version } => Request::SitesDelete(SiteDelete {
+            site_id: Id::unchecked(site_id),
+            version,
+        }),
+    })
 }
 
 /// Runs `bcctl tokens ...`.
 pub async fn tokens(args: &ClientArgs, cmd: TokensCommand) -> anyhow::Result<()> {
-    let c = args.client()?;
-    match cmd {
+    let table: fn(&Value) -> String = match cmd {
+        TokensCommand::Create { .. } => |v| {
+            format!(
+                "{}\nJoin a machine:\n  bcd agent --control-plane {} --join-token {} --ca-pin {}\n",
+                render::object(v),
+                render::cell(v.get("controlPlane")),
+                render::cell(v.get("token")),
+                render::cell(v.get("caPin"))
+            )
+        },
+        TokensCommand::List => |v| {
+            render::list(
+                &items(v, "tokens"),
+                &[
+                    ("ID", "/id"),
+                    ("POOL", "/poolId"),
+                    ("SITE", "/siteId"),
+                    ("EXPIRES", "/expiresAt"),
+                    ("USES", "/uses"),
+                    ("MAX", "/maxUses"),
+                    ("REVOKED", "/revoked"),
+                ],
+            )
+        },
+        TokensCommand::Revoke { .. } => render::object,
+    };
+    let v = tokens_call(cmd).send(&args.client()?).await?;
+    print(args, &v, table)
+}
+
+/// What `bcctl tokens <cmd>` sends.
+pub(crate) fn tokens_call(cmd: TokensCommand) -> Call {
+    Call::once(match cmd {
         TokensCommand::Create {
             pool,
             site,
             ttl,
             uses,
             description,
-        } => {
-            let v: Value = c
-                .call(Method::TokensCreate, &json!({"poolId": pool, "siteId": site, "ttlSeconds": ttl.as_secs().max(1), "maxUses": uses, "description": description}))
-                .await?;
-            print(args, &v, |v| {
-                format!(
-                    "{}\nJoin a machine:\n  bcd agent --control-plane {} --join-token {} --ca-pin {}\n",
-                    render::object(v),
-                    render::cell(v.get("controlPlane")),
-                    render::cell(v.get("token")),
-                    render::cell(v.get("caPin"))
-                )
-            })
-        }
-        TokensCommand::List => {
-            let v: Value = c.call(Method::TokensList, &json!({})).await?;
-            print(args, &v, |v| {
-                render::list(
-                    &items(v, "tokens"),
-                    &[
-                        ("ID", "/id"),
-                        ("POOL", "/poolId"),
-                        ("SITE", "/siteId"),
-                        ("EXPIRES", "/expiresAt"),
-                        ("USES", "/uses"),
-                        ("MAX", "/maxUses"),
-                        ("REVOKED", "/revoked"),
-                    ],
-                )
-            })
-        }
-        TokensCommand::Revoke { token_id } => {
-            let v: Value = c
-                .call(Method::TokensRevoke, &json!({"tokenId": token_id}))
-                .await?;
-            print(args, &v, render::object)
-        }
-    }
+        } => Request::TokensCreate(TokensCreateRequest {
+            pool_id: pool.map(Id::unchecked),
+            site_id: site.map(Id::unchecked),
+            ttl_seconds: Some(ttl.as_secs().max(1)),
+            max_uses: uses,
+            description: description.map(Text::unchecked),
+        }),
+        TokensCommand::List => Request::TokensList(NoArgs {}),
+        TokensCommand::Revoke { token_id } => Request::TokensRevoke(TokenRef {
+            token_id: Id::unchecked(token_id),
+        }),
+    })
 }
 
 /// Runs `bcctl allocations ...`.
 pub async fn allocations(args: &ClientArgs, cmd: AllocationsCommand) -> anyhow::Result<()> {
-    let c = args.client()?;
-    let v: Value = match cmd {
-        AllocationsCommand::Create { pool, gpus, tenant } => {
-            c.call(
-                Method::AllocationsCreate,
-                &json!({"poolId": pool, "gpus": gpus, "tenantId": tenant}),
+    let table: fn(&Value) -> String = match cmd {
+        AllocationsCommand::List { .. } => |v| {
+            render::list(
+                &items(v, "allocations"),
+                &[
+                    ("ID", "/id"),
+                    ("POOL", "/poolId"),
+                    ("NODE", "/nodeId"),
+                    ("GPUS", "/gpus"),
+                    ("ATOMS", "/atoms"),
+                    ("TENANT", "/tenantId"),
+                    ("RELEASED", "/releasedAt"),
+                ],
             )
-            .await?
+        },
+        _ => render::object,
+    };
+    let v = allocations_call(cmd).send(&args.client()?).await?;
+    print(args, &v, table)
+}
+
+/// What `bcctl allocations <cmd>` sends.
+pub(crate) fn allocations_call(cmd: AllocationsCommand) -> Call {
+    let allocation_ref = |id: String| AllocationRef {
+        allocation_id: Id::unchecked(id),
+    };
+    Call::once(match cmd {
+        AllocationsCommand::Create { pool, gpus, tenant } => {
+            Request::AllocationsCreate(AllocationRequest {
+                pool_id: Id::unchecked(pool),
+                gpus,
+                tenant_id: tenant.map(Id::unchecked),
+            })
         }
         AllocationsCommand::List { pool, node, active } => {
-            let v: Value = c
-                .call(
-                    Method::AllocationsList,
-                    &json!({"poolId": pool, "nodeId": node, "activeOnly": active}),
-                )
-                .await?;
-            return print(args, &v, |v| {
-                render::list(
-                    &items(v, "allocations"),
-                    &[
-                        ("ID", "/id"),
-                        ("POOL", "/poolId"),
-                        ("NODE", "/nodeId"),
-                        ("GPUS", "/gpus"),
-                        ("ATOMS", "/atoms"),
-                        ("TENANT", "/tenantId"),
-                        ("RELEASED", "/releasedAt"),
-                    ],
-                )
-            });
+            Request::AllocationsList(AllocationListRequest {
+                pool_id: pool.map(Id::unchecked),
+                node_id: node.map(Id::unchecked),
+                active_only: active,
+            })
         }
         AllocationsCommand::Get { allocation_id } => {
-            c.call(
-                Method::AllocationsGet,
-                &json!({"allocationId": allocation_id}),
-            )
-            .await?
+            Request::AllocationsGet(allocation_ref(allocation_id))
         }
         AllocationsCommand::Release { allocation_id } => {
-            c.call(
-                Method::AllocationsRelease,
-                &json!({"allocationId": allocation_id}),
-            )
-            .await?
+            Request::AllocationsRelease(allocation_ref(allocation_id))
         }
-    };
-    print(args, &v, render::object)
+    })
 }
 
 /// Runs `bcctl commands ...`.
 pub async fn commands(args: &ClientArgs, cmd: CommandsCommand) -> anyhow::Result<()> {
-    let c = args.client()?;
-    match cmd {
-        CommandsCommand::Get { command_id } => {
-            let v: Value = c
-                .call(Method::CommandsGet, &json!({"commandId": command_id}))
-                .await?;
-            print(args, &v, render::object)
-        }
-        CommandsCommand::Cancel { command_id } => {
-            let v: Value = c
-                .call(Method::CommandsCancel, &json!({"commandId": command_id}))
-                .await?;
-            print(args, &v, render::object)
-        }
-        CommandsCommand::List { node } => {
-            let v: Value = c
-                .call(Method::CommandsList, &json!({"nodeId": node}))
-                .await?;
-            print(args, &v, |v| {
-                render::list(
-                    &items(v, "commands"),
-                    &[
-                        ("ID", "/id"),
-                        ("NODE", "/nodeId"),
-                        ("NAME", "/name"),
-                        ("STATE", "/state"),
-                        ("PROGRESS", "/progress"),
-                        ("CREATED", "/createdAt"),
-                        ("FINISHED", "/finishedAt"),
-                    ],
-                )
-            })
-        }
-    }
+    let table: fn(&Value) -> String = match cmd {
+        CommandsCommand::List { .. } => |v| {
+            render::list(
+                &items(v, "commands"),
+                &[
+                    ("ID", "/id"),
+                    ("NODE", "/nodeId"),
+                    ("NAME", "/name"),
+                    ("STATE", "/state"),
+                    ("PROGRESS", "/progress"),
+                    ("CREATED", "/createdAt"),
+                    ("FINISHED", "/finishedAt"),
+                ],
+            )
+        },
+        _ => render::object,
+    };
+    let v = commands_call(cmd).send(&args.client()?).await?;
+    print(args, &v, table)
+}
+
+/// What `bcctl commands <cmd>` sends.
+pub(crate) fn commands_call(cmd: CommandsCommand) -> Call {
+    let command_ref = |id: String| CommandRef {
+        command_id: Id::unchecked(id),
+    };
+    Call::once(match cmd {
+        CommandsCommand::Get { command_id } => Request::CommandsGet(command_ref(command_id)),
+        CommandsCommand::Cancel { command_id } => Request::CommandsCancel(command_ref(command_id)),
+        CommandsCommand::List { node } => Request::CommandsList(CommandsListRequest {
+            node_id: node.map(Id::unchecked),
+            limit: None,
+        }),
+    })
 }

@@ -1,12 +1,12 @@
 //! `bcctl status`: the control plane as `controlPlane.status` answers it — the replica asked,
 //! who runs the controllers (the controller lease), the store, and sessions per replica.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use cpl_core::verbs::Method;
+use cpl_core::verbs::{NoArgs, Request};
 
 use super::ClientArgs;
-use super::ops::{items, print};
+use super::call::{items, print};
 use super::render;
 
 /// What the table shows: one line per fact, then the sessions per replica.
@@ -56,13 +56,19 @@ fn table(v: &Value) -> String {
 /// Runs `bcctl status`.
 pub async fn status(args: &ClientArgs) -> anyhow::Result<()> {
     let c = args.client()?;
-    let v: Value = c.call(Method::ControlPlaneStatus, &json!({})).await?;
+    let v: Value = c.request(&request()).await?;
     print(args, &v, table)
+}
+
+/// What `bcctl status` sends.
+pub(crate) fn request() -> Request {
+    Request::ControlPlaneStatus(NoArgs {})
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_table_names_the_leader_and_each_replicas_sessions() {

@@ -1,6 +1,7 @@
 //! The scenarios: each fills the result object with its figures.
 
-use cpl_core::verbs::Method;
+use cpl_core::text::Id;
+use cpl_core::verbs::{CommandsCreateRequest, Request, SpecRequest};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -374,17 +375,17 @@ async fn restart_leader(
 async fn per_node(
     h: &Harness,
     ids: Vec<(String, u64)>,
-    call: impl Fn(&str, u64) -> (Method, Value),
+    call: impl Fn(&str, u64) -> Request,
 ) -> (u64, Option<String>) {
     let client = h.client();
     let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(32));
     let mut set = tokio::task::JoinSet::new();
     for (id, version) in ids {
-        let (method, body) = call(&id, version);
+        let req = call(&id, version);
         let (c, sem) = (client.clone(), std::sync::Arc::clone(&sem));
         set.spawn(async move {
             let _permit = sem.acquire().await;
-            c.call::<_, Value>(method, &body).await.map(|_| ())
+            c.request::<Value>(&req).await.map(|_| ())
         });
     }
     let (mut errors, mut first) = (0u64, None);
@@ -409,10 +410,12 @@ pub(super) async fn fanout(
     let since = now_ms();
     let t0 = Instant::now();
     let (create_errors, _) = per_node(h, ids, |id, _| {
-        (
-            Method::CommandsCreate,
-            json!({"nodeId": id, "name": "inventory.refresh", "args": {}, "timeoutSeconds": 600}),
-        )
+        Request::CommandsCreate(CommandsCreateRequest {
+            node_id: Id::unchecked(id),
+            name: Id::unchecked("inventory.refresh"),
+            args: Some(Value::Object(serde_json::Map::new())),
+            timeout_seconds: Some(600),
+        })
     })
     .await;
     let created = t0.elapsed().as_secs_f64();
@@ -456,10 +459,11 @@ pub(super) async fn rollout(
     let ids = h.node_ids()?;
     let t0 = Instant::now();
     let (update_errors, first_error) = per_node(h, ids, |id, version| {
-        (
-            Method::NodesUpdateSpec,
-            json!({"nodeId": id, "version": version, "spec": {"devices": {"gpus": []}}}),
-        )
+        Request::NodesUpdateSpec(SpecRequest {
+            node_id: Id::unchecked(id),
+            version,
+            spec: json!({"devices": {"gpus": []}}),
+        })
     })
     .await;
     let updated = t0.elapsed().as_secs_f64();
