@@ -264,31 +264,7 @@ pub fn open_state_with(
     sd.check_pin(&pin)?;
     let api_token = load_or_create_api_token(dir)?;
     let bmc_key = sd.bmc_key(fresh)?;
-    let key_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bmc_key.to_bytes()));
-    if location.is_none() {
-        check_sqlite_key(dir, &store, &bmc_key, &key_sha256)?;
-    }
-    if let Some(store_name) = location {
-        let (stored_pin, stored_key) = store.write_blocking(|tx| {
-            Ok::<_, StoreError>((
-                tx.claim_meta("caPin", &pin)?,
-                tx.claim_meta("bmcCredentialKeySha256", &key_sha256)?,
-            ))
-        })?;
-        for (what, stored, ours) in [
-            ("CA pin", stored_pin, pin.clone()),
-            ("BMC credential key sha256", stored_key, key_sha256),
-        ] {
-            if stored != ours {
-                return Err(ServeError::StoreOfAnother {
-                    store: store_name,
-                    what,
-                    stored,
-                    ours,
-                });
-            }
-        }
-    }
+    crate::state_dir::agreement::check(dir, &store, location, &pin, &bmc_key)?;
     sd.mark_initialised(&pin)?;
     Ok(OpenedState {
         dir: sd,
@@ -297,42 +273,6 @@ pub fn open_state_with(
         api_token,
         bmc_key,
     })
-}
-
-/// The SQLite store's record of the BMC credentials key (`bmcCredentialKeySha256` in its
-/// `meta` table, as PostgreSQL keeps it) against the state dir's key: recorded on the first
-/// start, refused on a mismatch ([`ServeError::KeyOfAnotherStore`], naming the file). A store
-/// that sealed credentials before the digest was recorded is checked by opening one of them, so
-/// the first start after an upgrade does not record a wrong key's digest.
-fn check_sqlite_key(
-    dir: &Path,
-    store: &Store,
-    key: &cpl_core::bare_metal::CredentialKey,
-    key_sha256: &str,
-) -> Result<(), ServeError> {
-    const META: &str = "bmcCredentialKeySha256";
-    let refused = |evidence: String| ServeError::KeyOfAnotherStore {
-        key_file: dir.join(crate::state_dir::BMC_KEY_FILE),
-        store: dir.join(STORE_FILE),
-        evidence,
-    };
-    let (recorded, sample) =
-        store.read_blocking(|r| Ok::<_, StoreError>((r.meta(META)?, r.first_sealed_bmc()?)))?;
-    if recorded.is_none()
-        && let Some((node_id, sealed)) = sample
-        && key.open(&node_id, &sealed).is_err()
-    {
-        return Err(refused(format!(
-            "the sealed credentials of node {node_id} do not open with it"
-        )));
-    }
-    let stored = store.write_blocking(|tx| tx.claim_meta(META, key_sha256))?;
-    if stored != key_sha256 {
-        return Err(refused(format!(
-            "the store records key sha256 {stored}, the file's is {key_sha256}"
-        )));
-    }
-    Ok(())
 }
 
 /// `url` with its password, if any, replaced by `***` (for logs and errors).
