@@ -260,7 +260,17 @@ impl<M: Machine> Executor<M> {
         if let Err(e) = self.journal.put(&entry) {
             tracing::error!(error = %e, "cannot journal the result");
         }
-        tracing::info!(state = %entry.state, "command finished");
+        // A failure says why: its code and message (what the operator also sees in
+        // `commands.get`; a driver scrubs what it puts there, e.g. a BMC's echo of a password).
+        match (&entry.error_code, &entry.error_message) {
+            (Some(code), message) => tracing::warn!(
+                state = %entry.state,
+                code = %code,
+                error = %message.as_deref().unwrap_or_default(),
+                "command finished"
+            ),
+            (None, _) => tracing::info!(state = %entry.state, "command finished"),
+        }
         (self.on_finished)(&entry.name, &entry.state);
         let live = self.session.lock().clone().unwrap_or(link);
         live.update(entry.update());

@@ -98,6 +98,18 @@ impl Journal {
     /// Opens `<state dir>/commands`.
     pub fn open(state_dir: &Path) -> Result<Self, StateError> {
         let dir = state_dir.join("commands");
+        // `symlink_metadata`: a link to a directory elsewhere is followed by create_dir_all as
+        // the operator made it; only something that is not a directory at all is refused.
+        if fs::metadata(&dir).is_ok_and(|m| !m.is_dir())
+            || fs::symlink_metadata(&dir).is_ok_and(|m| m.is_file())
+        {
+            return Err(StateError::WrongKind {
+                path: dir,
+                found: "is not a directory",
+                want: "the command journal keeps one file per command in that directory",
+                after: " (a new journal is made; commands journaled there before are not re-sent)",
+            });
+        }
         fs::create_dir_all(&dir).map_err(|source| StateError::Io {
             path: dir.clone(),
             source,

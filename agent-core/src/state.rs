@@ -30,6 +30,21 @@ pub enum StateError {
         path: PathBuf,
         source: serde_json::Error,
     },
+    /// A path of the state dir is a directory where a file must be, or the other way round
+    /// (an operator's `mkdir` or `cp` gone wrong). Not a broken identity: nothing is moved aside
+    /// by the agent, the operator is told to.
+    #[error(
+        "{path} {found}, but {want}: move it aside (mv {path} {path}.aside) and start the agent again{after}"
+    )]
+    WrongKind {
+        path: PathBuf,
+        /// What is there: `is a directory`, `is not a directory`.
+        found: &'static str,
+        /// What must be there and why.
+        want: &'static str,
+        /// What happens once it is gone.
+        after: &'static str,
+    },
     /// A file of the stored identity is missing, unreadable as what it must be, or does not
     /// match the others (the key not the certificate's, a CA that did not issue it, `node.json`
     /// naming another node than the certificate).
@@ -144,6 +159,14 @@ impl StateDir {
         let text = match fs::read_to_string(&node_path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => {
+                return Err(StateError::WrongKind {
+                    path: node_path,
+                    found: "is a directory",
+                    want: "node.json must be the file that names this node's identity",
+                    after: " (without node.json the agent joins again with its join token)",
+                });
+            }
             Err(e) => return Err(io(&node_path)(e)),
         };
         let node: NodeFile = serde_json::from_str(&text).map_err(|source| StateError::Corrupt {
@@ -156,6 +179,12 @@ impl StateDir {
                 std::io::ErrorKind::NotFound => StateError::Broken {
                     path: p.clone(),
                     problem: "is missing (node.json is there)".to_owned(),
+                },
+                std::io::ErrorKind::IsADirectory => StateError::WrongKind {
+                    path: p.clone(),
+                    found: "is a directory",
+                    want: "it must be a file of the node's identity (PEM)",
+                    after: "",
                 },
                 std::io::ErrorKind::InvalidData => StateError::Broken {
                     path: p.clone(),

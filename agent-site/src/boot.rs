@@ -21,6 +21,13 @@
 //!
 //! The kernel arguments hold the boot token: they are served to that MAC only and never logged.
 //!
+//! Slow clients (issue 30.3) get the limits of every small endpoint ([`bc_net::http::serve`]):
+//! at most [`MAX_CONNECTIONS`] open, [`MAX_CONNECTIONS_PER_ADDRESS`] from one address (more are
+//! closed at accept), a request head whole within [`HEADER_TIMEOUT`] however it trickles, and
+//! [`IDLE_TIMEOUT`] without a byte either way; refusals and closes are counted
+//! (`bcd_site_boot_connections_refused_total{reason}`,
+//! `bcd_site_boot_connections_closed_total{reason}`, `bcd_site_boot_connections`).
+//!
 //! # Limitations
 //! Plain HTTP (what firmware iPXE speaks without an embedded certificate): the boot token on the
 //! wire is one-use, short-lived and bound to the machine's identifiers, so a copy is worth
@@ -35,12 +42,26 @@ use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use bc_net::caps::Refused;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::site::{BootEntry, Site};
+
+/// Connections the boot service holds open at once; more wait in the accept queue. A rack
+/// powering on at once fetches the initramfs hundreds of times.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Connections one source address may hold open; more are closed at accept. Machines behind
+/// one NAT address count together (each holds one or two while it boots).
+pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
+/// Time for a request head to arrive whole, however its bytes trickle in; a keep-alive
+/// connection without a next request is closed after it too.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection with no byte in or out this long is closed (a client that stopped reading).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Kernel arguments the site adds before the boot's own when `[site] boot_kernel_args` is unset:
 /// a serial and a screen console.
@@ -116,11 +137,18 @@ struct FileLabel {
     file: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
 /// The boot service's counters, exposed at its `/metrics`.
 #[derive(Debug, Clone, Default)]
 pub struct BootMetrics {
     requests: Family<OutcomeLabel, Counter>,
     files: Family<FileLabel, Counter>,
+    /// The listener's refusals, closes and open connections ([`bc_net::http::serve`]).
+    pub listener: bc_net::http::ListenerStats,
 }
 
 impl BootMetrics {
@@ -160,6 +188,33 @@ impl BootMetrics {
             "Kernel and initramfs downloads started",
             self.files.clone(),
         );
+        let refused = Family::<ReasonLabel, Counter>::default();
+        for why in [Refused::Total, Refused::PerAddress] {
+            refused
+                .get_or_create(&ReasonLabel {
+                    reason: why.as_str().to_owned(),
+                })
+                .inc_by(self.listener.refused(why));
+        }
+        r.register(
+            "bcd_site_boot_connections_refused",
+            "Connections closed at accept, by the cap that was full (per source address, total)",
+            refused,
+        );
+        let closed = Family::<ReasonLabel, Counter>::default();
+        closed
+            .get_or_create(&ReasonLabel {
+                reason: "header_timeout".to_owned(),
+            })
+            .inc_by(self.listener.header_timeouts());
+        r.register(
+            "bcd_site_boot_connections_closed",
+            "Connections closed by the service: a request head not received whole in time",
+            closed,
+        );
+        let open = Gauge::<i64>::default();
+        open.set(i64::try_from(self.listener.open()).unwrap_or(i64::MAX));
+        r.register("bcd_site_boot_connections", "Connections open now", open);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r)?;
         Ok(out)
@@ -306,17 +361,19 @@ pub async fn serve(addr: SocketAddr, service: BootService) -> Result<SocketAddr,
             source,
         })?;
     }
+    let stats = service.metrics.listener.clone();
     let app = axum::Router::new()
         .route("/boot.ipxe", axum::routing::get(boot_ipxe))
         .route("/ramdisk/vmlinuz", axum::routing::get(kernel))
         .route("/ramdisk/initrd", axum::routing::get(initrd))
         .route("/metrics", axum::routing::get(metrics))
         .with_state(service);
-    // A rack powering on at once fetches the initramfs hundreds of times; an idle client is cut
-    // after a minute.
     let limits = bc_net::http::Limits {
-        max_connections: 512,
-        idle: Duration::from_secs(60),
+        max_connections: MAX_CONNECTIONS,
+        max_per_address: MAX_CONNECTIONS_PER_ADDRESS,
+        header_timeout: HEADER_TIMEOUT,
+        idle: IDLE_TIMEOUT,
+        stats,
     };
     let (bound, _task) =
         bc_net::http::serve(addr, app, limits, "bcd site boot", std::future::pending())
@@ -325,6 +382,10 @@ pub async fn serve(addr: SocketAddr, service: BootService) -> Result<SocketAddr,
     tracing::info!(url = %bc_net::http::url(bound, "/boot.ipxe"), "serving network boots");
     Ok(bound)
 }
+
+#[cfg(test)]
+#[path = "boot_tests.rs"]
+mod slow_client_tests;
 
 #[cfg(test)]
 mod tests {

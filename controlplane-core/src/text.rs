@@ -200,6 +200,14 @@ pub const SHORT_TEXT: Rule = Rule {
     max: 256,
     chars: Chars::Printable,
 };
+/// BMC addresses (`nodes.enroll`'s `bmc.address`): 1 to 512 printable characters; the
+/// address grammar on top of it is `crate::verbs::bmc_input`'s.
+pub const BMC_ADDRESS: Rule = Rule {
+    what: "a BMC address",
+    min: 1,
+    max: 512,
+    chars: Chars::Printable,
+};
 /// Descriptions and reasons: 0 to 1,024 printable characters.
 pub const TEXT: Rule = Rule {
     what: "a text",

@@ -64,6 +64,20 @@ pub enum ServeError {
         stored: String,
         ours: String,
     },
+    /// The state dir's `bmc-credentials.key` is not the key the SQLite store's BMC credentials
+    /// were sealed under (another valid key: a wrong backup, a copy from another control
+    /// plane). Every enrolled BMC would silently drop out of its site's assignment.
+    #[error(
+        "{key_file} is not the key the store {store} sealed its BMC credentials under ({evidence}): \
+         restore this state dir's own bmc-credentials.key (from a backup of this dir); a new key \
+         cannot open what is sealed, so every enrolled BMC would have to be enrolled again"
+    )]
+    KeyOfAnotherStore {
+        key_file: PathBuf,
+        store: PathBuf,
+        /// What shows it: the digests, or the node whose credentials do not open.
+        evidence: String,
+    },
     #[error(transparent)]
     Ca(#[from] CaError),
     /// tonic refused the TLS setup or the server failed.
@@ -250,28 +264,7 @@ pub fn open_state_with(
     sd.check_pin(&pin)?;
     let api_token = load_or_create_api_token(dir)?;
     let bmc_key = sd.bmc_key(fresh)?;
-    if let Some(store_name) = location {
-        let key_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bmc_key.to_bytes()));
-        let (stored_pin, stored_key) = store.write_blocking(|tx| {
-            Ok::<_, StoreError>((
-                tx.claim_meta("caPin", &pin)?,
-                tx.claim_meta("bmcCredentialKeySha256", &key_sha256)?,
-            ))
-        })?;
-        for (what, stored, ours) in [
-            ("CA pin", stored_pin, pin.clone()),
-            ("BMC credential key sha256", stored_key, key_sha256),
-        ] {
-            if stored != ours {
-                return Err(ServeError::StoreOfAnother {
-                    store: store_name,
-                    what,
-                    stored,
-                    ours,
-                });
-            }
-        }
-    }
+    crate::state_dir::agreement::check(dir, &store, location, &pin, &bmc_key)?;
     sd.mark_initialised(&pin)?;
     Ok(OpenedState {
         dir: sd,

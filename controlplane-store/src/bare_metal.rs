@@ -239,6 +239,19 @@ impl Reader<'_> {
         )
     }
 
+    /// One BMC row's node id and sealed credentials (the lowest node id), `None` when no
+    /// machine was enrolled: what `bcctl serve` opens to check that its credentials key is the
+    /// one this store's credentials were sealed under, in a store that recorded no digest yet.
+    pub fn first_sealed_bmc(&self) -> Result<Option<(String, String)>, StoreError> {
+        self.db()
+            .query_row(
+                "SELECT node_id, credentials FROM node_bmcs ORDER BY node_id LIMIT 1",
+                params![],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+    }
+
     /// The BMCs of the nodes on `site_id`, by node id.
     pub fn site_bmcs(&self, site_id: &str) -> Result<Vec<BmcRecord>, StoreError> {
         query_bmcs(

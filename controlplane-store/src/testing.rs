@@ -78,3 +78,13 @@ pub fn store() -> Result<Store, StoreError> {
     opts.max_connections = 4;
     Store::open_postgres(&opts)
 }
+
+impl super::Tx<'_> {
+    /// Removes `key` from the `meta` table, as a store written before that fact was recorded
+    /// would be.
+    pub fn forget_meta(&self, key: &str) -> Result<(), StoreError> {
+        self.db()
+            .execute("DELETE FROM meta WHERE key = ?1", params![key])?;
+        Ok(())
+    }
+}

@@ -253,10 +253,7 @@ pub async fn serve(addr: SocketAddr, metrics: Metrics) -> Result<SocketAddr, Met
         .with_state(metrics);
     // Idle or stuck clients must not take the descriptors the agent needs to reach its control
     // plane: a few connections at most, closed after 30 s of silence.
-    let limits = bc_net::http::Limits {
-        max_connections: 16,
-        idle: Duration::from_secs(30),
-    };
+    let limits = bc_net::http::Limits::small(16, Duration::from_secs(30));
     let (bound, _task) =
         bc_net::http::serve(addr, app, limits, "bcd metrics", std::future::pending())
             .await

@@ -280,6 +280,41 @@ fn a_broken_identity_is_named_and_a_join_token_replaces_it() {
     drop(agent);
 }
 
+/// Issue 30.12: a state dir whose `node.json` is a directory, or whose `commands` is a file,
+/// stops the agent with a message that names the path, says what is wrong with it and what to
+/// do, not the bare OS error.
+#[test]
+fn a_state_dir_entry_of_the_wrong_kind_is_named_with_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = host_root(tmp.path());
+    let args = ["--join-token", "abcdef.0123456789abcdef"];
+
+    let dir = tmp.path().join("state-a");
+    std::fs::create_dir_all(dir.join("node.json")).unwrap();
+    let mut agent = Agent::start(&root, &dir, DEAD, PIN, &args);
+    let exit = agent.exit_within(WAIT);
+    let log = agent.log();
+    assert!(exit.is_some_and(|s| !s.success()), "{log}");
+    let path = dir.join("node.json").display().to_string();
+    assert!(
+        log.contains(&path) && log.contains("is a directory") && log.contains("move it aside"),
+        "{log}"
+    );
+
+    let dir = tmp.path().join("state-b");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("commands"), "not a directory").unwrap();
+    let mut agent = Agent::start(&root, &dir, DEAD, PIN, &args);
+    let exit = agent.exit_within(WAIT);
+    let log = agent.log();
+    assert!(exit.is_some_and(|s| !s.success()), "{log}");
+    let path = dir.join("commands").display().to_string();
+    assert!(
+        log.contains(&path) && log.contains("is not a directory") && log.contains("move it aside"),
+        "{log}"
+    );
+}
+
 #[test]
 fn a_session_refused_for_good_ends_the_reconnect_loop_with_a_clear_status() {
     let tmp = tempfile::tempdir().unwrap();

@@ -321,6 +321,19 @@ async fn site_agent_holds_a_session_drives_a_bmc_under_its_lease_and_leaks_no_cr
         "{stale:?}"
     );
     assert_eq!(sushy.power(&uuid).await, "Off", "nothing was done");
+    // The journal's log line of a failed command says why (issue 30.12), not only `state=failed`.
+    let finished = wait_for("the stale command's log line", &log, || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("cmd_stale") && l.contains("command finished"))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(
+        finished.contains("LEASE_LOST") && finished.contains("epoch 6"),
+        "{finished}"
+    );
 
     // bcd status shows the site (and no credential).
     let status = wait_for("status.json with the site", &log, || {

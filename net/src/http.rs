@@ -1,33 +1,111 @@
-//! The small HTTP endpoints both binaries serve (`/metrics`): bind, warn about a non-loopback
-//! address, serve through a [`BoundedListener`], and answer a scrape in OpenMetrics text.
+//! The small HTTP endpoints both binaries serve (`/metrics`, the site agent's boot service):
+//! bind, warn about a non-loopback address, and serve under [`Limits`]; and answer a scrape in
+//! OpenMetrics text.
+//!
+//! # Design
+//! Each connection, in order: a place under the total cap (waited for: the rest wait in the
+//! kernel's accept queue, costing no descriptor), a slot under the per-address cap
+//! ([`crate::caps`]; past it the socket is closed at once), then hyper's HTTP/1 server with a
+//! header-read deadline: every request head must arrive whole within [`Limits::header_timeout`]
+//! of the server starting to read it, however its bytes trickle in (an idle timer alone restarts
+//! on every byte), and a keep-alive connection with no next request is closed at the same
+//! deadline. A connection with no byte in or out for [`Limits::idle`] is closed as well (a client
+//! that stops reading a download). Refusals and closes are counted in [`ListenerStats`].
 
 use std::fmt::Display;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
+use tokio_io_timeout::TimeoutStream;
 
-use crate::BoundedListener;
+use crate::caps::{ConnCaps, Refused};
 
 /// The content type of the OpenMetrics text exposition (what prometheus-client encodes).
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Limits of one served endpoint.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Limits {
     /// Connections open at once; more wait in the accept queue.
     pub max_connections: usize,
+    /// Connections open at once from one source IP; more are closed at accept. `0`: no cap.
+    pub max_per_address: usize,
+    /// Time to receive a whole request head, from when the server starts reading it.
+    pub header_timeout: Duration,
     /// A connection with no byte in or out for this long is closed.
     pub idle: Duration,
+    /// Where refusals and closes are counted.
+    pub stats: ListenerStats,
 }
 
-/// Binds `addr` (port 0 picks one) and serves `app` in a spawned task until `stop` completes.
+impl Limits {
+    /// `max_connections` in total, 64 per address, a 10 s header deadline, `idle`, and stats of
+    /// their own: what a `/metrics` endpoint needs.
+    pub fn small(max_connections: usize, idle: Duration) -> Self {
+        Self {
+            max_connections,
+            max_per_address: 64,
+            header_timeout: Duration::from_secs(10),
+            idle,
+            stats: ListenerStats::default(),
+        }
+    }
+}
+
+/// Counters of one listener, shared with whoever exposes them. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct ListenerStats(Arc<StatsInner>);
+
+#[derive(Debug, Default)]
+struct StatsInner {
+    refused_total: AtomicU64,
+    refused_per_address: AtomicU64,
+    header_timeouts: AtomicU64,
+    open: AtomicU64,
+}
+
+impl ListenerStats {
+    /// Connections closed at accept, by the cap that was full.
+    pub fn refused(&self, why: Refused) -> u64 {
+        match why {
+            Refused::Total => self.0.refused_total.load(Ordering::Relaxed),
+            Refused::PerAddress => self.0.refused_per_address.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Connections closed because a request head did not arrive in time.
+    pub fn header_timeouts(&self) -> u64 {
+        self.0.header_timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> u64 {
+        self.0.open.load(Ordering::Relaxed)
+    }
+
+    fn count_refused(&self, why: Refused) {
+        let c = match why {
+            Refused::Total => &self.0.refused_total,
+            Refused::PerAddress => &self.0.refused_per_address,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Binds `addr` (port 0 picks one) and serves `app` under `limits` in a spawned task until `stop`
+/// completes (then connections are closed gracefully and the task ends when the last one did).
 /// Returns the bound address once listening. `what` names the endpoint in the log; a
 /// non-loopback address is allowed but logged as a warning (anyone who reaches it can read it).
 /// Errors: the address cannot be bound.
@@ -43,16 +121,89 @@ pub async fn serve(
     if !bound.ip().is_loopback() {
         tracing::warn!(%bound, what, "listening on a non-loopback address: anyone who can reach it can read it");
     }
-    let listener = BoundedListener::new(listener, limits.max_connections, limits.idle);
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await
-        {
-            tracing::error!(error = %e, what, "HTTP server failed");
-        }
-    });
+    let task = tokio::spawn(serve_on(listener, app, limits, what, stop));
     Ok((bound, task))
+}
+
+async fn serve_on(
+    listener: TcpListener,
+    app: axum::Router,
+    limits: Limits,
+    what: &'static str,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let stats = limits.stats.clone();
+    let open = stats.clone();
+    let caps = ConnCaps::new(0, limits.max_per_address).observed(Arc::new(move |n| {
+        open.0.open.store(n as u64, Ordering::Relaxed)
+    }));
+    let (closing, closed) = watch::channel(false);
+    tokio::pin!(stop);
+    loop {
+        // The semaphore is never closed: acquiring only ever waits for a free place.
+        let permit = tokio::select! {
+            () = &mut stop => break,
+            p = Arc::clone(&permits).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut stop => break,
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, what, "accept failed; pausing before the next one");
+                    tokio::time::sleep(crate::ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+        };
+        let slot = match caps.take(peer.ip()) {
+            Ok(s) => s,
+            Err(why) => {
+                stats.count_refused(why);
+                tracing::debug!(%peer, what, reason = why.as_str(), "connection refused at its cap");
+                continue;
+            }
+        };
+        let mut io = TimeoutStream::new(stream);
+        io.set_read_timeout(Some(limits.idle));
+        io.set_write_timeout(Some(limits.idle));
+        let io = TokioIo::new(Box::pin(io));
+        let service = TowerToHyperService::new(app.clone());
+        let (header_timeout, stats, mut closed) =
+            (limits.header_timeout, stats.clone(), closed.clone());
+        tokio::spawn(async move {
+            let _held = (permit, slot);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(io, service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = closed.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                if e.is_timeout() {
+                    stats.0.header_timeouts.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%peer, what, "request head not received in time: closed");
+                } else {
+                    tracing::trace!(%peer, what, error = %e, "connection ended with an error");
+                }
+            }
+        });
+    }
+    drop(closed);
+    let _ = closing.send(true);
+    // Every connection holds a receiver: this returns once the last one ended.
+    closing.closed().await;
 }
 
 /// `http://HOST:PORT{path}` for a bound address; an unspecified IP (`0.0.0.0`, `::`) reads as

@@ -8,7 +8,10 @@
 //! - [`BoundedListener`]: an `axum::serve` listener with a cap on open connections (the rest wait
 //!   in the kernel's accept queue, costing no descriptor) and an idle timeout on each one (no
 //!   byte read or written for that long closes it). For the operator API and `/metrics`.
-//! - [`http::serve`]: bind and serve a small endpoint (`/metrics`) through a [`BoundedListener`].
+//! - [`caps`]: caps on open connections in total and per source address (the gateway's listener
+//!   and [`http::serve`]).
+//! - [`http::serve`]: bind and serve a small endpoint (`/metrics`, the site agent's boot service)
+//!   under a total and a per-address cap, a header-read deadline and an idle timeout.
 //! - [`report::error_chain`]: how both binaries print a fatal error, each cause once.
 //! - [`accept_loop`]: an accept loop for tonic over plain TCP (the gateway has its own listener,
 //!   with TLS and connection caps, and pauses the same way). It sets `TCP_NODELAY`, and when
@@ -20,6 +23,7 @@
 //! `bc-sys`.
 #![forbid(unsafe_code)]
 
+pub mod caps;
 pub mod http;
 pub mod report;
 

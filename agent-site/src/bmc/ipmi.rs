@@ -198,9 +198,7 @@ impl IpmiBmc {
                     && !l.starts_with("Discovered IPMB")
             })
             .collect();
-        let detail = self
-            .password
-            .scrub(&format!("ipmitool {what}: {}", said.join("; ")));
+        let detail = format!("ipmitool {what}: {}", self.password.scrub(&said.join("; ")));
         let (auth, unreachable) = classify(&stderr);
         Err(if auth {
             BmcError::AuthFailed {

@@ -17,7 +17,10 @@
 
 pub mod ipmi;
 pub mod redfish;
+pub mod secret;
 pub mod tls;
+
+pub use secret::Secret;
 
 #[cfg(any(test, feature = "test-utils"))]
 pub mod fake;
@@ -63,7 +66,8 @@ pub trait Bmc: Send + Sync + fmt::Debug {
 }
 
 /// A BMC operation that failed. The `address` is [`BmcAddress::display`] (no credentials); the
-/// `detail` is what the BMC (or the network) answered, scrubbed of the password by the driver.
+/// `detail` is what the BMC (or the network) answered, scrubbed of the password in every form
+/// by the driver ([`Secret::scrub`]; a 401 or 403 keeps no body at all).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BmcError {
     /// No answer: connection refused, no route, timed out.
@@ -133,37 +137,6 @@ impl BmcError {
     /// Whether a read that failed this way may succeed when retried (no answer, or a 5xx).
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Unreachable { .. } | Self::Faulty { .. })
-    }
-}
-
-/// A password held in memory only: zeroed when dropped, never shown by `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(zeroize::Zeroizing<String>);
-
-impl Secret {
-    /// Wraps `s`.
-    pub fn new(s: String) -> Self {
-        Self(zeroize::Zeroizing::new(s))
-    }
-
-    /// The secret itself, for the one place that sends it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// `text` with every occurrence of the secret replaced by `[redacted]` (a BMC or a tool that
-    /// echoes what it was sent never puts the password into an error message).
-    pub fn scrub(&self, text: &str) -> String {
-        if self.0.is_empty() {
-            return text.to_owned();
-        }
-        text.replace(self.0.as_str(), "[redacted]")
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret([redacted])")
     }
 }
 
@@ -330,7 +303,6 @@ mod tests {
         let s = Secret::new("hunter2".to_owned());
         assert_eq!(format!("{s:?}"), "Secret([redacted])");
         assert_eq!(s.scrub("pw=hunter2!"), "pw=[redacted]!");
-        assert_eq!(Secret::new(String::new()).scrub("abc"), "abc");
         let e = Endpoint::from_pb(pb::BmcEndpoint {
             address: "redfish+https://h".into(),
             username: "admin".into(),

@@ -23,7 +23,7 @@ pub const MAX_PASSWORD: usize = 1024;
 pub const MAX_MACS: usize = 64;
 /// A secret the API takes and never gives back: deserialized from a string, and `Debug` shows
 /// nothing of it. It serializes as the string only so that a client (`bcctl`) can send it in a
-/// request; no answer of the API holds one ([`BmcView`] shows no credential).
+/// request; no answer of the API holds one ([`super::bmc::BmcView`] shows no credential).
 #[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct Secret(String);
 

@@ -148,7 +148,7 @@ fn operator_strings_have_limits_and_a_character_set() -> TestResult {
         1
     );
     assert_eq!(
-        call(&store, "sites.list", Value::Null)?["sites"]
+        call(&store, "sites.list", json!({}))?["sites"]
             .as_array()
             .map(Vec::len),
         Some(1)
@@ -186,7 +186,7 @@ fn a_max_uses_the_store_cannot_hold_is_refused_not_clamped() -> TestResult {
     let largest = i64::MAX as u64;
     let ok = call(&store, "tokens.create", json!({"maxUses": largest}))?;
     assert_eq!(ok["maxUses"], largest);
-    let listed = call(&store, "tokens.list", Value::Null)?;
+    let listed = call(&store, "tokens.list", json!({}))?;
     assert_eq!(listed["tokens"].as_array().map(Vec::len), Some(1));
     assert_eq!(listed["tokens"][0]["maxUses"], largest, "stored as given");
     Ok(())
@@ -311,5 +311,88 @@ fn labels_through_the_verbs_and_the_list_filter() -> TestResult {
     let doc = serde_json::to_value(super::openapi::document())?;
     assert!(doc["paths"]["/v1/nodes.setLabels"]["post"].is_object());
     assert!(doc["paths"]["/v1/nodes.removeLabels"]["post"].is_object());
+    Ok(())
+}
+
+/// Issue 30.9: `bmc.address` has the `text` rules of names (a length limit, no control or
+/// formatting character) and more: no whitespace, a parsed host that is an IP address or a DNS
+/// name (never an option for ipmitool), a system path of one plain segment (no percent-encoded
+/// traversal), and no credentials; a refusal never echoes what might be a password.
+#[test]
+fn bmc_addresses_have_limits_a_parsed_host_and_echo_no_secret() -> TestResult {
+    let store = cpl_store::testing::store()?;
+    let site = call(
+        &store,
+        "sites.create",
+        json!({"name": "dc1", "kind": "platform"}),
+    )?;
+    let site_id = site["id"].as_str().ok_or("site id")?.to_owned();
+    let enroll = |address: &str| {
+        json!({"siteId": site_id, "inspect": false, "bmc": {
+            "address": address, "username": "admin", "password": "pw"}})
+    };
+    let huge = format!(
+        "redfish+https://10.0.0.5/redfish/v1/Systems/{}",
+        "1".repeat(300_000)
+    );
+    for bad in [
+        huge.as_str(),
+        "redfish+https://10.0.0.5/redfish/v1/Systems/1\n",
+        "redfish+https://10.0.0.5/redfish/v1/Systems/1\nX-Injected: 1",
+        "redfish+https://10.0.0.5\t/redfish/v1/Systems/1",
+        "redfish+https://10.0.0.5/redfish/v1/Systems/1\u{0}",
+        "redfish+https://10.0.0.5 /redfish/v1/Systems/1",
+        "redfish+https://10.0.0.5/redfish/v1/Systems/..%2f..%2fManagers%2f1",
+        "redfish+https://10.0.0.5/redfish/v1/Systems/%2e%2e",
+        "redfish+https://10.0.0.5/redfish/v1/Systems/1%00",
+        "redfish+https://10.0.0.5/redfish/v1/Systems/a\\b",
+        "redfish+https://10.0.0.5/redfish/v1/Systems/..",
+        "ipmi://-oProxyCommand=x",
+        "ipmi://-oProxyCommand=x:623",
+        "ipmi://bmc_1.example",
+        "ipmi://bmc..example",
+        "ipmi://bmc-.example",
+        "redfish+http://-h/redfish/v1/Systems/1",
+        "ipmi://a%20b",
+        "ipmi://\u{202e}1.0.0.10",
+    ] {
+        assert_refused(&store, "nodes.enroll", enroll(bad), "bmc.address");
+    }
+    // A password in the address, even one holding '/' (which ends the authority for a parser),
+    // is refused without being repeated.
+    for (bad, secret) in [
+        ("redfish+https://root:s3cr/et@10.0.0.5", "s3cr"),
+        (
+            "redfish+https://root:hunter2@10.0.0.5/redfish/v1/Systems/1",
+            "hunter2",
+        ),
+        ("ipmi://admin:pa%2Fss@10.0.0.5", "pa%2Fss"),
+        ("ipmi://admin:pa ss@10.0.0.5", "pa ss"),
+    ] {
+        let (code, msg) =
+            refusal(call(&store, "nodes.enroll", enroll(bad))).ok_or(format!("{bad} accepted"))?;
+        assert_eq!(code, ErrorCode::InvalidArgument, "{msg}");
+        assert!(msg.contains("bmc.address"), "{msg}");
+        assert!(
+            !msg.contains(secret),
+            "the refusal echoes the password: {msg}"
+        );
+    }
+    assert_eq!(
+        call(&store, "nodes.list", json!({}))?["nodes"],
+        json!([]),
+        "nothing was enrolled"
+    );
+    for good in [
+        "redfish+https://10.0.0.5/redfish/v1/Systems/System.Embedded.1",
+        "redfish+https://10.0.0.6:8443/redfish/v1/Systems/437XR1138R2/",
+        "redfish+http://bmc-17.example.org:8000",
+        "ipmi://[fd00::5]:623",
+        "ipmi://10.0.0.7",
+        "ipmi://bmc-18",
+    ] {
+        let n = call(&store, "nodes.enroll", enroll(good));
+        assert!(n.is_ok(), "{good}: {n:?}");
+    }
     Ok(())
 }

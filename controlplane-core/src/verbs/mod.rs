@@ -7,6 +7,7 @@
 //! Answers: node verbs return NodeDetail (never the internal record); lists are wrapped
 //! (`{"nodes": [...]}`) so they can grow fields later.
 
+pub mod bmc_input;
 mod dispatch;
 mod handlers;
 pub mod openapi;
@@ -41,12 +42,21 @@ use crate::status::ControlPlaneStatus;
 use cpl_store::{Allocation, Pool, Site};
 
 fn parse<T: DeserializeOwned>(method: &str, body: Value) -> Result<T, OpError> {
-    // An absent body means `{}` for verbs whose fields are all optional.
-    let body = if body.is_null() {
-        Value::Object(Default::default())
-    } else {
-        body
-    };
+    // Every request is an object. The HTTP adapter turns an absent body into `{}`; a JSON `null`
+    // is what a client sends by mistake (an unset variable) and is not read as "no arguments".
+    if !body.is_object() {
+        let got = match &body {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            Value::Array(_) => "an array",
+            Value::Object(_) => "an object",
+        };
+        return Err(OpError::InvalidArgument(format!(
+            "{method}: invalid request body: must be a JSON object (`{{}}` when the method takes no arguments), got {got}"
+        )));
+    }
     // The error names the field (`name: a name is 70000 characters long, ...`): the bounded
     // string types (`crate::text`) refuse while decoding, and their message alone does not say
     // which field it was.
@@ -59,6 +69,20 @@ fn parse<T: DeserializeOwned>(method: &str, body: Value) -> Result<T, OpError> {
             OpError::InvalidArgument(format!("{method}: invalid request body: {path}: {inner}"))
         }
     })
+}
+
+/// The rules a request's types cannot say on their own, checked right after it decoded: the
+/// operator's `bmc.address` ([`bmc_input`]). Errors name the method and the field, as a decoding
+/// error does.
+fn check(req: &Request) -> Result<(), OpError> {
+    match req {
+        Request::NodesEnroll(e) => bmc_input::check(&e.bmc.address).map_err(|e| {
+            OpError::InvalidArgument(format!(
+                "nodes.enroll: invalid request body: bmc.address: {e}"
+            ))
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Declares the method table: `Variant => "wire.name", RequestType, ResponseType, "summary";`.
@@ -93,12 +117,15 @@ macro_rules! verbs {
                 Method::ALL.iter().copied().find(|m| m.name() == name)
             }
 
-            /// Decodes a JSON body (`null`: no body) into this method's request.
-            /// Errors: `INVALID_ARGUMENT` naming the method and what is wrong with the body.
+            /// Decodes a JSON body (an object; an absent body is the adapter's `{}`) into this
+            /// method's request. Errors: `INVALID_ARGUMENT` naming the method and what is wrong
+            /// with the body (not an object, an unknown or missing field, a value out of range).
             pub fn decode(self, body: Value) -> Result<Request, OpError> {
-                match self {
-                    $(Method::$variant => Ok(Request::$variant(parse(self.name(), body)?))),+
-                }
+                let req = match self {
+                    $(Method::$variant => Request::$variant(parse(self.name(), body)?)),+
+                };
+                check(&req)?;
+                Ok(req)
             }
 
             /// The request and answer schemas of this method, for the OpenAPI document.

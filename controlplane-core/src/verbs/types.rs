@@ -9,25 +9,19 @@ use cpl_store::{
     Allocation, CommandRecord, DedicatedRootLease, HardwareProfile, JoinToken, NodeEvent, Pool,
     Site,
 };
-use serde::de::IgnoredAny;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::conditions::rfc3339_ms;
 use crate::detail::NodeDetail;
 use crate::text::{Id, Key, Name, ShortText, Text};
 
-/// A request without fields (`pools.list`, `sites.list`, `tokens.list`): any body is accepted
-/// and ignored; it serializes as `{}`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, ToSchema)]
+/// A request without fields (`pools.list`, `sites.list`, `tokens.list`,
+/// `controlPlane.status`): `{}` (or no body); an object with any key, or anything but an
+/// object, is `INVALID_ARGUMENT` (a filter the verb does not have must not read as "everything").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NoArgs {}
-
-impl<'de> Deserialize<'de> for NoArgs {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        IgnoredAny::deserialize(d)?;
-        Ok(NoArgs {})
-    }
-}
 
 /// An answer without fields: `{}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, ToSchema)]

@@ -169,10 +169,7 @@ fn bad_requests_are_clear_errors() -> Result<(), Box<dyn std::error::Error>> {
         kind.err().map(|e| e.code()),
         Some(bc_protocol::ErrorCode::InvalidArgument)
     );
-    assert_eq!(
-        call(&store, "pools.list", Value::Null)?,
-        json!({"pools": []})
-    );
+    assert_eq!(call(&store, "pools.list", json!({}))?, json!({"pools": []}));
     Ok(())
 }
 
@@ -204,7 +201,7 @@ fn tokens_create_is_one_verb_with_the_served_defaults() -> Result<(), Box<dyn st
     assert_eq!(tok["maxUses"], Value::Null, "unlimited by default");
     assert_eq!(tok["controlPlane"], "https://127.0.0.1:7443");
     // One hour by default.
-    let listed = call(&store, "tokens.list", Value::Null)?;
+    let listed = call(&store, "tokens.list", json!({}))?;
     let expires = listed["tokens"][0]["expiresAt"]
         .as_i64()
         .ok_or("expiresAt")?;
@@ -290,9 +287,54 @@ fn every_method_is_named_once_and_decodes() {
     }
     assert!(Method::from_name("nodes.frobnicate").is_none());
     assert!(matches!(
-        Method::PoolsList.decode(Value::Null),
+        Method::PoolsList.decode(json!({})),
         Ok(Request::PoolsList(_))
     ));
+}
+
+/// Issue 30.11: a verb without fields takes `{}` and nothing else, and no verb takes a JSON
+/// `null` for its body (an absent body is the HTTP adapter's `{}`).
+#[test]
+fn verbs_without_fields_take_only_an_empty_object_and_no_verb_takes_null() {
+    for m in [
+        Method::PoolsList,
+        Method::SitesList,
+        Method::TokensList,
+        Method::ControlPlaneStatus,
+    ] {
+        assert!(m.decode(json!({})).is_ok(), "{m}");
+        for bad in [
+            json!({"poolId": "p"}),
+            json!([]),
+            json!(1),
+            json!("x"),
+            Value::Null,
+        ] {
+            let e = m.decode(bad.clone()).err();
+            assert!(
+                e.as_ref()
+                    .is_some_and(|e| e.code() == bc_protocol::ErrorCode::InvalidArgument
+                        && e.to_string().starts_with(m.name())),
+                "{m} took {bad}: {e:?}"
+            );
+        }
+    }
+    for &m in Method::ALL {
+        let e = m.decode(Value::Null).err();
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.to_string().contains("a JSON object")),
+            "{m} took null: {e:?}"
+        );
+    }
+    // Lists with filters take `{}` (no filter) as before.
+    for m in [
+        Method::NodesList,
+        Method::CommandsList,
+        Method::AllocationsList,
+    ] {
+        assert!(m.decode(json!({})).is_ok(), "{m}");
+    }
 }
 
 #[test]

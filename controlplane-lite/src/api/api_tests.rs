@@ -88,6 +88,31 @@ fn post(
     b.body(body).unwrap_or_default()
 }
 
+/// Issue 30.11: an absent body is `{}`; a JSON `null` or a body with fields a list verb does not
+/// have is refused.
+#[tokio::test]
+async fn an_absent_body_is_empty_and_a_null_or_foreign_body_is_refused() -> Result<(), StoreError> {
+    let app = app()?;
+    let auth = Some("Bearer t0k");
+    let (status, body) = send(&app, post("/v1/pools.list", auth, "".into())).await;
+    assert_eq!((status, &body), (200, &serde_json::json!({"pools": []})));
+    for bad in ["null", r#"{"poolId": "x"}"#, "[1]", "7"] {
+        let (status, body) = send(&app, post("/v1/pools.list", auth, bad.into())).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (400, Some("INVALID_ARGUMENT")),
+            "{bad}: {body}"
+        );
+    }
+    let (status, body) = send(&app, post("/v1/nodes.list", auth, "null".into())).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("INVALID_ARGUMENT")),
+        "{body}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive() -> Result<(), StoreError> {
     let app = app()?;

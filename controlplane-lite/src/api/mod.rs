@@ -156,8 +156,9 @@ async fn verb(
     })?;
     let method = Method::from_name(&method)
         .ok_or_else(|| ApiError::new(ErrorCode::NotFound, format!("unknown method {method:?}")))?;
+    // No body is no arguments; a body must be a JSON object (`Method::decode`).
     let body: Value = if raw.is_empty() {
-        Value::Null
+        Value::Object(Default::default())
     } else {
         serde_json::from_slice(&raw).map_err(|e| {
             ApiError::new(

@@ -29,16 +29,14 @@
 //! All simulated agents of `bcctl bench` and `bcctl dev --sim` come from 127.0.0.1, so those
 //! paths turn the per-address cap off.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -46,6 +44,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
+
+use bc_net::caps::{ConnCaps, ConnSlot, Refused};
 
 use crate::metrics::{ConnClosed, ConnRefused, Metrics};
 
@@ -130,59 +130,18 @@ pub fn tls_config(
     Ok(Arc::new(cfg))
 }
 
-/// Open connections, in total and per source address.
-#[derive(Debug, Default)]
-struct Tracker {
-    total: usize,
-    per_address: HashMap<IpAddr, usize>,
+/// The gateway's caps ([`bc_net::caps`], shared with the site agent's boot service), telling
+/// `bcctl_gateway_connections` the open count.
+fn caps(limits: &Limits, metrics: &Metrics) -> ConnCaps {
+    let m = metrics.clone();
+    ConnCaps::new(limits.max_connections, limits.max_per_address)
+        .observed(Arc::new(move |open| m.gateway_connections(open)))
 }
 
-/// A connection's place under the caps; dropping it frees the place.
-#[derive(Debug)]
-struct Slot {
-    tracker: Arc<Mutex<Tracker>>,
-    ip: IpAddr,
-    metrics: Metrics,
-}
-
-impl Slot {
-    /// A place for a connection from `ip`, or why there is none.
-    fn take(
-        tracker: &Arc<Mutex<Tracker>>,
-        ip: IpAddr,
-        limits: &Limits,
-        metrics: &Metrics,
-    ) -> Result<Slot, ConnRefused> {
-        let mut t = tracker.lock();
-        if limits.max_connections > 0 && t.total >= limits.max_connections {
-            return Err(ConnRefused::Total);
-        }
-        let mine = t.per_address.get(&ip).copied().unwrap_or(0);
-        if limits.max_per_address > 0 && mine >= limits.max_per_address {
-            return Err(ConnRefused::PerAddress);
-        }
-        t.total += 1;
-        t.per_address.insert(ip, mine + 1);
-        metrics.gateway_connections(t.total);
-        Ok(Slot {
-            tracker: Arc::clone(tracker),
-            ip,
-            metrics: metrics.clone(),
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut t = self.tracker.lock();
-        t.total = t.total.saturating_sub(1);
-        if let Some(n) = t.per_address.get_mut(&self.ip) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                t.per_address.remove(&self.ip);
-            }
-        }
-        self.metrics.gateway_connections(t.total);
+fn refused_label(why: Refused) -> ConnRefused {
+    match why {
+        Refused::Total => ConnRefused::Total,
+        Refused::PerAddress => ConnRefused::PerAddress,
     }
 }
 
@@ -221,7 +180,7 @@ pub struct GatewayConn {
     read: usize,
     info: ConnInfo,
     metrics: Metrics,
-    _slot: Slot,
+    _slot: ConnSlot,
 }
 
 impl tonic::transport::server::Connected for GatewayConn {
@@ -289,7 +248,7 @@ pub fn incoming(
     metrics: Metrics,
 ) -> ReceiverStream<io::Result<GatewayConn>> {
     let (tx, rx) = mpsc::channel(1024);
-    let tracker = Arc::new(Mutex::new(Tracker::default()));
+    let caps = caps(&limits, &metrics);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     tokio::spawn(async move {
         let mut failing = false;
@@ -312,7 +271,7 @@ pub fn incoming(
                     continue;
                 }
             };
-            let slot = match Slot::take(&tracker, peer.ip(), &limits, &metrics) {
+            let slot = match caps.take(peer.ip()).map_err(refused_label) {
                 Ok(s) => s,
                 Err(why) => {
                     // Closed at once: the socket is dropped here, before any TLS work.
@@ -367,43 +326,31 @@ pub fn incoming(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     #[test]
-    fn slots_are_capped_in_total_and_per_address_and_freed_on_drop() {
-        let t = Arc::new(Mutex::new(Tracker::default()));
+    fn the_gateway_caps_are_the_limits_and_count_open_connections() {
         let m = Metrics::new();
         let limits = Limits {
             max_connections: 3,
             max_per_address: 2,
             ..Limits::default()
         };
+        let caps = caps(&limits, &m);
         let a: IpAddr = [10, 0, 0, 1].into();
-        let b: IpAddr = [10, 0, 0, 2].into();
-        let a1 = Slot::take(&t, a, &limits, &m);
-        let a2 = Slot::take(&t, a, &limits, &m);
+        let (a1, a2) = (caps.take(a), caps.take(a));
         assert!(a1.is_ok() && a2.is_ok());
         assert_eq!(
-            Slot::take(&t, a, &limits, &m).err(),
+            caps.take(a).map_err(refused_label).err(),
             Some(ConnRefused::PerAddress)
         );
-        let b1 = Slot::take(&t, b, &limits, &m);
-        assert!(b1.is_ok());
+        let b1 = caps.take([10, 0, 0, 2].into());
         assert_eq!(
-            Slot::take(&t, b, &limits, &m).err(),
+            caps.take([10, 0, 0, 3].into()).map_err(refused_label).err(),
             Some(ConnRefused::Total)
         );
-        drop(a1);
-        assert!(
-            Slot::take(&t, a, &limits, &m).is_ok(),
-            "a freed slot is taken again"
-        );
-        let off = Limits {
-            max_connections: 0,
-            max_per_address: 0,
-            ..Limits::default()
-        };
-        let many: Vec<_> = (0..100).map(|_| Slot::take(&t, a, &off, &m)).collect();
-        assert!(many.iter().all(Result::is_ok), "0 turns the caps off");
-        drop((a2, b1, many));
+        assert_eq!(caps.open(), 3);
+        drop((a1, a2, b1));
+        assert_eq!(caps.open(), 0);
     }
 }

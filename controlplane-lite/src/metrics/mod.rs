@@ -482,10 +482,7 @@ pub async fn serve(
         let _ = stop.wait_for(|v| *v).await;
     };
     // A scraper needs one connection; a few spare, and idle ones are closed.
-    let limits = bc_net::http::Limits {
-        max_connections: 32,
-        idle: crate::limits::IDLE_TIMEOUT,
-    };
+    let limits = bc_net::http::Limits::small(32, crate::limits::IDLE_TIMEOUT);
     bc_net::http::serve(addr, app, limits, "bcctl metrics", until)
         .await
         .map_err(|source| MetricsError::Bind { addr, source })

@@ -414,5 +414,7 @@ impl StateDir {
     }
 }
 
+pub(crate) mod agreement;
+
 #[cfg(test)]
 mod state_dir_tests;

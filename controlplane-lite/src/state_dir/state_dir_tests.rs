@@ -230,3 +230,91 @@ fn the_bmc_credentials_key_is_made_private_once_and_refused_when_exposed_or_lost
     assert!(err.contains("hex-encoded"), "{err}");
     Ok(())
 }
+
+/// Writes `key` as the dir's `bmc-credentials.key` (0600), as an operator restoring the wrong
+/// backup would.
+fn replace_bmc_key(dir: &Path, key: &cpl_core::bare_metal::CredentialKey) -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(BMC_KEY_FILE);
+    fs::write(&path, format!("{}\n", hex::encode(key.to_bytes())))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// Issue 30.7: another valid key is refused on SQLite as on PostgreSQL, naming the file, and
+/// nothing is changed; the right key starts again.
+#[test]
+fn another_valid_bmc_credentials_key_is_refused_naming_the_file() -> TestResult {
+    use cpl_core::bare_metal::CredentialKey;
+    let (_tmp, dir, _pin) = initialised()?;
+    let ours = fs::read_to_string(dir.join(BMC_KEY_FILE))?;
+    replace_bmc_key(&dir, &CredentialKey::generate())?;
+    let err = refusal(&dir);
+    assert!(
+        err.contains(&dir.join(BMC_KEY_FILE).display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("not the key"), "{err}");
+    fs::write(dir.join(BMC_KEY_FILE), &ours)?;
+    drop(open_state(&dir, "bc.test", Init::IfEmpty)?);
+    Ok(())
+}
+
+/// A store that sealed credentials before the digest was recorded: the first start with a key
+/// that does not open them is refused instead of recording that key's digest.
+#[test]
+fn a_store_sealed_before_the_digest_was_recorded_is_checked_against_its_sealed_rows() -> TestResult
+{
+    use cpl_core::bare_metal::{CredentialKey, Credentials};
+    let (_tmp, dir, _pin) = initialised()?;
+    let old = CredentialKey::generate();
+    let opened = open_state(&dir, "bc.test", Init::IfEmpty)?;
+    opened.store.write_blocking(|tx| -> TestResult {
+        tx.insert_node(&cpl_store::testing::new_node("node_m"), 1)?;
+        let credentials = old.seal(
+            "node_m",
+            &Credentials {
+                username: "admin".into(),
+                password: "pw".into(),
+            },
+        )?;
+        tx.put_bmc(&cpl_store::BmcRecord {
+            node_id: "node_m".into(),
+            address: "ipmi://10.0.0.5".into(),
+            tls: "pin".into(),
+            credentials,
+            candidate: None,
+            cert_sha256: None,
+            facts: None,
+            identifiers: vec![],
+            macs: vec![],
+            verified_at: None,
+            verify_command_id: None,
+            verify_started_at: None,
+            last_error: None,
+            power_expected: None,
+            power_expected_at: None,
+            reachable: None,
+            created_at: 1,
+            inspect: false,
+            deployed: false,
+            deployment: None,
+            rescue: None,
+        })?;
+        tx.forget_meta("bmcCredentialKeySha256")?;
+        Ok(())
+    })?;
+    drop(opened);
+    // The dir's own key is not the one the row was sealed with: refused.
+    let err = refusal(&dir);
+    assert!(
+        err.contains(BMC_KEY_FILE) && err.contains("node_m"),
+        "{err}"
+    );
+    // The key it was sealed with starts, and from then on its digest is what counts.
+    replace_bmc_key(&dir, &old)?;
+    drop(open_state(&dir, "bc.test", Init::IfEmpty)?);
+    replace_bmc_key(&dir, &CredentialKey::generate())?;
+    assert!(refusal(&dir).contains("not the key"));
+    Ok(())
+}

@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::CommandName;
 use super::args::CommandArgs;
 use super::deploy::{
-    ImageWriteArgs, MAX_HINT_LEN, MAX_INSTANCE_ID_LEN, MAX_SSH_KEY_LEN, MAX_SSH_KEYS, MAX_URL_LEN,
-    MAX_USER_DATA_BYTES,
+    Compression, ImageFormat, ImageWriteArgs, MAX_HINT_LEN, MAX_INSTANCE_ID_LEN, MAX_SSH_KEY_LEN,
+    MAX_SSH_KEYS, MAX_URL_LEN, MAX_USER_DATA_BYTES,
 };
 use super::logs::CollectArgs;
 use super::reboot::{MAX_DELAY_SECONDS, RebootArgs};
@@ -64,6 +64,35 @@ fn bounded_text(s: &str, max: usize) -> bool {
     !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
 }
 
+/// Key types a config drive's `public-keys` may carry: what sshd accepts in `authorized_keys`
+/// without an option, less DSA (refused by OpenSSH since 7.0) and certificates (which need the
+/// `cert-authority` option).
+pub const KEY_TYPES: [&str; 7] = [
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+];
+
+/// Whether `line` is `<type> <base64> [comment]` with a type of [`KEY_TYPES`]: nothing in front
+/// of the type, so no `authorized_keys` option (`command="…"`, `from=`, `environment=`) can ride
+/// in. cloud-init writes `public-keys` into root's `authorized_keys` as they are. The key's
+/// bytes are not decoded here (the rescue's keys are, `spec::parse_public_key`); the grammar
+/// alone keeps options out.
+fn is_plain_key_line(line: &str) -> bool {
+    let mut words = line.split_ascii_whitespace();
+    let (Some(kind), Some(blob)) = (words.next(), words.next()) else {
+        return false;
+    };
+    KEY_TYPES.contains(&kind)
+        && blob
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+}
+
 /// `image.write`'s ranges: an http(s) URL, a SHA-256 of 64 hex digits, root-device hints and an
 /// instance id of bounded printable text, a config drive with a hostname and bounded keys and
 /// user data.
@@ -107,6 +136,16 @@ fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), Arg
             ),
         ));
     }
+    // The ramdisk refuses it after the boot (a qcow2 needs random access): refused here, before
+    // a machine is booted for nothing.
+    if a.image.format == ImageFormat::Qcow2 && a.image.compression != Compression::None {
+        return Err(range(
+            command,
+            "image.compression",
+            "a qcow2 image is served uncompressed (qcow2 compresses inside: qemu-img convert -c); \
+             compression applies to raw images only",
+        ));
+    }
     let h = &a.image.sha256;
     if h.len() != 64
         || !h
@@ -135,13 +174,15 @@ fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), Arg
         if c.ssh_keys.len() > MAX_SSH_KEYS
             || c.ssh_keys
                 .iter()
-                .any(|k| !bounded_text(k.trim(), MAX_SSH_KEY_LEN))
+                .any(|k| !bounded_text(k.trim(), MAX_SSH_KEY_LEN) || !is_plain_key_line(k.trim()))
         {
             return Err(range(
                 command,
                 "configDrive.sshKeys",
                 format!(
-                    "at most {MAX_SSH_KEYS} keys, one line each of at most {MAX_SSH_KEY_LEN} bytes"
+                    "at most {MAX_SSH_KEYS} keys, one line each of at most {MAX_SSH_KEY_LEN} bytes: \
+                     <type> <base64> [comment] (ssh-ed25519, ssh-rsa, ecdsa-sha2-*, sk-*), no \
+                     options (command=, from=, ...) in front"
                 ),
             ));
         }
@@ -423,6 +464,54 @@ mod tests {
         ] {
             let e = refused_field(CommandName::RescueStart, &json!({"sshKeys": [bad]}));
             assert!(e.contains("sshKeys"), "{bad:?} accepted: {e:?}");
+        }
+    }
+
+    /// Issue 30.11: what the ramdisk would refuse after a boot, or what would give a deployed
+    /// machine's root a forced command, is refused before anything is queued.
+    #[test]
+    fn image_write_refuses_what_the_ramdisk_refuses_and_key_options() {
+        let with = |image: Value, keys: Value| json!({"image": image, "configDrive": {"hostname": "m1", "sshKeys": keys}});
+        let img = |format: &str, compression: &str| json!({"url": "http://h/i", "sha256": "ab".repeat(32), "format": format, "compression": compression});
+        for (format, compression, ok) in [
+            ("raw", "none", true),
+            ("raw", "gzip", true),
+            ("raw", "zstd", true),
+            ("qcow2", "none", true),
+            ("qcow2", "gzip", false),
+            ("qcow2", "zstd", false),
+        ] {
+            let a = with(img(format, compression), json!([KEY]));
+            let e = refused_field(CommandName::ImageWrite, &a);
+            assert_eq!(e.is_empty(), ok, "{format}+{compression}: {e:?}");
+            if !ok {
+                assert!(e.contains("image.compression"), "{e}");
+            }
+        }
+        let plain = img("raw", "none");
+        for bad in [
+            format!("command=\"/bin/sh\" {KEY}"),
+            format!("no-pty,from=\"10.0.0.0/8\" {KEY}"),
+            format!("environment=\"LD_PRELOAD=/tmp/x.so\" {KEY}"),
+            format!("restrict {KEY}"),
+            "ssh-ed25519".to_owned(),
+            "ssh-ed25519 not*base64 c".to_owned(),
+            "ssh-dss AAAAB3NzaC1kc3M= old".to_owned(),
+            "ssh-ed25519-cert-v01@openssh.com AAAA c".to_owned(),
+        ] {
+            let e = refused_field(CommandName::ImageWrite, &with(plain.clone(), json!([bad])));
+            assert!(e.contains("configDrive.sshKeys"), "{bad:?} accepted: {e:?}");
+            assert!(!e.contains("/bin/sh"), "the message echoes the key: {e}");
+        }
+        for good in [
+            KEY,
+            "ssh-ed25519 AAAA x",
+            "ecdsa-sha2-nistp256 AAAAE2VjZHNh",
+            "sk-ssh-ed25519@openssh.com AAAAGnNr op@key",
+            "ssh-rsa AAAAB3NzaC1yc2E= a comment with spaces",
+        ] {
+            let e = refused_field(CommandName::ImageWrite, &with(plain.clone(), json!([good])));
+            assert!(e.is_empty(), "{good:?} refused: {e}");
         }
     }
 

@@ -186,7 +186,15 @@ impl RedfishBmc {
                 self.err(unreachable, &format!("{w}: {}", chain(&r)))
             }
             HttpError::InvalidResponse { status, text, .. } => {
-                let detail = format!("{w}: HTTP {status}: {}", excerpt(&text));
+                // The answer is scrubbed whole before it is cut to an excerpt (a cut must not
+                // leave half an encoded password behind); a refusal of the credentials keeps no
+                // body at all: it is where a BMC echoes what it was sent.
+                let detail = match status.as_u16() {
+                    401 | 403 => format!(
+                        "{w}: HTTP {status} (its body is not kept: a BMC may echo the credentials there)"
+                    ),
+                    _ => format!("{w}: HTTP {status}: {}", excerpt(&self.secret.scrub(&text))),
+                };
                 match status.as_u16() {
                     401 | 403 => self.err(auth, &detail),
                     404 if matches!(what, What::System | What::Systems) => {

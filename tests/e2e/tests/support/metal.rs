@@ -27,6 +27,8 @@ pub struct Rig {
     pub rt: tokio::runtime::Runtime,
     pub machines: Machines,
     pub site: String,
+    /// The site agent's boot service port (on 127.0.0.1; the guests reach it at 10.0.2.2).
+    pub boot_port: u16,
 }
 
 impl Rig {
@@ -110,6 +112,7 @@ impl Rig {
             rt,
             machines,
             site,
+            boot_port,
         })
     }
 
