@@ -324,7 +324,13 @@ mod tests {
         std::fs::write(sys.join("size"), "4096\n").unwrap();
         std::fs::create_dir_all(dir.path().join("dev")).unwrap();
         std::fs::write(dir.path().join("dev/vda"), vec![0xAB; 4096 * 512]).unwrap();
-        std::fs::create_dir_all(dir.path().join("sys/block/loop0")).unwrap();
+        // A loop device, as the kernel lists it: virtual, not a disk.
+        std::fs::create_dir_all(dir.path().join("sys/devices/virtual/block/loop0")).unwrap();
+        std::os::unix::fs::symlink(
+            "../devices/virtual/block/loop0",
+            dir.path().join("sys/block/loop0"),
+        )
+        .unwrap();
         let mut run = command(CommandName::DiskClean);
         run.args = serde_json::json!({"mode": "full"});
         let v = m.run_command(&run).await.unwrap();
@@ -333,6 +339,7 @@ mod tests {
         assert_eq!(v["disks"][0]["name"], "vda");
         assert_eq!(v["disks"][0]["outcome"], "cleaned", "{v}");
         assert_eq!(v["disks"][0]["bytesErased"], 4096 * 512);
+        assert_eq!(v["leftOut"][0]["name"], "loop0", "{v}");
         let disk = std::fs::read(dir.path().join("dev/vda")).unwrap();
         assert!(disk.iter().all(|&b| b == 0));
 

@@ -1,7 +1,8 @@
 //! The root disk: which whole disk of `/sys/block` receives the image, and why.
 //!
-//! The disks are the inventory's (`bcd_probes::inventory::disks`: loop, RAM, zram, dm, md,
-//! nbd, optical and floppy devices are never listed, nor NVMe multipath path devices), so a
+//! The disks are the inventory's (`bcd_probes::inventory::disks`, by its `disk_rule`: virtual
+//! devices, hidden multipath paths, hardware partitions of a disk, optical and floppy drives
+//! and empty slots are never listed), so a
 //! hint is matched against the same serial, WWN and `/dev/disk/by-*` names the control plane
 //! shows in `nodes inventory`. Read-only disks (`/sys/block/<name>/ro` is 1) and empty slots
 //! (size 0) are refused. Every given hint must match (Ironic's root-device hints); among the
@@ -68,8 +69,9 @@ pub fn choose(
     let Some(best) = fits.first() else {
         if candidates.is_empty() {
             return Err(
-                "no disk in /sys/block (loop, ram, zram, dm, md, sr and nbd devices \
-                        are not disks)"
+                "no disk in /sys/block (virtual devices, hardware partitions, optical \
+                        drives and empty slots are not disks: `bcd inventory` says which it \
+                        left out)"
                     .to_owned(),
             );
         }

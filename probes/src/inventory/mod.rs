@@ -2,7 +2,8 @@
 //!
 //! # Design
 //! Each collector reads through a [`HostRoot`] and owns one section: [`system`] (SMBIOS or
-//! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (with
+//! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (which entries of `/sys/block` are disks:
+//! [`disk_rule`]; with
 //! [`blockdev`]: by-path and by-id names, partitions, holders; health from the NVMe SMART log
 //! through [`nvme`] and [`smart_log`], from ATA SMART or the SCSI Informational Exceptions page
 //! through [`ata_smart`] and [`sgio`]), [`nics`] (addresses from [`addrs`], permanent MAC and
@@ -27,6 +28,7 @@ pub mod blockdev;
 pub mod bmc;
 mod cli;
 pub mod cpu;
+pub mod disk_rule;
 pub mod disks;
 #[allow(unsafe_code)]
 pub mod ethtool;
@@ -111,6 +113,8 @@ pub(crate) fn note(notes: &mut Vec<Note>, source: &str, message: impl Into<Strin
 
 #[cfg(test)]
 mod depth_tests;
+#[cfg(test)]
+mod disk_rule_tests;
 #[cfg(test)]
 mod field_tests;
 #[cfg(test)]
