@@ -70,6 +70,10 @@ pub struct ProfileArgs {
     /// GPU model as NVML names it, or a part of it (`expectedGpuModel`).
     #[arg(long)]
     pub expected_gpu_model: Option<String>,
+    /// Active NVLink links per GPU for diag.nvml's nvlink check, instead of bcd's table by
+    /// product; 0: no NVLink expected (`expectedNvlinksPerGpu`).
+    #[arg(long)]
+    pub expected_nvlinks_per_gpu: Option<u32>,
     /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
     /// only, the default) | noSchedule.
     #[arg(long, value_parser = ["ignore", "noSchedule"])]
@@ -96,6 +100,7 @@ impl ProfileArgs {
         json!({
             "expectedGpuCount": self.expected_gpus,
             "expectedGpuModel": self.expected_gpu_model,
+            "expectedNvlinksPerGpu": self.expected_nvlinks_per_gpu,
             "pcieLinkDegraded": self.pcie_link_degraded,
             "minMemoryBytes": self.min_memory,
             "expectedCpuModel": self.expected_cpu_model,

@@ -137,7 +137,8 @@ pub struct XidEvent {
     pub action: RecommendedAction,
     /// Catalog description, when known.
     pub description: Option<String>,
-    /// The driver's message (kernel log source only).
+    /// The driver's message: the kernel log's line (for an NVML event, the line the driver
+    /// logged for the same XID on the same GPU, when the watch saw it).
     pub message: Option<String>,
     /// Process id the driver named, if any.
     pub pid: Option<u32>,
