@@ -398,9 +398,10 @@ fn xids(addr: Option<PciAddr>, events: &Result<Vec<KmsgEvent>, String>) -> Check
         }
         let (class, a, description) = xid::judge(x.xid, announced);
         let s = match class {
-            XidClass::ResetRequired | XidClass::RebootRequired | XidClass::DrainP2pRequired => {
-                CheckStatus::Fail
-            }
+            XidClass::ResetRequired
+            | XidClass::RebootRequired
+            | XidClass::DrainP2pRequired
+            | XidClass::ServiceRequired => CheckStatus::Fail,
             XidClass::ApplicationFault | XidClass::Unknown => CheckStatus::Warn,
             XidClass::Informational => CheckStatus::Pass,
         };

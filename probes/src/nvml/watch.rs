@@ -49,6 +49,8 @@ pub const POLL_MS: u32 = 250;
 /// Longest an NVML event waits for the driver's kernel-log line of the same XID (its text):
 /// a few polls of the follower.
 pub const TEXT_WAIT: Duration = Duration::from_millis(4 * POLL_MS as u64);
+/// What NVML's event data holds for an Xid the driver cannot name (`nvmlEventData_t`).
+pub const NVML_UNKNOWN_XID: u64 = 999;
 /// Xid lines kept for NVML events to find (the oldest go first).
 const RECENT_LINES: usize = 256;
 
@@ -57,6 +59,8 @@ const RECENT_LINES: usize = 256;
 struct Recent {
     /// The follower runs: waiting for a line can pay off.
     following: AtomicBool,
+    /// NVML events waiting for their line: the follower polls faster meanwhile.
+    waiting: std::sync::atomic::AtomicUsize,
     lines: parking_lot::Mutex<VecDeque<XidLine>>,
 }
 
@@ -72,6 +76,13 @@ impl Recent {
     /// The oldest line of `xid` on `addr`, taken out; waits up to [`TEXT_WAIT`] for it while
     /// the follower runs.
     fn take(&self, addr: PciAddr, xid: u64, stop: &AtomicBool) -> Option<XidLine> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let found = self.wait_for(addr, xid, stop);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        found
+    }
+
+    fn wait_for(&self, addr: PciAddr, xid: u64, stop: &AtomicBool) -> Option<XidLine> {
         let until = Instant::now() + TEXT_WAIT;
         loop {
             {
@@ -86,10 +97,25 @@ impl Recent {
             {
                 return None;
             }
-            std::thread::sleep(Duration::from_millis(25));
+            std::thread::sleep(FAST_POLL);
+        }
+    }
+
+    /// The follower's wait when the log had nothing new: [`POLL_MS`], cut short while an NVML
+    /// event waits for its line.
+    fn idle(&self, stop: &AtomicBool) {
+        let until = Instant::now() + Duration::from_millis(u64::from(POLL_MS));
+        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(FAST_POLL);
+            if self.waiting.load(Ordering::SeqCst) > 0 {
+                return;
+            }
         }
     }
 }
+
+/// How often a waiting NVML event looks for its line, and the follower reads while one waits.
+const FAST_POLL: Duration = Duration::from_millis(20);
 
 /// An event for `xid` seen by `source` now, judged by [`xid::judge`]: the catalog, or for XID
 /// 154 the recovery action it announces (`announced`, `nvmlDeviceGpuRecoveryAction_t`).
@@ -333,7 +359,10 @@ fn serve(
         }
         let xid = match data.event_data {
             Some(XidError::Value(v)) => v,
-            _ => continue,
+            // NVML's 999: an Xid the driver itself cannot name. Still an event (class unknown),
+            // under that number.
+            Some(XidError::Unknown) => NVML_UNKNOWN_XID,
+            None => continue,
         };
         let addr = data
             .device
@@ -383,7 +412,7 @@ fn kmsg_thread(
         match kmsg::read_chunk(&mut f, &mut buf, root) {
             Ok(Some(n)) => pending.extend_from_slice(&buf[..n]),
             Ok(None) => {
-                std::thread::sleep(Duration::from_millis(u64::from(POLL_MS)));
+                recent.idle(stop);
                 continue;
             }
             Err(e) => {

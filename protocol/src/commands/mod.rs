@@ -37,6 +37,7 @@ pub mod reboot;
 pub mod rescue;
 pub mod reset;
 pub mod xid;
+pub mod xid_catalog;
 
 pub use crate::types::CommandName;
 pub use check::{ArgsError, check_args};
