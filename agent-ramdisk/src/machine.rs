@@ -11,6 +11,7 @@ use bc_protocol::commands::clean::CleanArgs;
 use bc_protocol::commands::deploy::ImageWriteArgs;
 use bc_protocol::commands::rescue::RescueArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
+use bc_protocol::inventory::Note;
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
 use bcd_core::executor::{CommandRun, blocking, to_result};
@@ -41,6 +42,9 @@ pub struct RamdiskMachine {
     /// The LLDP listener (a live root only) whose neighbours every inventory carries; the boot
     /// waited `bcd.lldp_wait` on it before joining ([`crate::boot`]).
     pub lldp: Option<Arc<Watcher>>,
+    /// How this boot got on the network ([`crate::setup::Lease::summary`]: the NIC order, the
+    /// lease, why each NIC before it was left); every inventory carries it as a `network` note.
+    pub network: Option<String>,
 }
 
 impl RamdiskMachine {
@@ -157,8 +161,16 @@ impl Machine for RamdiskMachine {
 
     async fn inventory(&self) -> Result<Inventory, String> {
         let (root, nvml, lldp) = (self.root.clone(), self.nvml.clone(), self.lldp.clone());
+        let notes: Vec<Note> = self
+            .network
+            .iter()
+            .map(|n| Note {
+                source: "network".into(),
+                message: n.clone(),
+            })
+            .collect();
         tokio::task::spawn_blocking(move || {
-            bcd_probes::inventory::message(&root, Some(&nvml), lldp.as_deref())
+            bcd_probes::inventory::message_with_notes(&root, Some(&nvml), lldp.as_deref(), notes)
         })
         .await
         .map_err(|e| e.to_string())?
@@ -210,6 +222,7 @@ mod tests {
                 ..Default::default()
             }),
             lldp: None,
+            network: None,
         }
     }
 
@@ -384,5 +397,22 @@ mod tests {
         assert!(doc["cpu"]["threads"].as_u64().unwrap_or(0) > 0, "{doc}");
         let hw = inv.hardware.unwrap();
         assert_eq!(hw, m.hardware().await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_inventory_says_how_the_boot_got_on_the_network() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = machine(dir.path(), None);
+        let story = "DHCP order: ens3f0np0 (BOOTIF), eno1 (no carrier); lease on ens3f0np0";
+        m.network = Some(story.to_owned());
+        let inv = m.inventory().await.unwrap();
+        let doc: Value = serde_json::from_slice(&inv.document_json).unwrap();
+        let notes = doc["notes"].as_array().cloned().unwrap_or_default();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n["source"] == "network" && n["message"] == story),
+            "{notes:?}"
+        );
     }
 }

@@ -56,7 +56,7 @@ use bc_protocol::inventory::{self, Gpu, Inventory, Note};
 use crate::hostroot::HostRoot;
 
 pub use cli::{InventoryArgs, run};
-pub use message::{InventoryMessageError, message};
+pub use message::{InventoryMessageError, message, message_with_notes};
 pub use render::render_table;
 
 /// Collects the inventory of the machine under `root`, GPUs from the PCI list.
