@@ -36,6 +36,9 @@
 //!   dropbear-bin, in the image) as a child of the agent, password logins off, restarted by a
 //!   second start; it reports the port, the host keys' OpenSSH SHA-256 fingerprints and the
 //!   IPv4 addresses once the port accepts connections.
+//! - [`local`]: one disk the operator names, for `bcd disk clean --device` and `bcd image
+//!   write --device` (the same cleaning and writing, outside a session), refused when mounted,
+//!   swapped on or held.
 //! - [`hooks`]: a Spec is answered "not converged" (reason `RamdiskAgent`); a revoked or refused
 //!   identity ends the boot.
 //! - [`boot`]: one boot — the per-boot identity in memory (`bcd_core::identity::MemoryIdentity`)
@@ -64,6 +67,7 @@ pub mod clean;
 pub mod cmdline;
 pub mod deploy;
 pub mod hooks;
+pub mod local;
 pub mod machine;
 pub mod nics;
 pub mod rescue;

@@ -20,6 +20,8 @@
 //!   settings of the kernel command line.
 //! - [`converge`]: GPU device binding and break-glass SSH from the node's spec.
 //! - [`config`], [`ops`]: `/etc/bcd/bcd.toml` and the agent's flags; [`metrics`]: `/metrics`.
+//! - [`disk_cli`]: `bcd disk clean --device` and `bcd image write --device`, the ramdisk's disk
+//!   cleaning and image writing on one named disk, steps printed.
 //! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch, and the only place errors
 //!   become exit codes.
 //!
@@ -31,6 +33,7 @@
 pub mod agent;
 pub mod config;
 pub mod converge;
+pub mod disk_cli;
 pub mod metrics;
 pub mod ops;
 pub mod ramdisk;

@@ -29,13 +29,16 @@
 //! the standard and tested against a fake drive only (no SATA disk in the test beds). The disks
 //! are erased one after another, not in parallel. `bytesErased` of a full erase is the disk's
 //! size, whichever way it was erased. Every disk is erased, removable ones (a USB stick left in
-//! the machine, a BMC's writable virtual media) included; only read-only ones are left.
+//! the machine, a BMC's writable virtual media) included; only read-only ones are left, and the
+//! devices the disk rule says are not disks (reported in `leftOut`). [`plan`] says what would
+//! be done without writing (`bcd disk clean --dry-run`).
 
 pub mod ata;
 pub mod discover;
 pub mod full;
 pub mod metadata;
 pub mod nvme;
+pub mod plan;
 pub mod table;
 
 #[cfg(test)]

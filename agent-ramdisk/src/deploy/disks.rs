@@ -105,6 +105,36 @@ pub fn choose(
     })
 }
 
+/// The disk `name` the operator named (`bcd image write --device`), whatever the inventory's
+/// rule says of it (a loop device is fine); refused when read-only, empty or smaller than
+/// `need_bytes`.
+pub fn named(root: &HostRoot, name: &str, need_bytes: u64) -> Result<Choice, String> {
+    let base = format!("/sys/block/{name}");
+    let size_bytes = root
+        .read_parsed::<u64>(format!("{base}/size"))
+        .ok_or_else(|| format!("{name}: {base}/size unreadable"))?
+        .saturating_mul(512);
+    if root.read_trimmed(format!("{base}/ro")).as_deref() == Some("1") {
+        return Err(format!("{name}: read-only"));
+    }
+    if size_bytes == 0 {
+        return Err(format!("{name}: empty (size 0)"));
+    }
+    if size_bytes < need_bytes {
+        return Err(format!(
+            "{name}: too small ({size_bytes} bytes, {need_bytes} needed)"
+        ));
+    }
+    Ok(Choice {
+        name: name.to_owned(),
+        size_bytes,
+        sector_bytes: root
+            .read_parsed(format!("{base}/queue/logical_block_size"))
+            .unwrap_or(512),
+        because: "named on the command line".to_owned(),
+    })
+}
+
 /// Why `c` cannot take an image of `need` bytes under `hints`, or `None` when it can.
 fn refusal(c: &Candidate, hints: &RootDeviceHints, need: u64) -> Option<String> {
     let d = &c.disk;
