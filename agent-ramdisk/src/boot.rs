@@ -121,13 +121,20 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
     if !p.unknown.is_empty() {
         tracing::warn!(keys = ?p.unknown, "unknown bcd.* keys on the kernel command line are ignored");
     }
-    match &cfg.setup {
+    if let Some(why) = &p.boot_if_ignored {
+        tracing::warn!(%why, "the boot NIC on the kernel command line is ignored; DHCP asks NICs with a link first");
+    }
+    let network = match &cfg.setup {
         Some(setup) => {
             let lease = crate::setup::run(setup, p.node.as_deref()).await?;
             tracing::info!(iface = %lease.iface, "network up");
+            Some(lease.summary())
         }
-        None => tracing::info!("--no-setup: no modules loaded, no DHCP"),
-    }
+        None => {
+            tracing::info!("--no-setup: no modules loaded, no DHCP");
+            None
+        }
+    };
     let boot_id = cfg
         .root
         .read_trimmed("/proc/sys/kernel/random/boot_id")
@@ -146,6 +153,7 @@ pub async fn run(cfg: BootConfig, stop: watch::Receiver<bool>) -> Result<(), Boo
         node_hint: p.node.clone(),
         nvml: cfg.nvml.clone(),
         rescue: Rescue::new(cfg.rescue.clone()),
+        network,
     });
     let executor = Arc::new(Executor::new(machine, Journal::memory()));
     // The hooks stop the lifecycle when the identity ends; signals stop it from outside.

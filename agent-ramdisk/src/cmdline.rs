@@ -6,7 +6,9 @@
 //! `bcd.url` may list several gateway URLs (one per control-plane replica), comma-separated.
 //!
 //! and optionally `bcd.log=<tracing filter>`, `bcd.modules=a,b,c` (modules to load besides the
-//! defaults), `bcd.dhcp_timeout=<seconds>` and `bcd.lldp_wait=<seconds>`. Words are split as the kernel splits them
+//! defaults), `bcd.dhcp_timeout=<seconds>` and `bcd.lldp_wait=<seconds>`, and the boot NIC as
+//! pxelinux and iPXE name it, `BOOTIF=01-aa-bb-cc-dd-ee-ff` (DHCP asks on it first; a malformed
+//! one is reported and ignored, see [`crate::nics`]). Words are split as the kernel splits them
 //! (`next_arg()` in the kernel's `lib/cmdline.c`): on whitespace outside double quotes, with the
 //! quotes around a value (`key="a b"`) or a whole word (`"key=a b"`) removed. Everything after a
 //! lone `--` is for init, not for us.
@@ -80,6 +82,10 @@ pub struct BootParams {
     pub lldp_wait: Duration,
     /// `bcd.` keys this version does not know (a newer boot script): logged, not fatal.
     pub unknown: Vec<String>,
+    /// The boot NIC's MAC (`BOOTIF=01-aa-bb-…`, lowercase with colons): DHCP asks on it first.
+    pub boot_mac: Option<String>,
+    /// Why a `BOOTIF` given was not used (malformed): logged, not fatal.
+    pub boot_if_ignored: Option<String>,
 }
 
 impl fmt::Debug for BootParams {
@@ -94,6 +100,8 @@ impl fmt::Debug for BootParams {
             .field("dhcp_timeout", &self.dhcp_timeout)
             .field("lldp_wait", &self.lldp_wait)
             .field("unknown", &self.unknown)
+            .field("boot_mac", &self.boot_mac)
+            .field("boot_if_ignored", &self.boot_if_ignored)
             .finish()
     }
 }
@@ -158,7 +166,13 @@ pub fn words(cmdline: &str) -> Vec<(String, Option<String>)> {
 pub fn parse(cmdline: &str) -> Result<BootParams, CmdlineError> {
     let mut found: Vec<(&'static str, String)> = Vec::new();
     let mut unknown = Vec::new();
+    let mut boot_if = None;
     for (key, value) in words(cmdline) {
+        if key == "BOOTIF" {
+            // pxelinux appends its own after the configured line's: the last one counts.
+            boot_if = Some(value.unwrap_or_default());
+            continue;
+        }
         if !key.starts_with("bcd.") {
             continue;
         }
@@ -211,6 +225,14 @@ pub fn parse(cmdline: &str) -> Result<BootParams, CmdlineError> {
         dhcp_timeout: dhcp_timeout(get("bcd.dhcp_timeout"))?,
         lldp_wait: lldp_wait(get("bcd.lldp_wait"))?,
         unknown,
+        boot_mac: boot_if
+            .as_deref()
+            .and_then(|v| crate::nics::boot_mac(v).ok()),
+        boot_if_ignored: boot_if.as_deref().and_then(|v| {
+            crate::nics::boot_mac(v)
+                .err()
+                .map(|why| format!("BOOTIF={v:?}: {why}"))
+        }),
     })
 }
 

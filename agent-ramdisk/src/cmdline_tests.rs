@@ -204,3 +204,26 @@ fn a_token_with_a_quote_is_refused_without_showing_it() {
     let err = parse(&line("").replace("bcd.token=abc.def", r#"bcd.token="se"cret""#)).unwrap_err();
     assert!(!err.to_string().contains("cret"), "{err}");
 }
+
+#[test]
+fn bootif_names_the_boot_nic_and_a_malformed_one_does_not_stop_the_boot() {
+    let p = parse(&format!("{} BOOTIF=01-52-54-00-12-34-56", line(""))).unwrap();
+    assert_eq!(p.boot_mac.as_deref(), Some("52:54:00:12:34:56"));
+    assert_eq!(p.boot_if_ignored, None);
+    // pxelinux appends its own after the configured one's: the last counts.
+    let p = parse(&format!(
+        "BOOTIF=01-aa-aa-aa-aa-aa-aa {} BOOTIF=01-52-54-00-12-34-57",
+        line("")
+    ))
+    .unwrap();
+    assert_eq!(p.boot_mac.as_deref(), Some("52:54:00:12:34:57"));
+    let p = parse(&format!("{} BOOTIF=52:54:00:12:34:56", line(""))).unwrap();
+    assert_eq!(p.boot_mac, None);
+    assert!(
+        p.boot_if_ignored
+            .as_deref()
+            .is_some_and(|w| w.starts_with("BOOTIF=\"52:54:00:12:34:56\": hardware type 52")),
+        "{p:?}"
+    );
+    assert_eq!(parse(&line("")).unwrap().boot_mac, None);
+}

@@ -17,7 +17,9 @@
 //!   gunzipped or unzstd'ed on the way, both ends of the disk zeroed on any failure after the
 //!   first write; then a NoCloud config drive (a GPT partition, vfat `cidata`).
 //! - [`setup`]: early boot — drivers (`modprobe`), the NICs in `/sys/class/net`, a DHCP lease
-//!   (busybox `udhcpc`); bounded, and every failure says what was tried.
+//!   (busybox `udhcpc`) asked for on the boot NIC (`BOOTIF`) first, then on NICs with a link,
+//!   a lease that cannot reach the control plane given up for the next NIC ([`nics`]);
+//!   bounded, and every failure says what was tried.
 //! - [`machine`]: the `bcd_core::mode::Machine` — the machine's real SMBIOS, hardware key and
 //!   inventory (`bcd_probes::{hwkey, inventory}`, the node agent's document), `diag.nvml` and
 //!   `gpu.reset` through `bcd_probes::nvml`, `logs.collect` and `node.reboot` through
@@ -34,6 +36,9 @@
 //!   dropbear-bin, in the image) as a child of the agent, password logins off, restarted by a
 //!   second start; it reports the port, the host keys' OpenSSH SHA-256 fingerprints and the
 //!   IPv4 addresses once the port accepts connections.
+//! - [`local`]: one disk the operator names, for `bcd disk clean --device` and `bcd image
+//!   write --device` (the same cleaning and writing, outside a session), refused when mounted,
+//!   swapped on or held.
 //! - [`hooks`]: a Spec is answered "not converged" (reason `RamdiskAgent`); a revoked or refused
 //!   identity ends the boot.
 //! - [`boot`]: one boot — the per-boot identity in memory (`bcd_core::identity::MemoryIdentity`)
@@ -62,7 +67,9 @@ pub mod clean;
 pub mod cmdline;
 pub mod deploy;
 pub mod hooks;
+pub mod local;
 pub mod machine;
+pub mod nics;
 pub mod rescue;
 pub mod setup;
 

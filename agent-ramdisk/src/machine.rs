@@ -11,6 +11,7 @@ use bc_protocol::commands::clean::CleanArgs;
 use bc_protocol::commands::deploy::ImageWriteArgs;
 use bc_protocol::commands::rescue::RescueArgs;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
+use bc_protocol::inventory::Note;
 use bc_protocol::pb::{HardwareIdentity, Inventory};
 use bc_protocol::{CommandName, Mode};
 use bcd_core::executor::{CommandRun, blocking, to_result};
@@ -41,6 +42,9 @@ pub struct RamdiskMachine {
     /// The LLDP listener (a live root only) whose neighbours every inventory carries; the boot
     /// waited `bcd.lldp_wait` on it before joining ([`crate::boot`]).
     pub lldp: Option<Arc<Watcher>>,
+    /// How this boot got on the network ([`crate::setup::Lease::summary`]: the NIC order, the
+    /// lease, why each NIC before it was left); every inventory carries it as a `network` note.
+    pub network: Option<String>,
 }
 
 impl RamdiskMachine {
@@ -50,8 +54,7 @@ impl RamdiskMachine {
     async fn diag(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
         let a: DiagArgs = run.args()?;
         let (cfg, root) = (self.nvml.clone(), self.root.clone());
-        let report =
-            blocking(move || bcd_probes::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)).await?;
+        let report = blocking(move || bcd_probes::nvml::diag_args(&cfg, &a, &root)).await?;
         if !report.nvml_available {
             let why = report
                 .unavailable_reason
@@ -158,8 +161,16 @@ impl Machine for RamdiskMachine {
 
     async fn inventory(&self) -> Result<Inventory, String> {
         let (root, nvml, lldp) = (self.root.clone(), self.nvml.clone(), self.lldp.clone());
+        let notes: Vec<Note> = self
+            .network
+            .iter()
+            .map(|n| Note {
+                source: "network".into(),
+                message: n.clone(),
+            })
+            .collect();
         tokio::task::spawn_blocking(move || {
-            bcd_probes::inventory::message(&root, Some(&nvml), lldp.as_deref())
+            bcd_probes::inventory::message_with_notes(&root, Some(&nvml), lldp.as_deref(), notes)
         })
         .await
         .map_err(|e| e.to_string())?
@@ -211,6 +222,7 @@ mod tests {
                 ..Default::default()
             }),
             lldp: None,
+            network: None,
         }
     }
 
@@ -324,7 +336,13 @@ mod tests {
         std::fs::write(sys.join("size"), "4096\n").unwrap();
         std::fs::create_dir_all(dir.path().join("dev")).unwrap();
         std::fs::write(dir.path().join("dev/vda"), vec![0xAB; 4096 * 512]).unwrap();
-        std::fs::create_dir_all(dir.path().join("sys/block/loop0")).unwrap();
+        // A loop device, as the kernel lists it: virtual, not a disk.
+        std::fs::create_dir_all(dir.path().join("sys/devices/virtual/block/loop0")).unwrap();
+        std::os::unix::fs::symlink(
+            "../devices/virtual/block/loop0",
+            dir.path().join("sys/block/loop0"),
+        )
+        .unwrap();
         let mut run = command(CommandName::DiskClean);
         run.args = serde_json::json!({"mode": "full"});
         let v = m.run_command(&run).await.unwrap();
@@ -333,6 +351,7 @@ mod tests {
         assert_eq!(v["disks"][0]["name"], "vda");
         assert_eq!(v["disks"][0]["outcome"], "cleaned", "{v}");
         assert_eq!(v["disks"][0]["bytesErased"], 4096 * 512);
+        assert_eq!(v["leftOut"][0]["name"], "loop0", "{v}");
         let disk = std::fs::read(dir.path().join("dev/vda")).unwrap();
         assert!(disk.iter().all(|&b| b == 0));
 
@@ -378,5 +397,22 @@ mod tests {
         assert!(doc["cpu"]["threads"].as_u64().unwrap_or(0) > 0, "{doc}");
         let hw = inv.hardware.unwrap();
         assert_eq!(hw, m.hardware().await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_inventory_says_how_the_boot_got_on_the_network() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = machine(dir.path(), None);
+        let story = "DHCP order: ens3f0np0 (BOOTIF), eno1 (no carrier); lease on ens3f0np0";
+        m.network = Some(story.to_owned());
+        let inv = m.inventory().await.unwrap();
+        let doc: Value = serde_json::from_slice(&inv.document_json).unwrap();
+        let notes = doc["notes"].as_array().cloned().unwrap_or_default();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n["source"] == "network" && n["message"] == story),
+            "{notes:?}"
+        );
     }
 }

@@ -14,6 +14,14 @@
 //!   address, route and resolver. Rounds over the interfaces repeat until one gets a lease or
 //!   [`SetupConfig::dhcp_timeout`] is spent; the error names every interface tried and what
 //!   udhcpc said last.
+//! - The order ([`crate::nics::order`]): the boot NIC (`BOOTIF`) first, then NICs with carrier
+//!   (every NIC is brought up first, and up to [`SetupConfig::carrier_wait`] given for links to
+//!   come up), then the rest. A lease is kept only when the control plane answers from it
+//!   ([`SetupConfig::reach`], bounded); otherwise it is given back (the script's `deconfig`) and
+//!   the next NIC is asked. When no lease reaches the control plane by the deadline, the boot
+//!   NIC's (else the first) lease is taken again and the join retries from there: the network
+//!   may be right and the control plane down. The order, each attempt and why it was left are
+//!   logged and returned ([`Lease::summary`], a note of the ramdisk's inventory).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -21,6 +29,11 @@ use std::time::Duration;
 
 use bcd_probes::hostroot::HostRoot;
 use tokio::time::Instant;
+
+use crate::nics::ReachCheck;
+
+mod dhcp;
+pub use dhcp::{Lease, dhcp};
 
 /// Drivers loaded at every boot, in this order: buses and storage first (the inventory lists
 /// disks), then NICs, then the BMC's system interface. Virtio for VMs; Intel, Broadcom and Mellanox NICs and NVMe/AHCI/SCSI
@@ -52,11 +65,11 @@ pub const DEFAULT_MODULES: &[&str] = &[
 ];
 
 /// `IFF_UP` (`include/uapi/linux/if.h`).
-const IFF_UP: u64 = 0x1;
+pub(crate) const IFF_UP: u64 = 0x1;
 /// `ARPHRD_ETHER` (`include/uapi/linux/if_arp.h`): the `type` of an Ethernet interface.
 const ARPHRD_ETHER: &str = "1";
 /// How long one `modprobe` may take.
-const MODPROBE_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const MODPROBE_LIMIT: Duration = Duration::from_secs(30);
 /// Characters of a tool's output kept for a log line or an error.
 const OUTPUT_CHARS: usize = 240;
 
@@ -81,6 +94,13 @@ pub struct SetupConfig {
     pub attempt_timeout: Duration,
     /// How often `/sys/class/net` is looked at while waiting.
     pub poll: Duration,
+    /// The boot NIC's MAC (`BOOTIF`): asked first.
+    pub boot_mac: Option<String>,
+    /// How long the NICs, brought up, get for a link before the first round (less when the
+    /// boot NIC, or any NIC, has one sooner).
+    pub carrier_wait: Duration,
+    /// Whether a lease reaches the control plane; a lease that does not is given back.
+    pub reach: ReachCheck,
 }
 
 impl SetupConfig {
@@ -103,6 +123,9 @@ impl SetupConfig {
             dhcp_timeout: Duration::from_secs(60),
             attempt_timeout: Duration::from_secs(20),
             poll: Duration::from_millis(100),
+            boot_mac: None,
+            carrier_wait: Duration::from_secs(3),
+            reach: ReachCheck::always(),
         }
     }
 }
@@ -142,23 +165,12 @@ pub struct Attempt {
     pub last: String,
 }
 
-fn describe(tried: &[Attempt]) -> String {
+pub(crate) fn describe(tried: &[Attempt]) -> String {
     tried
         .iter()
         .map(|a| format!("{} ({} runs; last: {})", a.iface, a.runs, a.last))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// A lease: the interface that got it and what udhcpc printed.
-#[derive(Debug, Clone)]
-pub struct Lease {
-    /// The interface.
-    pub iface: String,
-    /// udhcpc's output (the last lines).
-    pub output: String,
-    /// Interfaces tried before, without a lease.
-    pub tried: Vec<Attempt>,
 }
 
 /// One module's load.
@@ -171,7 +183,7 @@ pub struct ModuleLoad {
 }
 
 /// The last lines of a tool's output, on one line, at most [`OUTPUT_CHARS`] characters.
-fn tail(out: &[u8]) -> String {
+pub(crate) fn tail(out: &[u8]) -> String {
     let text = String::from_utf8_lossy(out);
     let lines: Vec<&str> = text
         .lines()
@@ -185,7 +197,7 @@ fn tail(out: &[u8]) -> String {
 
 /// Runs `program args` for at most `limit`: `Ok(output)` when it exits 0, else `Err` saying how
 /// it ended and what it printed (stdout and stderr together).
-async fn run_tool(
+pub(crate) async fn run_tool(
     program: &std::path::Path,
     args: &[&str],
     limit: Duration,
@@ -282,61 +294,6 @@ pub fn link_up(root: &HostRoot, iface: &str) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Rounds of udhcpc over the Ethernet interfaces (looked up again each round: a slow driver's
-/// NIC joins later) until one gets a lease or `cfg.dhcp_timeout` is spent.
-pub async fn dhcp(cfg: &SetupConfig) -> Result<Lease, SetupError> {
-    let deadline = Instant::now() + cfg.dhcp_timeout;
-    let script = cfg.udhcpc_script.to_string_lossy().into_owned();
-    let mut tried: Vec<Attempt> = Vec::new();
-    loop {
-        for iface in ethernet_interfaces(&cfg.root) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            if let Err(e) = link_up(&cfg.root, &iface) {
-                tracing::warn!(iface = %iface, error = %e, "could not bring the interface up; udhcpc tries anyway");
-            }
-            let args = [
-                "-i", &iface, "-q", "-n", "-t", "5", "-T", "1", "-s", &script,
-            ];
-            tracing::info!(iface = %iface, "asking for a DHCP lease");
-            match run_tool(&cfg.udhcpc, &args, cfg.attempt_timeout.min(left)).await {
-                Ok(output) => {
-                    tracing::info!(iface = %iface, udhcpc = %output, "DHCP lease obtained");
-                    return Ok(Lease {
-                        iface,
-                        output,
-                        tried,
-                    });
-                }
-                Err(last) => {
-                    tracing::warn!(iface = %iface, udhcpc = %last, "no DHCP lease on this interface");
-                    match tried.iter_mut().find(|a| a.iface == iface) {
-                        Some(a) => {
-                            a.runs += 1;
-                            a.last = last;
-                        }
-                        None => tried.push(Attempt {
-                            iface,
-                            runs: 1,
-                            last,
-                        }),
-                    }
-                }
-            }
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(SetupError::NoLease {
-                waited: cfg.dhcp_timeout,
-                tried,
-            });
-        }
-        tokio::time::sleep(left.min(Duration::from_secs(1))).await;
-    }
-}
-
 /// Kernel hostnames that mean "none set": the kernel's default (`(none)`, `UTS_NODENAME`) and
 /// the usual placeholder.
 pub const NO_HOSTNAME: [&str; 3] = ["", "(none)", "localhost"];
@@ -363,6 +320,7 @@ pub async fn run(cfg: &SetupConfig, name: Option<&str>) -> Result<Lease, SetupEr
     let found = wait_for_interfaces(cfg).await?;
     tracing::info!(interfaces = ?found, "Ethernet interfaces found");
     let lease = dhcp(cfg).await?;
+    tracing::info!(summary = %lease.summary(), "network");
     if let Some(name) = name
         && let Err(e) = name_host(&cfg.root, name)
     {

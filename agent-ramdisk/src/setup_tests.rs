@@ -43,6 +43,14 @@ impl Bed {
         }
     }
 
+    /// An Ethernet NIC with a device, its MAC and whether it has a link.
+    fn nic(&self, name: &str, mac: &str, carrier: bool) {
+        self.iface(name, 1, true);
+        let d = self.root().join("sys/class/net").join(name);
+        std::fs::write(d.join("address"), format!("{mac}\n")).unwrap();
+        std::fs::write(d.join("carrier"), if carrier { "1\n" } else { "0\n" }).unwrap();
+    }
+
     fn flags(&self, name: &str) -> String {
         std::fs::read_to_string(self.root().join("sys/class/net").join(name).join("flags"))
             .unwrap()
@@ -78,6 +86,7 @@ impl Bed {
         cfg.dhcp_timeout = Duration::from_secs(3);
         cfg.attempt_timeout = Duration::from_secs(2);
         cfg.poll = Duration::from_millis(20);
+        cfg.carrier_wait = Duration::from_millis(100);
         cfg
     }
 }
@@ -309,4 +318,164 @@ async fn the_node_id_names_a_machine_dhcp_left_unnamed() {
     std::fs::write(&host, "rack4-u12\n").unwrap();
     run(&cfg, Some("node_7")).await.unwrap();
     assert_eq!(std::fs::read_to_string(&host).unwrap().trim(), "rack4-u12");
+}
+
+/// The field server's 14 Ethernet ports (`many-nics-bootif`), the provisioning one 13th by name.
+const FOURTEEN: [&str; 14] = [
+    "eno8303",
+    "eno8403",
+    "enp156s0np0",
+    "enp188s0np0",
+    "enp204s0np0",
+    "enp220s0np0",
+    "enp26s0np0",
+    "enp41s0f0np0",
+    "enp41s0f1np1",
+    "enp60s0np0",
+    "enp77s0np0",
+    "enp94s0np0",
+    "ens3f0np0",
+    "ens3f1np1",
+];
+
+/// A reachability check that fails for the interfaces in `dead`.
+fn reach_except(dead: &[&str]) -> crate::nics::ReachCheck {
+    let dead: Vec<String> = dead.iter().map(|d| (*d).to_owned()).collect();
+    crate::nics::ReachCheck::new(move |iface| {
+        let bad = dead.contains(&iface);
+        Box::pin(async move {
+            if bad {
+                Err("10.0.0.1:7443: connection refused".to_owned())
+            } else {
+                Ok(())
+            }
+        })
+    })
+}
+
+#[tokio::test]
+async fn the_boot_nic_is_asked_first_of_fourteen() {
+    let bed = Bed::new();
+    for (i, name) in FOURTEEN.iter().enumerate() {
+        let mac = match *name {
+            "ens3f0np0" => "00:0a:f7:d2:30:00".to_owned(),
+            _ => format!("94:6d:ae:3a:00:{i:02x}"),
+        };
+        bed.nic(name, &mac, false);
+    }
+    let mut cfg = bed.config(&udhcpc_leasing_on(&bed, "ens3f0np0"));
+    cfg.boot_mac = Some("00:0a:f7:d2:30:00".into());
+    let started = std::time::Instant::now();
+    let lease = dhcp(&cfg).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(lease.iface, "ens3f0np0");
+    assert!(lease.tried.is_empty() && lease.reachable);
+    let udhcpc: Vec<String> = bed
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("udhcpc"))
+        .collect();
+    assert_eq!(
+        udhcpc,
+        ["udhcpc -i ens3f0np0 -q -n -t 5 -T 1 -s /etc/udhcpc.sh"]
+    );
+    let s = lease.summary();
+    assert!(
+        s.starts_with("DHCP order: ens3f0np0 (BOOTIF), eno8303 (no carrier), eno8403 (no carrier)")
+            && s.ends_with("; lease on ens3f0np0"),
+        "{s}"
+    );
+}
+
+#[tokio::test]
+async fn nics_with_a_link_come_before_the_rest() {
+    let bed = Bed::new();
+    bed.nic("eth0", "52:54:00:00:00:01", false);
+    bed.nic("eth1", "52:54:00:00:00:02", true);
+    let cfg = bed.config(&udhcpc_leasing_on(&bed, "eth1"));
+    let lease = dhcp(&cfg).await.unwrap();
+    assert_eq!(lease.iface, "eth1");
+    assert!(
+        lease.tried.is_empty(),
+        "eth0 was not asked: {:?}",
+        lease.tried
+    );
+    assert_eq!(
+        crate::nics::describe_order(&lease.order),
+        "eth1 (carrier), eth0 (no carrier)"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_from_which_the_control_plane_cannot_be_reached_is_given_back() {
+    let bed = Bed::new();
+    // eth0 has a link on another network whose DHCP answers; eth1 is the provisioning one.
+    bed.nic("eth0", "52:54:00:00:00:01", true);
+    bed.nic("eth1", "52:54:00:00:00:02", false);
+    let udhcpc = bed.tool(
+        "udhcpc",
+        "echo \"udhcpc: lease of 10.9.0.7 obtained on $2\"; exit 0",
+    );
+    let mut cfg = bed.config(&udhcpc);
+    cfg.udhcpc_script = bed.tool(
+        "udhcpc.sh",
+        "echo \"script-env interface=$interface\" >> \"$LOG\"",
+    );
+    cfg.reach = reach_except(&["eth0"]);
+    let lease = dhcp(&cfg).await.unwrap();
+    assert_eq!(lease.iface, "eth1");
+    assert!(lease.reachable);
+    assert_eq!(lease.tried.len(), 1);
+    assert_eq!(lease.tried[0].iface, "eth0");
+    assert!(
+        lease.tried[0].last.contains(
+            "the control plane did not answer (10.0.0.1:7443: connection refused); given back"
+        ),
+        "{:?}",
+        lease.tried
+    );
+    let calls = bed.calls();
+    let i = calls
+        .iter()
+        .position(|c| c == "script-env interface=eth0")
+        .expect("eth0's lease given back through the script's deconfig");
+    assert!(calls[i - 1].ends_with("udhcpc.sh deconfig"), "{calls:?}");
+    assert_eq!(bed.flags("eth0"), "0x1002", "eth0 taken down");
+    let s = lease.summary();
+    assert!(
+        s.contains("; lease on eth1; left: eth0 (1 runs; last: leased (udhcpc: lease of 10.9.0.7 obtained on eth0)"),
+        "{s}"
+    );
+}
+
+#[tokio::test]
+async fn when_no_lease_reaches_the_control_plane_the_boot_nics_is_kept() {
+    let bed = Bed::new();
+    bed.nic("eth0", "52:54:00:00:00:01", true);
+    bed.nic("eth1", "52:54:00:00:00:02", false);
+    let udhcpc = bed.tool("udhcpc", "echo \"udhcpc: lease obtained on $2\"; exit 0");
+    let mut cfg = bed.config(&udhcpc);
+    cfg.udhcpc_script = bed.tool("udhcpc.sh", "true");
+    cfg.boot_mac = Some("52:54:00:00:00:02".into());
+    cfg.reach = reach_except(&["eth0", "eth1"]);
+    cfg.dhcp_timeout = Duration::from_millis(1200);
+    let lease = dhcp(&cfg).await.unwrap();
+    assert_eq!((lease.iface.as_str(), lease.reachable), ("eth1", false));
+    assert!(
+        lease
+            .tried
+            .iter()
+            .all(|a| a.last.contains("did not answer"))
+    );
+    assert!(
+        lease
+            .summary()
+            .contains("lease on eth1 (the control plane did not answer from any lease"),
+        "{}",
+        lease.summary()
+    );
 }

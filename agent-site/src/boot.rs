@@ -13,7 +13,8 @@
 //! never from anything the request claims beyond its MAC:
 //! - a machine the control plane wants in the ramdisk, with a boot pending (token unused and
 //!   unexpired), gets a script that loads `/ramdisk/vmlinuz` and `/ramdisk/initrd` with the
-//!   site's kernel arguments and the boot's (`bcd.url`, `bcd.pin`, `bcd.token`, `bcd.node`);
+//!   site's kernel arguments and the boot's (`bcd.url`, `bcd.pin`, `bcd.token`, `bcd.node`),
+//!   and the NIC it booted from as `BOOTIF=01-<mac>` (iPXE's `${netX/mac:hexhyp}`);
 //! - any other known machine gets `exit`, which makes the firmware boot the next device (its
 //!   disk);
 //! - an unknown MAC (or none) gets `404` and nothing else: a log line and
@@ -250,7 +251,7 @@ pub fn script(entry: &BootEntry, files: &BootFiles) -> (Outcome, String) {
         Some(r) => (
             Outcome::Ramdisk,
             format!(
-                "#!ipxe\necho bcd: {node} boots the ramdisk ({purpose})\nkernel /ramdisk/vmlinuz initrd=initrd {site} bcd.lldp_wait={lldp} {args}\ninitrd --name initrd /ramdisk/initrd\nboot\n",
+                "#!ipxe\necho bcd: {node} boots the ramdisk ({purpose})\nkernel /ramdisk/vmlinuz initrd=initrd {site} bcd.lldp_wait={lldp} BOOTIF=01-${{netX/mac:hexhyp}} {args}\ninitrd --name initrd /ramdisk/initrd\nboot\n",
                 node = entry.node_id,
                 purpose = r.purpose,
                 site = files.kernel_args,
@@ -449,6 +450,12 @@ mod tests {
         assert!(kernel.contains(DEFAULT_KERNEL_ARGS), "{kernel}");
         assert!(kernel.contains("bcd.token=boot_x.s"), "{kernel}");
         assert!(kernel.contains(" bcd.lldp_wait=30 "), "{kernel}");
+        // The NIC iPXE booted from (its last opened, `netX`), as pxelinux names it: the ramdisk
+        // asks DHCP on it first.
+        assert!(
+            kernel.contains(" BOOTIF=01-${netX/mac:hexhyp} "),
+            "{kernel}"
+        );
         assert!(s.contains("initrd --name initrd /ramdisk/initrd"), "{s}");
         let (o, s) = script(&entry(false), &files());
         assert_eq!(o, Outcome::Disk);

@@ -273,7 +273,7 @@ fn reset_updates(conditions: &[Condition], verified: &[String]) -> Vec<Condition
     out
 }
 
-/// What an XID event reported by the agent sets: a reset- or reboot-required XID adds its GPU to
+/// What an XID event reported by the agent sets: a reset-, reboot- or service-required XID adds its GPU to
 /// `XidCritical`, an XID 154 announcing "drain P2P" adds it to `P2pDrainRequired`; application
 /// faults and informational XIDs change nothing. An XID without a bus id is about the whole node.
 pub fn xid_update(conditions: &[Condition], event: &XidEvent) -> Option<ConditionUpdate> {

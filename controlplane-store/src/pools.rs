@@ -23,6 +23,10 @@ pub struct HardwareProfile {
     /// GPU model name as NVML reports it (`nvmlDeviceGetName`), e.g. `NVIDIA H100 80GB HBM3`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_gpu_model: Option<String>,
+    /// Active NVLink links each GPU should have, for `diag.nvml`'s `nvlink` check; absent: bcd's
+    /// table by product (an H100 NVL pair 12, HGX H100 18), 0: no NVLink expected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_nvlinks_per_gpu: Option<u32>,
     /// Driver per concern (`power`, `boot`, `deploy`, ...), e.g. `{"power": "redfish"}`.
     #[serde(default)]
     pub drivers: BTreeMap<String, String>,

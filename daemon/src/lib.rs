@@ -23,6 +23,8 @@
 //!   (one flattened group), the join token source, the errors that stop any mode, shutdown
 //!   signals, systemd's notifier and the command journal.
 //! - [`config`], [`ops`]: `/etc/bcd/bcd.toml` and the agent's flags; [`metrics`]: `/metrics`.
+//! - [`disk_cli`]: `bcd disk clean --device` and `bcd image write --device`, the ramdisk's disk
+//!   cleaning and image writing on one named disk, steps printed.
 //! - `main.rs`: flags, logging (`bc_sys::logging`), mode dispatch, and the only place errors
 //!   become exit codes.
 //!
@@ -35,6 +37,7 @@
 pub mod agent;
 pub mod config;
 pub mod converge;
+pub mod disk_cli;
 pub mod metrics;
 pub mod ops;
 pub mod process;

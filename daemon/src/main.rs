@@ -41,6 +41,10 @@ enum Command {
     Gpu(bcd_probes::nvml::cli::GpuArgs),
     /// Print this machine's inventory.
     Inventory(bcd_probes::inventory::InventoryArgs),
+    /// Erase one named disk as the ramdisk's disk.clean does (steps printed; --dry-run).
+    Disk(bcd::disk_cli::DiskArgs),
+    /// Write an image onto one named disk as the ramdisk's image.write does.
+    Image(bcd::disk_cli::ImageArgs),
     /// Simulate N node agents (synthetic hardware, real join and session protocol) for benchmarks.
     Sim(bcd::sim::SimArgs),
 }
@@ -69,6 +73,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::HardwareKey(args) => print!("{}", bcd_probes::hwkey::run(&args)?),
         Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
         Command::Gpu(args) => bcd_probes::nvml::cli::run(args)?,
+        Command::Disk(args) => bcd::disk_cli::run_disk(args)?,
+        Command::Image(args) => bcd::disk_cli::run_image(args)?,
         Command::Status { state_dir, output } => print_status(&state_dir, &output)?,
     }
     Ok(())

@@ -56,6 +56,12 @@ struct GpuLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct XidLabels {
+    class: &'static str,
+    source: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
 }
@@ -70,6 +76,7 @@ struct Inner {
     commands: Family<CommandLabels, Counter>,
     inventory_collect: Histogram,
     gpu_health: Family<GpuLabels, Gauge>,
+    xid_events: Family<XidLabels, Counter>,
 }
 
 /// The agent's metrics; cheap to clone (one `Arc`).
@@ -147,6 +154,13 @@ impl Metrics {
             "Per GPU: 1 unless the last diag.nvml verdict for it was fail, then 0",
             gpu_health.clone(),
         );
+        let xid_events = Family::<XidLabels, Counter>::default();
+        registry.register(
+            "bcd_xid_events",
+            "XID events seen, by catalog class (unknown: an Xid NVIDIA's catalog as bcd carries \
+             it does not list) and source (nvml, kmsg)",
+            xid_events.clone(),
+        );
         let build_info = Family::<VersionLabel, Gauge>::default();
         build_info
             .get_or_create(&VersionLabel {
@@ -168,6 +182,7 @@ impl Metrics {
                 commands,
                 inventory_collect,
                 gpu_health,
+                xid_events,
             }),
         }
     }
@@ -225,6 +240,20 @@ impl Metrics {
                 })
                 .set(i64::from(g.verdict != CheckStatus::Fail));
         }
+    }
+
+    /// An XID event was seen (and goes to the control plane).
+    pub fn record_xid(&self, event: &bcd_probes::nvml::XidEvent) {
+        self.inner
+            .xid_events
+            .get_or_create(&XidLabels {
+                class: event.class.as_str(),
+                source: match event.source {
+                    bcd_probes::nvml::XidSource::Nvml => "nvml",
+                    bcd_probes::nvml::XidSource::Kmsg => "kmsg",
+                },
+            })
+            .inc();
     }
 
     /// The current values as OpenMetrics text (ends with `# EOF`).
@@ -296,6 +325,44 @@ mod tests {
             verdict: CheckStatus::Pass,
             action: RecommendedAction::None,
             summary: String::new(),
+        }
+    }
+
+    #[test]
+    fn xid_events_are_counted_by_class_and_an_xid_the_catalog_lacks_is_unknown() {
+        use bcd_probes::nvml::kmsg::{KmsgEvent, parse_event};
+        use bcd_probes::nvml::{XidEvent, XidSource, xid};
+        let m = Metrics::new();
+        // Two kernel messages of an Xid NVIDIA's catalog does not list, one it does.
+        for line in [
+            "NVRM: Xid (PCI:0000:1a:00): 999, pid=7, a future driver's new error",
+            "NVRM: Xid (PCI:0000:1a:00): 999, pid=7, again",
+            "NVRM: Xid (PCI:0000:1a:00): 48, pid=7, DBE",
+        ] {
+            let Some(KmsgEvent::Xid(x)) = parse_event(line) else {
+                panic!("{line} does not parse");
+            };
+            let (class, action, description) = xid::judge(x.xid, None);
+            m.record_xid(&XidEvent {
+                xid: x.xid,
+                pci_bus_id: Some(x.addr.to_bus_id()),
+                uuid: None,
+                class,
+                action,
+                description,
+                message: Some(x.text),
+                pid: x.pid,
+                source: XidSource::Kmsg,
+                observed_at: chrono::Utc::now(),
+                driver_message: false,
+            });
+        }
+        let t = m.encode().unwrap();
+        for want in [
+            "bcd_xid_events_total{class=\"unknown\",source=\"kmsg\"} 2",
+            "bcd_xid_events_total{class=\"resetRequired\",source=\"kmsg\"} 1",
+        ] {
+            assert!(has(&t, want), "no line {want:?} in\n{t}");
         }
     }
 

@@ -16,6 +16,10 @@ use bcd_ramdisk::{BootConfig, BootError};
 
 use crate::process::{self, ReconnectArgs, SessionError};
 
+/// How long a lease may take to show the control plane answers (a TCP connection to a gateway
+/// URL) before it is given up for the next NIC.
+const REACH_LIMIT: Duration = Duration::from_secs(5);
+
 /// Flags of `bcd ramdisk`. The control plane, its pin and the boot token come from the kernel
 /// command line, not from flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -85,6 +89,8 @@ pub async fn run(args: RamdiskArgs) -> Result<(), RamdiskError> {
         if let Some(t) = params.dhcp_timeout {
             s.dhcp_timeout = t;
         }
+        s.boot_mac = params.boot_mac.clone();
+        s.reach = bcd_ramdisk::nics::ReachCheck::control_plane(params.urls.clone(), REACH_LIMIT);
         s
     });
     let cfg = BootConfig {

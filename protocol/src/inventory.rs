@@ -412,6 +412,28 @@ pub struct Gpu {
     /// index order (`nvmlDeviceGetMigDeviceHandleByIndex`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDevice>,
+    /// Its registration with the NVLink fabric (`nvmlDeviceGetGpuFabricInfoV`); absent where
+    /// the GPU has none (no NVSwitch fabric, before Hopper) or the source is `pci`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<GpuFabric>,
+}
+
+/// A GPU's registration with the NVLink fabric, as the fabric manager left it (camelCase JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuFabric {
+    /// `notStarted` (the fabric manager has not registered the GPU), `inProgress`, `completed`.
+    pub state: String,
+    /// The registration's failure, once completed (NVML's words for its status); absent when it
+    /// succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// The clique: the GPUs with one clique id reach each other over NVLink. Once completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clique_id: Option<u32>,
+    /// The fabric's cluster UUID. Once completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_uuid: Option<String>,
 }
 
 /// One MIG device of a GPU in MIG mode.

@@ -1,17 +1,15 @@
 //! Which disks `disk.clean` erases and what it knows of each, from `/sys/block` under the
-//! [`HostRoot`] (kernel ABI `Documentation/ABI/stable/sysfs-block`).
+//! [`HostRoot`] (kernel ABI `Documentation/ABI/stable/sysfs-block`). Which entries are disks is
+//! `bcd_probes::inventory::disk_rule`'s decision, the inventory's own: the cleaner erases what
+//! the inventory lists, no more and no less.
 
 use bcd_probes::hostroot::HostRoot;
+use bcd_probes::inventory::disk_rule::{self, Scan};
 use bcd_probes::inventory::{blockdev, disks};
 
 /// Bytes in one of the sectors sysfs counts `size` and `start` in, whatever the device's
 /// logical block size.
 pub const SECTOR_BYTES: u64 = 512;
-
-/// Name prefixes of `/sys/block` entries that are not disks of the machine: loop devices,
-/// RAM disks (`ram`, `zram`), device-mapper and md devices (made of disks that are cleaned
-/// themselves), optical drives (`sr`) and network block devices (`nbd`).
-const NOT_DISKS: [&str; 7] = ["loop", "ram", "zram", "dm-", "md", "sr", "nbd"];
 
 /// One partition of a disk, from `/sys/block/<disk>/<part>/{start,size}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,22 +60,10 @@ impl DiskInfo {
     }
 }
 
-/// True for a `/sys/block` name that discovery cleans.
-pub fn is_disk_name(name: &str) -> bool {
-    !NOT_DISKS.iter().any(|p| name.starts_with(p))
-}
-
-/// The disks under `/sys/block`, sorted by name; `Err` only when the directory cannot be
-/// listed. NVMe multipath's hidden per-path devices (`nvme0c0n1`) are left out: their head
-/// (`nvme0n1`) is the disk.
-pub fn list_disks(root: &HostRoot) -> std::io::Result<Vec<String>> {
-    let mut names: Vec<String> = root
-        .list_dir("/sys/block")?
-        .into_iter()
-        .filter(|n| is_disk_name(n) && !disks::is_path_device(root, n, &format!("/sys/block/{n}")))
-        .collect();
-    names.sort();
-    Ok(names)
+/// The entries of `/sys/block` sorted into disks (by name) and the devices left out with why
+/// ([`disk_rule::scan`]); `Err` only when the directory cannot be listed.
+pub fn list_disks(root: &HostRoot) -> std::io::Result<Scan> {
+    disk_rule::scan(root)
 }
 
 /// What sysfs says of disk `name` (whether or not discovery would list it).

@@ -2,9 +2,10 @@
 //! the machine before it goes to the next tenant or is retired.
 //!
 //! # Design
-//! - [`discover`]: the disks, from `/sys/block` under the [`HostRoot`] (loop, ram, zram, dm,
-//!   md, optical and nbd devices are not disks), sorted by name, with size, serial, `ro`,
-//!   discard support and partitions.
+//! - [`discover`]: the disks, from `/sys/block` under the [`HostRoot`] by the inventory's rule
+//!   (`bcd_probes::inventory::disk_rule`: virtual, hidden, hardware partitions, drives for other
+//!   media and empty slots are not disks, and are reported as left out), sorted by name, with
+//!   size, serial, `ro`, discard support and partitions.
 //! - [`metadata`]: always, first: the first and last MiB of the disk and of each partition
 //!   zeroed, then `fsync`. The partitions are the kernel's (sysfs) and those of the GPT or MBR
 //!   on the disk ([`table`]), which a kernel may not have parsed.
@@ -28,13 +29,16 @@
 //! the standard and tested against a fake drive only (no SATA disk in the test beds). The disks
 //! are erased one after another, not in parallel. `bytesErased` of a full erase is the disk's
 //! size, whichever way it was erased. Every disk is erased, removable ones (a USB stick left in
-//! the machine, a BMC's writable virtual media) included; only read-only ones are left.
+//! the machine, a BMC's writable virtual media) included; only read-only ones are left, and the
+//! devices the disk rule says are not disks (reported in `leftOut`). [`plan`] says what would
+//! be done without writing (`bcd disk clean --dry-run`).
 
 pub mod ata;
 pub mod discover;
 pub mod full;
 pub mod metadata;
 pub mod nvme;
+pub mod plan;
 pub mod table;
 
 #[cfg(test)]
@@ -47,7 +51,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use bc_protocol::commands::clean::{CleanMode, CleanResult, DiskClean, DiskOutcome};
+use bc_protocol::commands::clean::{CleanMode, CleanResult, DiskClean, DiskOutcome, LeftOut};
 use bcd_probes::erase::block::{self, BlockIoctlError};
 use bcd_probes::erase::nvme_format::NvmeCommandError;
 use bcd_probes::hostroot::HostRoot;
@@ -138,13 +142,26 @@ fn errno_of(e: &std::io::Error) -> String {
     }
 }
 
-/// `disk.clean`: every disk [`discover::list_disks`] finds, in `mode`.
+/// `disk.clean`: every disk [`discover::list_disks`] finds, in `mode`; the devices it leaves
+/// out are named in the result's `leftOut`.
 pub fn clean(root: &HostRoot, mode: CleanMode) -> Result<CleanResult, CleanError> {
-    let names = discover::list_disks(root).map_err(|source| CleanError::ListDisks {
+    let scan = discover::list_disks(root).map_err(|source| CleanError::ListDisks {
         path: root.path("/sys/block"),
         source,
     })?;
-    Ok(clean_disks(root, mode, &names, Tools::default()))
+    if let Some(n) = scan.note() {
+        tracing::info!("disk.clean: {n}");
+    }
+    let mut r = clean_disks(root, mode, &scan.disks, Tools::default());
+    r.left_out = scan
+        .left_out
+        .into_iter()
+        .map(|(name, why)| LeftOut {
+            name,
+            reason: why.to_string(),
+        })
+        .collect();
+    Ok(r)
 }
 
 /// Cleans the disks named (whatever discovery would say of them), one after another.
@@ -177,6 +194,7 @@ pub fn clean_disks(
     CleanResult {
         mode,
         disks,
+        left_out: Vec::new(),
         duration_ms: ms(t0),
     }
 }

@@ -49,6 +49,19 @@ impl Host {
         std::fs::write(self.dev(name), bytes).unwrap();
     }
 
+    /// A virtual block device: its directory under `/sys/devices/virtual/block`, linked from
+    /// `/sys/block/<name>` as the kernel links it, no `device` link.
+    fn virtual_dev(&self, name: &str, sectors: &str) {
+        let dir = self.dir.path().join("sys/devices/virtual/block").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("size"), format!("{sectors}\n")).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../devices/virtual/block/{name}"),
+            self.dir.path().join("sys/block").join(name),
+        )
+        .unwrap();
+    }
+
     fn dev(&self, name: &str) -> std::path::PathBuf {
         self.dir.path().join("dev").join(name)
     }
@@ -166,26 +179,75 @@ fn a_read_only_disk_is_left_untouched_and_a_failing_one_does_not_stop_the_others
 }
 
 #[test]
-fn discovery_sorts_and_leaves_out_what_is_not_a_disk() {
+fn discovery_leaves_out_what_is_not_a_disk_whatever_its_name() {
     let h = Host::new();
-    for n in [
-        "vdb",
-        "loop0",
-        "sr0",
-        "dm-0",
-        "md127",
-        "ram0",
-        "zram0",
-        "nbd3",
-        "nvme0n1",
-        "nvme0c0n1",
-        "sda",
-    ] {
-        h.sys(&format!("{n}/size"), "0");
+    // Disks: devices with hardware behind them, one named like a virtual device.
+    for n in ["vdb", "nvme0n1", "sda", "loop7"] {
+        h.sys(&format!("{n}/size"), "2048");
     }
+    // Virtual devices, whatever they are called: a loop device, a new kind of virtual disk with
+    // a disk-like name, device-mapper, an md array made of two disks.
+    h.virtual_dev("loop0", "2048");
+    h.virtual_dev("sdq", "2048");
+    h.virtual_dev("frob0", "2048");
+    h.sys("dm-0/size", "2048");
+    h.sys("dm-0/dm/name", "vg-root");
+    h.sys("md127/size", "4096");
+    h.sys("md127/md/level", "raid1");
+    h.sys("md127/slaves/sda", "");
+    h.sys("md127/slaves/vdb", "");
+    // A CD drive (SCSI type 5), a hidden multipath path, a removed disk still listed.
+    h.sys("sr0/size", "2048");
+    h.sys("sr0/device/type", "5");
+    h.sys("nvme0c0n1/size", "2048");
+    h.sys("nvme0c0n1/hidden", "1");
+    h.sys("sdz/size", "0");
+    let scan = discover::list_disks(&h.root()).unwrap();
+    assert_eq!(scan.disks, ["loop7", "nvme0n1", "sda", "vdb"]);
+    let left: Vec<(&str, String)> = scan
+        .left_out
+        .iter()
+        .map(|(n, why)| (n.as_str(), why.to_string()))
+        .collect();
     assert_eq!(
-        discover::list_disks(&h.root()).unwrap(),
-        vec!["nvme0n1", "sda", "vdb"]
+        left,
+        [
+            (
+                "dm-0",
+                "virtual, no hardware behind it (device-mapper)".to_owned()
+            ),
+            (
+                "frob0",
+                "virtual, no hardware behind it (under /sys/devices/virtual, no device link)"
+                    .to_owned()
+            ),
+            (
+                "loop0",
+                "virtual, no hardware behind it (under /sys/devices/virtual, no device link)"
+                    .to_owned()
+            ),
+            (
+                "md127",
+                "virtual, no hardware behind it (md array made of sda, vdb)".to_owned()
+            ),
+            (
+                "nvme0c0n1",
+                "hidden (a multipath path of a disk listed on its own)".to_owned()
+            ),
+            (
+                "sdq",
+                "virtual, no hardware behind it (under /sys/devices/virtual, no device link)"
+                    .to_owned()
+            ),
+            (
+                "sdz",
+                "size 0 (removed but still listed, or no capacity)".to_owned()
+            ),
+            (
+                "sr0",
+                "not a disk drive (SCSI peripheral type 5, CD/DVD)".to_owned()
+            ),
+        ]
     );
     let info = discover::read_disk(&h.root(), "nvme0n1");
     assert!(info.is_nvme_namespace());
@@ -198,14 +260,52 @@ fn discovery_sorts_and_leaves_out_what_is_not_a_disk() {
 }
 
 #[test]
-fn a_zero_sized_disk_is_cleaned_with_nothing_to_write_and_tiny_ones_are_clamped() {
+fn devices_that_are_not_disks_are_reported_and_left_untouched() {
+    let h = Host::new();
+    h.disk("vda", 4, &[]);
+    h.virtual_dev("loop3", "8192");
+    std::fs::write(h.dev("loop3"), vec![FILL; 4 * MIB as usize]).unwrap();
+    // An empty card reader (removable, size 0) and a removed disk (size 0).
+    h.sys("sdy/size", "0");
+    h.sys("sdy/removable", "1");
+    h.sys("sdz/size", "0");
+    let r = clean(&h.root(), CleanMode::Metadata).unwrap();
+    let names: Vec<&str> = r.disks.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["vda"]);
+    let left: Vec<(&str, &str)> = r
+        .left_out
+        .iter()
+        .map(|l| (l.name.as_str(), l.reason.as_str()))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            (
+                "loop3",
+                "virtual, no hardware behind it (under /sys/devices/virtual, no device link)"
+            ),
+            ("sdy", "size 0 (removable, no medium)"),
+            ("sdz", "size 0 (removed but still listed, or no capacity)"),
+        ]
+    );
+    assert!(
+        all(&h.bytes("loop3"), 0, 4, FILL),
+        "a device left out was written"
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["leftOut"][1]["name"], "sdy");
+}
+
+#[test]
+fn a_zero_sized_disk_named_explicitly_has_nothing_to_write_and_tiny_ones_are_clamped() {
     let h = Host::new();
     h.disk("vda", 0, &[]);
     std::fs::write(h.dev("vdb"), vec![FILL; 3000]).unwrap();
     h.sys("vdb/size", "5"); // 2560 bytes: the last 440 bytes of the file are not the disk's
     // sdz: an empty card reader (size 0, no device node that opens).
     h.sys("sdz/size", "0");
-    let r = clean(&h.root(), CleanMode::Metadata).unwrap();
+    let names = ["sdz", "vda", "vdb"].map(str::to_owned);
+    let r = clean_disks(&h.root(), CleanMode::Metadata, &names, Tools::default());
     assert_eq!(r.disks[0].name, "sdz");
     assert_eq!(r.disks[0].outcome, DiskOutcome::Cleaned, "{:?}", r.disks[0]);
     assert_eq!(r.disks[0].steps, ["nothing to erase (size 0: no medium)"]);
@@ -344,4 +444,66 @@ fn partitions_the_kernel_does_not_list_are_read_from_the_gpt_or_the_mbr() {
     // vda1 1..5 MiB, vda2 8..18 MiB: both ends of each zeroed, their middles kept.
     assert!(all(&b, 0, 2, 0) && all(&b, 4, 5, 0) && all(&b, 8, 9, 0) && all(&b, 17, 18, 0));
     assert!(all(&b, 2, 4, FILL) && all(&b, 9, 17, FILL) && all(&b, 18, 31, FILL));
+}
+
+/// The field tree `rel` (`../shared/fixtures/field/…`, read in place), or `None` (loudly; a
+/// failure under `CI=true`) when it is missing.
+fn field_root(rel: &str) -> Option<HostRoot> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/field")
+        .join(rel);
+    if !p.exists() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "fixture {} is missing",
+            p.display()
+        );
+        eprintln!("!!! FIXTURE MISSING: {} — test skipped", p.display());
+        return None;
+    }
+    Some(HostRoot::new(p))
+}
+
+#[test]
+fn the_cleaner_erases_what_the_inventory_lists_on_the_field_trees() {
+    for (tree, disks, left_out) in [
+        (
+            "emmc-boot-partitions/root",
+            vec!["mmcblk0", "nvme0n1"],
+            vec![
+                ("mmcblk0boot0", "read-only hardware partition of mmcblk0"),
+                ("mmcblk0boot1", "read-only hardware partition of mmcblk0"),
+            ],
+        ),
+        (
+            "removed-disk-zero-size/root",
+            vec!["sda"],
+            vec![("sdb", "size 0 (removed but still listed, or no capacity)")],
+        ),
+    ] {
+        let Some(root) = field_root(tree) else {
+            continue;
+        };
+        let scan = discover::list_disks(&root).unwrap();
+        assert_eq!(scan.disks, disks, "{tree}");
+        let left: Vec<(&str, String)> = scan
+            .left_out
+            .iter()
+            .map(|(n, w)| (n.as_str(), w.to_string()))
+            .collect();
+        let want: Vec<(&str, String)> = left_out
+            .iter()
+            .map(|(n, w)| (*n, (*w).to_owned()))
+            .collect();
+        assert_eq!(left, want, "{tree}");
+        let inventoried: Vec<String> = bcd_probes::inventory::collect(&root)
+            .disks
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
+        assert_eq!(
+            inventoried, scan.disks,
+            "{tree}: the inventory and the cleaner disagree"
+        );
+    }
 }

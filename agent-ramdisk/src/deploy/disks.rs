@@ -1,7 +1,8 @@
 //! The root disk: which whole disk of `/sys/block` receives the image, and why.
 //!
-//! The disks are the inventory's (`bcd_probes::inventory::disks`: loop, RAM, zram, dm, md,
-//! nbd, optical and floppy devices are never listed, nor NVMe multipath path devices), so a
+//! The disks are the inventory's (`bcd_probes::inventory::disks`, by its `disk_rule`: virtual
+//! devices, hidden multipath paths, hardware partitions of a disk, optical and floppy drives
+//! and empty slots are never listed), so a
 //! hint is matched against the same serial, WWN and `/dev/disk/by-*` names the control plane
 //! shows in `nodes inventory`. Read-only disks (`/sys/block/<name>/ro` is 1) and empty slots
 //! (size 0) are refused. Every given hint must match (Ironic's root-device hints); among the
@@ -68,8 +69,9 @@ pub fn choose(
     let Some(best) = fits.first() else {
         if candidates.is_empty() {
             return Err(
-                "no disk in /sys/block (loop, ram, zram, dm, md, sr and nbd devices \
-                        are not disks)"
+                "no disk in /sys/block (virtual devices, hardware partitions, optical \
+                        drives and empty slots are not disks: `bcd inventory` says which it \
+                        left out)"
                     .to_owned(),
             );
         }
@@ -100,6 +102,36 @@ pub fn choose(
         size_bytes: best.disk.size_bytes,
         sector_bytes: best.disk.logical_sector_bytes.map_or(512, u64::from),
         because,
+    })
+}
+
+/// The disk `name` the operator named (`bcd image write --device`), whatever the inventory's
+/// rule says of it (a loop device is fine); refused when read-only, empty or smaller than
+/// `need_bytes`.
+pub fn named(root: &HostRoot, name: &str, need_bytes: u64) -> Result<Choice, String> {
+    let base = format!("/sys/block/{name}");
+    let size_bytes = root
+        .read_parsed::<u64>(format!("{base}/size"))
+        .ok_or_else(|| format!("{name}: {base}/size unreadable"))?
+        .saturating_mul(512);
+    if root.read_trimmed(format!("{base}/ro")).as_deref() == Some("1") {
+        return Err(format!("{name}: read-only"));
+    }
+    if size_bytes == 0 {
+        return Err(format!("{name}: empty (size 0)"));
+    }
+    if size_bytes < need_bytes {
+        return Err(format!(
+            "{name}: too small ({size_bytes} bytes, {need_bytes} needed)"
+        ));
+    }
+    Ok(Choice {
+        name: name.to_owned(),
+        size_bytes,
+        sector_bytes: root
+            .read_parsed(format!("{base}/queue/logical_block_size"))
+            .unwrap_or(512),
+        because: "named on the command line".to_owned(),
     })
 }
 

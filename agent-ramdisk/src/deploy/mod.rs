@@ -151,6 +151,17 @@ pub async fn image_write(
     root: &HostRoot,
     args: ImageWriteArgs,
 ) -> Result<ImageWriteResult, DeployError> {
+    image_write_on(root, args, None).await
+}
+
+/// `image.write` onto the disk `device` (a kernel name; `bcd image write --device`, after
+/// [`crate::local::open_disk`]) instead of the one the root-device hints choose; `None`: the
+/// hints choose, as [`image_write`].
+pub async fn image_write_on(
+    root: &HostRoot,
+    args: ImageWriteArgs,
+    device: Option<&str>,
+) -> Result<ImageWriteResult, DeployError> {
     let started = Instant::now();
     let qcow2 = args.image.format == ImageFormat::Qcow2;
     if qcow2 && args.image.compression != Compression::None {
@@ -182,11 +193,14 @@ pub async fn image_write(
     };
     let hints = args.root_device.clone().unwrap_or_default();
     let r = root.clone();
-    let choice =
-        tokio::task::spawn_blocking(move || disks::choose(&disks::candidates(&r), &hints, need))
-            .await
-            .map_err(|e| DeployError::Task(e.to_string()))?
-            .map_err(DeployError::NoRootDevice)?;
+    let named = device.map(str::to_owned);
+    let choice = tokio::task::spawn_blocking(move || match named {
+        Some(n) => disks::named(&r, &n, need),
+        None => disks::choose(&disks::candidates(&r), &hints, need),
+    })
+    .await
+    .map_err(|e| DeployError::Task(e.to_string()))?
+    .map_err(DeployError::NoRootDevice)?;
     tracing::info!(
         device = %choice.name,
         because = %choice.because,

@@ -424,22 +424,31 @@ fn queue(
     }
     if name == CommandName::DiagNvml
         && let Ok(given) = DiagArgs::deserialize(&rec.args)
-        && given.expected_gpus.is_none()
         && let Some(pool) = node.pool_id.as_deref()
         && let Some(p) = tx.pool(pool)?
-        && let Some(count) = p.hardware_profile.expected_gpu_count
         && let Some(a) = rec.args.as_object_mut()
     {
-        // The pool's hardware profile says what the node should have; the keys come from the
-        // typed contract (`DiagArgs`), merged into the operator's arguments.
+        // The pool's hardware profile says what the node should have, where the operator's
+        // arguments do not; the keys come from the typed contract (`DiagArgs`), merged into
+        // the operator's arguments.
+        let profile = &p.hardware_profile;
         let expected = DiagArgs {
-            expected_gpus: Some(ExpectedGpus {
-                count,
-                name: p.hardware_profile.expected_gpu_model.clone(),
+            expected_gpus: given.expected_gpus.is_none().then_some(()).and_then(|()| {
+                profile.expected_gpu_count.map(|count| ExpectedGpus {
+                    count,
+                    name: profile.expected_gpu_model.clone(),
+                })
             }),
+            expected_nvlinks_per_gpu: given
+                .expected_nvlinks_per_gpu
+                .is_none()
+                .then_some(profile.expected_nvlinks_per_gpu)
+                .flatten(),
         };
         if let Ok(serde_json::Value::Object(m)) = serde_json::to_value(&expected) {
-            a.extend(m);
+            // An absent expectation serializes as null (expectedGpus) or not at all: only
+            // values are merged.
+            a.extend(m.into_iter().filter(|(_, v)| !v.is_null()));
         }
     }
     tx.insert_command(&rec)?;

@@ -398,3 +398,39 @@ fn the_openapi_document_declares_the_capacity_refusal() -> Result<(), Box<dyn st
     );
     Ok(())
 }
+
+/// Issue 32 item 3: `diag.nvml` carries the pool's expected GPUs and expected NVLink links per
+/// GPU, unless the operator's arguments say otherwise.
+#[test]
+fn diag_nvml_takes_the_pools_nvlink_expectation() -> Result<(), Box<dyn std::error::Error>> {
+    let store = cpl_store::testing::store()?;
+    let pool = call(
+        &store,
+        "pools.create",
+        json!({"name": "nvl", "kind": "metal-host", "hardwareProfile": {
+            "expectedGpuCount": 2, "expectedGpuModel": "H100 NVL", "expectedNvlinksPerGpu": 12
+        }}),
+    )?;
+    assert_eq!(pool["hardwareProfile"]["expectedNvlinksPerGpu"], 12);
+    let mut n = cpl_store::testing::new_node("node_nvl");
+    n.pool_id = pool["id"].as_str().map(str::to_owned);
+    store.write_blocking(|tx| tx.insert_node(&n, 1))?;
+    let args_of = |body: Value| -> Result<Value, Box<dyn std::error::Error>> {
+        let c = call(&store, "commands.create", body)?;
+        let got = call(&store, "commands.get", json!({"commandId": c["id"]}))?;
+        Ok(got["args"].clone())
+    };
+    let a = args_of(json!({"nodeId": "node_nvl", "name": "diag.nvml"}))?;
+    assert_eq!(a["expectedNvlinksPerGpu"], 12, "{a}");
+    assert_eq!(
+        a["expectedGpus"],
+        json!({"count": 2, "name": "H100 NVL"}),
+        "{a}"
+    );
+    // The operator's own expectation wins, key by key.
+    let a = args_of(json!({"nodeId": "node_nvl", "name": "diag.nvml",
+        "args": {"expectedNvlinksPerGpu": 0}}))?;
+    assert_eq!(a["expectedNvlinksPerGpu"], 0, "{a}");
+    assert_eq!(a["expectedGpus"]["count"], 2, "{a}");
+    Ok(())
+}

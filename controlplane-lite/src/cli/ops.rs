@@ -78,6 +78,10 @@ pub struct ProfileArgs {
     /// GPU model as NVML names it, or a part of it (`expectedGpuModel`).
     #[arg(long)]
     pub expected_gpu_model: Option<String>,
+    /// Active NVLink links per GPU for diag.nvml's nvlink check, instead of bcd's table by
+    /// product; 0: no NVLink expected (`expectedNvlinksPerGpu`).
+    #[arg(long)]
+    pub expected_nvlinks_per_gpu: Option<u32>,
     /// What a degraded PCIe link does (`hardwareProfile.pcieLinkDegraded`): ignore (report
     /// only, the default) or noSchedule.
     #[arg(long, value_parser = spelled::<LinkDegradedPolicy>(["ignore", "noSchedule"]))]
@@ -104,6 +108,7 @@ impl ProfileArgs {
         HardwareProfile {
             expected_gpu_count: self.expected_gpus,
             expected_gpu_model: self.expected_gpu_model.clone(),
+            expected_nvlinks_per_gpu: self.expected_nvlinks_per_gpu,
             drivers: Default::default(),
             pcie_link_degraded: self.pcie_link_degraded,
             min_memory_bytes: self.min_memory,

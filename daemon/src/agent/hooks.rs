@@ -74,6 +74,7 @@ impl SessionHooks for AgentHooks {
             }
             Some(x) = self.xids.recv() => {
                 tracing::warn!(xid = x.xid, gpu = ?x.pci_bus_id, class = ?x.class, "XID");
+                crate::metrics::global().record_xid(&x);
                 agent_message::Msg::Event(xid_event(&x))
             }
             // Both sources gone (no converge task, no XID watch): nothing more to say.

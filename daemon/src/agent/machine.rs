@@ -51,8 +51,7 @@ impl NodeMachine {
     async fn diag(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
         let a: DiagArgs = run.args()?;
         let (cfg, root) = (self.nvml.clone(), self.root.clone());
-        let report =
-            blocking(move || bcd_probes::nvml::diag(&cfg, a.expected_gpus.as_ref(), &root)).await?;
+        let report = blocking(move || bcd_probes::nvml::diag_args(&cfg, &a, &root)).await?;
         crate::metrics::global().record_diag(&report);
         to_result(&report)
     }

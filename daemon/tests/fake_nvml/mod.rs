@@ -266,6 +266,7 @@ pub fn profile_node(profile: &str) -> Value {
                 })).collect::<Vec<_>>(),
                 "persistenceMode": ys(d, &["persistence_mode"]) == "enabled",
                 "throttleReasons": 0,
+                "fabric": fabric(d),
             })
         })
         .collect();
@@ -276,6 +277,25 @@ pub fn profile_node(profile: &str) -> Value {
         "cudaDriverVersion": yu(sys, &["cuda_version_major"]) * 1000
             + yu(sys, &["cuda_version_minor"]) * 10,
         "gpus": gpus,
+    })
+}
+
+/// The fake's `fabric` of a profile's `device_defaults.fabric` (Hopper and later on NVSwitch
+/// systems); `state: auto` is a fabric manager that registered the GPU (`completed`). Null where
+/// the profile declares none (A100, PCIe cards): `NOT_SUPPORTED`.
+fn fabric(defaults: &serde_norway::Value) -> Value {
+    let f = y(defaults, &["fabric"]);
+    if f.is_null() {
+        return Value::Null;
+    }
+    let state = match f["state"].as_str() {
+        Some("auto") | None => "completed".to_owned(),
+        Some(s) => s.to_owned(),
+    };
+    json!({
+        "state": state,
+        "cliqueId": f["clique_id"].as_u64().unwrap_or(0),
+        "clusterUuid": ys(f, &["cluster_uuid"]),
     })
 }
 

@@ -4,42 +4,46 @@
 //! HCTL, partitions and holders in [`super::blockdev`]; NVMe health in [`super::nvme`], SATA and
 //! SAS health in [`super::ata_smart`].
 //!
-//! With NVMe native multipath the kernel lists, beside each namespace head `nvmeXnY`, one path
-//! device `nvmeXcZnY` per controller; those are hidden (`hidden` is 1, kernel ABI
-//! `sysfs-block`: "the block device is hidden ... e.g. NVMe multipath path devices") and are the
-//! same namespace again. Every way in skips them ([`is_path_device`]), so a disk is counted once.
+//! Which entries are disks is [`super::disk_rule`]'s decision (the one rule the ramdisk's
+//! cleaner applies too); the devices it leaves out are counted in one note. With NVMe native
+//! multipath the kernel lists, beside each namespace head `nvmeXnY`, one hidden path device
+//! `nvmeXcZnY` per controller: the rule leaves them out, so a disk is counted once.
 
 use bc_protocol::inventory::{Disk, Note};
 
-use super::{blockdev, note};
+use super::{blockdev, disk_rule, note};
 use crate::hostroot::HostRoot;
-
-/// Prefixes of block devices that are not disks: loop, RAM, zram, device-mapper, md RAID, nbd,
-/// optical, floppy.
-const NOT_DISKS: &[&str] = &["loop", "ram", "zram", "dm-", "md", "nbd", "sr", "fd"];
 
 /// Every disk, sorted by name.
 pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
-    let names = match root.list_dir("/sys/block") {
-        Ok(n) => n,
+    let scan = match disk_rule::scan(root) {
+        Ok(s) => s,
         Err(e) => {
             note(notes, "disks", format!("/sys/block: {e}"));
-            Vec::new()
+            disk_rule::Scan::default()
         }
     };
+    if let Some(n) = scan.note() {
+        note(notes, "disks", n);
+    }
+    let block_names: Vec<String> = scan
+        .disks
+        .iter()
+        .chain(scan.left_out.iter().map(|(n, _)| n))
+        .cloned()
+        .collect();
     let udev = blockdev::DevDiskNames::read(root);
-    let mut disks: Vec<Disk> = names
+    let mut disks: Vec<Disk> = scan
+        .disks
         .into_iter()
-        .filter(|n| !NOT_DISKS.iter().any(|p| n.starts_with(p)))
-        .filter(|n| !is_path_device(root, n, &format!("/sys/block/{n}")))
         .map(|name| block_disk(root, name, &udev))
         .collect();
     for ctrl in root.list_dir("/sys/class/nvme").unwrap_or_default() {
         let base = format!("/sys/class/nvme/{ctrl}");
         for ns in root.list_dir(&base).unwrap_or_default() {
             if !ns.starts_with("nvme")
-                || disks.iter().any(|d| d.name == ns)
-                || is_path_device(root, &ns, &format!("{base}/{ns}"))
+                || block_names.contains(&ns)
+                || disk_rule::classify(root, &ns, &format!("{base}/{ns}"), &block_names).is_some()
             {
                 continue;
             }
@@ -77,22 +81,6 @@ pub fn collect(root: &HostRoot, notes: &mut Vec<Note>) -> Vec<Disk> {
     super::nvme::fill_health(root, &mut disks, notes);
     super::ata_smart::fill_health(root, &mut disks, notes);
     disks
-}
-
-/// True for a block device that is another view of a disk listed elsewhere: an NVMe multipath
-/// path device, by its name (`nvme<subsys>c<ctrl>n<ns>`, the kernel's naming in
-/// `nvme_mpath_set_disk_name`) or by its `hidden` attribute at `dir` being 1 (any hidden device).
-pub fn is_path_device(root: &HostRoot, name: &str, dir: &str) -> bool {
-    is_nvme_path_name(name) || root.read_trimmed(format!("{dir}/hidden")).as_deref() == Some("1")
-}
-
-/// `nvme0c1n2`: `nvme`, digits, `c`, digits, `n`, digits.
-fn is_nvme_path_name(name: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    name.strip_prefix("nvme")
-        .and_then(|r| r.split_once('c'))
-        .and_then(|(subsys, r)| r.split_once('n').map(|(ctrl, ns)| (subsys, ctrl, ns)))
-        .is_some_and(|(subsys, ctrl, ns)| digits(subsys) && digits(ctrl) && digits(ns))
 }
 
 fn block_disk(root: &HostRoot, name: String, udev: &blockdev::DevDiskNames) -> Disk {

@@ -11,7 +11,7 @@ use super::*;
 const FIELD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/field");
 
 /// The field tree as a root, or `None` (loudly; a failure under `CI=true`) when it is missing.
-fn field_root(rel: &str) -> Option<HostRoot> {
+pub(super) fn field_root(rel: &str) -> Option<HostRoot> {
     let p = Path::new(FIELD).join(rel);
     if !p.exists() {
         assert!(
@@ -107,6 +107,8 @@ fn hidden_and_path_devices_are_skipped_on_every_path() -> std::io::Result<()> {
     // The head, two path devices (one says hidden, one only has the path name), and a hidden
     // device of another kind.
     t.block("nvme1n1", &format!("{subsys}/nvme1n1"), 1000, Some("0\n"))?;
+    // The head's parent is its subsystem (`device_add_disk(&subsys->dev, …)`).
+    t.link(&format!("{subsys}/nvme1n1/device"), "../../nvme-subsys1")?;
     t.block(
         "nvme1c1n1",
         &format!("{ctrl1}/nvme1c1n1"),

@@ -30,11 +30,23 @@ pub fn message(
     nvml: Option<&NvmlConfig>,
     lldp: Option<&Watcher>,
 ) -> Result<pb::Inventory, InventoryMessageError> {
+    message_with_notes(root, nvml, lldp, Vec::new())
+}
+
+/// [`message`] with `notes` from the caller added to the document's `notes[]` (the ramdisk's
+/// account of how it got on the network).
+pub fn message_with_notes(
+    root: &HostRoot,
+    nvml: Option<&NvmlConfig>,
+    lldp: Option<&Watcher>,
+    notes: Vec<bc_protocol::inventory::Note>,
+) -> Result<pb::Inventory, InventoryMessageError> {
     let gpus = nvml
         .and_then(|cfg| crate::nvml::inventory_gpus(cfg).ok())
         .filter(|g| !g.is_empty())
         .map(|gs| gs.iter().map(GpuInfo::to_inventory).collect());
     let mut inv = super::collect_with_gpus(root, gpus);
+    inv.notes.extend(notes);
     if let Some(w) = lldp {
         super::lldp::attach(&mut inv, &w.neighbors(), &w.problems());
     }

@@ -2,7 +2,8 @@
 //!
 //! # Design
 //! Each collector reads through a [`HostRoot`] and owns one section: [`system`] (SMBIOS or
-//! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (with
+//! `/sys/class/dmi/id`), [`cpu`], [`host`] (memory, OS, boot mode), [`disks`] (which entries of `/sys/block` are disks:
+//! [`disk_rule`]; with
 //! [`blockdev`]: by-path and by-id names, partitions, holders; health from the NVMe SMART log
 //! through [`nvme`] and [`smart_log`], from ATA SMART or the SCSI Informational Exceptions page
 //! through [`ata_smart`] and [`sgio`]), [`nics`] (addresses from [`addrs`], permanent MAC and
@@ -27,6 +28,7 @@ pub mod blockdev;
 pub mod bmc;
 mod cli;
 pub mod cpu;
+pub mod disk_rule;
 pub mod disks;
 #[allow(unsafe_code)]
 pub mod ethtool;
@@ -54,7 +56,7 @@ use bc_protocol::inventory::{self, Gpu, Inventory, Note};
 use crate::hostroot::HostRoot;
 
 pub use cli::{InventoryArgs, run};
-pub use message::{InventoryMessageError, message};
+pub use message::{InventoryMessageError, message, message_with_notes};
 pub use render::render_table;
 
 /// Collects the inventory of the machine under `root`, GPUs from the PCI list.
@@ -111,6 +113,8 @@ pub(crate) fn note(notes: &mut Vec<Note>, source: &str, message: impl Into<Strin
 
 #[cfg(test)]
 mod depth_tests;
+#[cfg(test)]
+mod disk_rule_tests;
 #[cfg(test)]
 mod field_tests;
 #[cfg(test)]

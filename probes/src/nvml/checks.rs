@@ -18,8 +18,7 @@ use super::xid::{self, RecommendedAction, XidClass};
 
 /// A GPU within this many °C of its slowdown threshold is a warning.
 pub const TEMPERATURE_MARGIN_C: u32 = 5;
-/// Links NVML can report per GPU (`NVML_NVLINK_MAX_LINKS`).
-pub const NVLINK_MAX_LINKS: u32 = 18;
+pub use super::nvlink::NVLINK_MAX_LINKS;
 /// `NVML_DEVICE_MIG_ENABLE` (`nvml.h`): the MIG mode value "enabled".
 pub const MIG_ENABLE: u32 = 1;
 
@@ -44,7 +43,7 @@ pub(crate) fn field_u64s(dev: &Device, ids: &[u32]) -> Vec<Option<u64>> {
 
 /// The check for a query that failed: not supported passes, a lost GPU fails with a reboot,
 /// anything else warns.
-fn query_failed(name: &str, e: &WrapperError) -> Check {
+pub(crate) fn query_failed(name: &str, e: &WrapperError) -> Check {
     match e {
         WrapperError::NotSupported => Check::pass(name, "notSupported"),
         WrapperError::GpuLost => Check::fail(name, "gpuLost", RecommendedAction::RebootNode)
@@ -53,12 +52,13 @@ fn query_failed(name: &str, e: &WrapperError) -> Check {
     }
 }
 
-/// Runs every check on `dev`.
+/// Runs every check on `dev`; `nvlinks` is the hardware profile's `expectedNvlinksPerGpu`.
 pub(crate) fn gpu_checks(
     dev: &Device,
     index: u32,
     events: &Result<Vec<KmsgEvent>, String>,
     expected: Option<&ExpectedGpus>,
+    nvlinks: Option<u32>,
 ) -> GpuReport {
     let uuid = super::nvml_string(dev.uuid().unwrap_or_default());
     let name = super::nvml_string(dev.name().unwrap_or_default());
@@ -72,7 +72,9 @@ pub(crate) fn gpu_checks(
     checks.push(power(dev));
     checks.push(throttle(dev));
     checks.push(pcie(dev));
-    checks.push(nvlink(dev));
+    checks.push(super::nvlink::check(dev, &name, nvlinks));
+    checks.push(super::nvlink::errors(dev));
+    checks.push(fabric(dev));
     checks.push(mig(dev));
     checks.push(recovery_action(dev));
     checks.push(xids(addr, events));
@@ -273,35 +275,43 @@ fn pcie(dev: &Device) -> Check {
     }
 }
 
-/// `nvlink` (`nvmlDeviceGetNvLinkState` per link): an inactive link among active ones fails,
-/// calling for peer-to-peer traffic to be drained; no active link at all warns.
-fn nvlink(dev: &Device) -> Check {
-    const NAME: &str = "nvlink";
-    let mut active = 0;
-    let mut inactive = Vec::new();
-    for link in 0..NVLINK_MAX_LINKS {
-        match dev.link_wrapper_for(link).is_active() {
-            Ok(true) => active += 1,
-            Ok(false) => inactive.push(link),
-            Err(WrapperError::NotSupported) if link == 0 => {
-                return Check::pass(NAME, "notSupported").detail("no NVLink");
-            }
-            Err(WrapperError::NotSupported | WrapperError::InvalidArg) => break,
-            Err(e) => return query_failed(NAME, &e),
-        }
-    }
-    let total = active + inactive.len();
-    let value = format!("{active}/{total} active");
-    if inactive.is_empty() {
-        Check::pass(NAME, value)
-    } else if active == 0 {
-        // Every link down is also what a board without NVLink bridges or switches reports;
-        // whether NVLink is expected is the hardware profile's business.
-        Check::warn(NAME, value).detail("no active NVLink links")
-    } else {
-        Check::fail(NAME, value, RecommendedAction::DrainP2p)
-            .threshold(format!("{total}/{total} active"))
-            .detail(format!("inactive links: {inactive:?}"))
+/// `fabric` (`nvmlDeviceGetGpuFabricInfoV`, see [`super::fabric`]): on an NVSwitch system the
+/// GPU must be registered with the NVLink fabric, or every CUDA program fails with error 802.
+/// Not registered yet (`notStarted`, `inProgress`) or registered with a failure fails, with
+/// what to do about the fabric manager; a GPU without a fabric passes (`notSupported`).
+fn fabric(dev: &Device) -> Check {
+    const NAME: &str = "fabric";
+    const FM: &str = "nvidia-fabricmanager (GB200: nvidia-imex and the NVLink subnet manager)";
+    let f = match super::fabric::fabric_info(dev) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Check::pass(NAME, "notSupported"),
+        Err(e) => return query_failed(NAME, &e),
+    };
+    let value = f.state.clone();
+    match (f.state.as_str(), &f.status) {
+        ("completed", None) => Check::pass(NAME, value).detail(format!(
+            "clique {}, cluster {}",
+            f.clique_id.map_or("?".into(), |c| c.to_string()),
+            f.cluster_uuid.as_deref().unwrap_or("?")
+        )),
+        ("completed", Some(status)) => Check::fail(NAME, value, RecommendedAction::Service)
+            .threshold("completed")
+            .detail(format!(
+                "the fabric manager registered the GPU with a failure ({status}): CUDA programs \
+                 fail with error 802; read {FM}'s log, fix its configuration and restart it"
+            )),
+        ("notStarted", _) => Check::fail(NAME, value, RecommendedAction::Service)
+            .threshold("completed")
+            .detail(format!(
+                "the GPU is not registered with the NVLink fabric: CUDA programs fail with error \
+                 802; start {FM} (systemctl start nvidia-fabricmanager)"
+            )),
+        _ => Check::fail(NAME, value, RecommendedAction::Service)
+            .threshold("completed")
+            .detail(format!(
+                "the GPU's registration with the NVLink fabric has not completed: CUDA programs \
+                 fail with error 802 until it does; if it stays so, check {FM}"
+            )),
     }
 }
 
@@ -388,9 +398,10 @@ fn xids(addr: Option<PciAddr>, events: &Result<Vec<KmsgEvent>, String>) -> Check
         }
         let (class, a, description) = xid::judge(x.xid, announced);
         let s = match class {
-            XidClass::ResetRequired | XidClass::RebootRequired | XidClass::DrainP2pRequired => {
-                CheckStatus::Fail
-            }
+            XidClass::ResetRequired
+            | XidClass::RebootRequired
+            | XidClass::DrainP2pRequired
+            | XidClass::ServiceRequired => CheckStatus::Fail,
             XidClass::ApplicationFault | XidClass::Unknown => CheckStatus::Warn,
             XidClass::Informational => CheckStatus::Pass,
         };

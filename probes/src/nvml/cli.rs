@@ -60,6 +60,10 @@ pub enum GpuCommand {
         /// A substring every GPU name must contain, e.g. `H100`.
         #[arg(long, requires = "expect_count")]
         expect_name: Option<String>,
+        /// Active NVLink links each GPU should have (0: none), instead of bcd's table by
+        /// product (`expectedNvlinksPerGpu`).
+        #[arg(long)]
+        expect_nvlinks: Option<u32>,
     },
     /// Reset GPUs (gpu.reset): `all`, or UUIDs / PCI bus ids.
     Reset {
@@ -110,12 +114,16 @@ pub fn run(args: GpuArgs) -> Result<(), GpuCliError> {
         GpuCommand::Diag {
             expect_count,
             expect_name,
+            expect_nvlinks,
         } => {
-            let expected = expect_count.map(|count| ExpectedGpus {
-                count,
-                name: expect_name,
-            });
-            let report = super::diag(&cfg, expected.as_ref(), &root);
+            let args = super::DiagArgs {
+                expected_gpus: expect_count.map(|count| ExpectedGpus {
+                    count,
+                    name: expect_name,
+                }),
+                expected_nvlinks_per_gpu: expect_nvlinks,
+            };
+            let report = super::diag_args(&cfg, &args, &root);
             println!("{}", serde_json::to_string_pretty(&report)?);
         }
         GpuCommand::Reset { gpus } => {

@@ -55,10 +55,23 @@ fn finish(mut report: DiagReport) -> DiagReport {
     report
 }
 
-/// Runs every check. Never fails: an unusable NVML is itself a result ("NVML unavailable").
-/// `expected` comes from the pool's hardware profile; `root` is where `/dev/kmsg` is read.
-/// Blocks (NVML calls).
+/// Runs every check with only the expected GPUs given ([`diag_args`] with nothing else).
 pub fn diag(cfg: &NvmlConfig, expected: Option<&ExpectedGpus>, root: &HostRoot) -> DiagReport {
+    diag_args(
+        cfg,
+        &DiagArgs {
+            expected_gpus: expected.cloned(),
+            ..DiagArgs::default()
+        },
+        root,
+    )
+}
+
+/// Runs every check. Never fails: an unusable NVML is itself a result ("NVML unavailable").
+/// `args` come from the pool's hardware profile (expected GPUs, expected NVLink links per GPU);
+/// `root` is where `/dev/kmsg` is read. Blocks (NVML calls).
+pub fn diag_args(cfg: &NvmlConfig, args: &DiagArgs, root: &HostRoot) -> DiagReport {
+    let expected = args.expected_gpus.as_ref();
     let mut report = DiagReport {
         nvml_available: false,
         unavailable_reason: None,
@@ -133,7 +146,13 @@ pub fn diag(cfg: &NvmlConfig, expected: Option<&ExpectedGpus>, root: &HostRoot) 
     let mut unopened = Vec::new();
     for index in 0..count {
         let g = match nvml.device_by_index(index) {
-            Ok(dev) => gpu_checks(&dev, index, &events, expected),
+            Ok(dev) => gpu_checks(
+                &dev,
+                index,
+                &events,
+                expected,
+                args.expected_nvlinks_per_gpu,
+            ),
             Err(e) => {
                 unopened.push(index);
                 lost_gpu(index, &e)

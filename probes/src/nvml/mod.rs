@@ -30,15 +30,18 @@
 //! # Limitations
 //!
 //! MIG devices are listed (inventory) but not examined one by one: `diag.nvml` checks the
-//! parent GPU. vGPU and NVSwitch health (fabric manager) are not examined. XIDs "since boot" are
-//! what the kernel ring buffer still holds.
+//! parent GPU. vGPU and the NVSwitches' own health (their SXids) are not examined; each GPU's
+//! registration with the NVLink fabric is ([`fabric`]). XIDs "since boot" are what the kernel
+//! ring buffer still holds.
 
 mod busid;
 mod checks;
 pub mod cli;
 pub mod diag;
+pub mod fabric;
 pub mod kmsg;
 mod lost;
+pub mod nvlink;
 pub mod reset;
 mod tool;
 pub mod watch;
@@ -54,7 +57,9 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::{Deserialize, Serialize};
 
 pub use busid::PciAddr;
-pub use diag::{Check, CheckStatus, DiagArgs, DiagReport, ExpectedGpus, GpuReport, diag};
+pub use diag::{
+    Check, CheckStatus, DiagArgs, DiagReport, ExpectedGpus, GpuReport, diag, diag_args,
+};
 pub use reset::{ResetArgs, ResetError, ResetReport, ResetTarget, reset};
 pub use watch::{XidEvent, XidSource, XidWatch, spawn_xid_watch};
 pub use xid::{RecommendedAction, XidClass};
@@ -203,6 +208,10 @@ pub struct GpuInfo {
     /// The MIG devices of a GPU in MIG mode, in index order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDeviceInfo>,
+    /// Its NVLink fabric registration (state, clique, cluster UUID:
+    /// `nvmlDeviceGetGpuFabricInfoV`); `None` where it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<fabric::GpuFabric>,
 }
 
 /// One MIG device (a compute instance of a GPU instance), as NVML reports it through the MIG
@@ -242,6 +251,7 @@ impl GpuInfo {
                     memory_bytes: m.memory_bytes,
                 })
                 .collect(),
+            fabric: self.fabric.clone(),
         }
     }
 }
@@ -319,6 +329,7 @@ pub fn inventory_gpus(cfg: &NvmlConfig) -> Result<Vec<GpuInfo>, NvmlError> {
                     .filter(|v| !v.is_empty()),
                 mig_enabled: dev.mig_mode().ok().map(|m| m.current == checks::MIG_ENABLE),
                 mig_devices: mig_devices(&dev),
+                fabric: fabric::fabric_info(&dev).ok().flatten(),
             })
         })
         .collect()

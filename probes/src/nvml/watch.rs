@@ -12,15 +12,20 @@
 //! The driver's own kernel messages are evidence too: a GPU that fell off the bus may never get
 //! an Xid line or an NVML event. So with NVML events the watch also follows `/dev/kmsg` (when it
 //! can be opened) for those messages alone, and without NVML it reads them with the Xid lines
-//! (see [`super::kmsg::KmsgParser`]). XID 154 announces a recovery action: the event carries
-//! that action, from the message on the kernel-log path and from NVML field 230 on the NVML
-//! path. A GPU whose handle fails with `GPU_IS_LOST` is left out of the event set (it can raise
-//! no event) rather than keeping the whole set from registering.
+//! (see [`super::kmsg::KmsgParser`]). An NVML event carries only the XID number; the driver
+//! logs the same XID with its words (and the process) in the kernel log, so the follower keeps
+//! the Xid lines it reads for a moment and an NVML event takes its `message` and `pid` from the
+//! matching line (same GPU, same XID), waiting up to [`TEXT_WAIT`] for it. XID 154 announces a
+//! recovery action: the event carries that action, from the message where there is one, else
+//! from NVML field 230. A GPU whose handle fails with `GPU_IS_LOST` (or `NVML_ERROR_UNKNOWN`, as
+//! drivers before R450 answer for a lost GPU) is left out of the event set (it can raise no
+//! event) rather than keeping the whole set from registering.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use nvml_wrapper::Nvml;
@@ -33,7 +38,7 @@ use tokio::sync::mpsc::Sender;
 use crate::hostroot::HostRoot;
 
 use super::busid::PciAddr;
-use super::kmsg::{self, KmsgError, KmsgEvent, KmsgParser};
+use super::kmsg::{self, KmsgError, KmsgEvent, KmsgParser, XidLine};
 use super::xid;
 
 use super::{NvmlConfig, NvmlError, open};
@@ -41,6 +46,76 @@ pub use bc_protocol::commands::xid::{XidEvent, XidSource};
 
 /// How long one NVML wait or one empty kernel-log poll lasts, ms.
 pub const POLL_MS: u32 = 250;
+/// Longest an NVML event waits for the driver's kernel-log line of the same XID (its text):
+/// a few polls of the follower.
+pub const TEXT_WAIT: Duration = Duration::from_millis(4 * POLL_MS as u64);
+/// What NVML's event data holds for an Xid the driver cannot name (`nvmlEventData_t`).
+pub const NVML_UNKNOWN_XID: u64 = 999;
+/// Xid lines kept for NVML events to find (the oldest go first).
+const RECENT_LINES: usize = 256;
+
+/// Xid lines the kernel-log follower read lately, for NVML events to take their words from.
+#[derive(Debug, Default)]
+struct Recent {
+    /// The follower runs: waiting for a line can pay off.
+    following: AtomicBool,
+    /// NVML events waiting for their line: the follower polls faster meanwhile.
+    waiting: std::sync::atomic::AtomicUsize,
+    lines: parking_lot::Mutex<VecDeque<XidLine>>,
+}
+
+impl Recent {
+    fn push(&self, x: XidLine) {
+        let mut lines = self.lines.lock();
+        if lines.len() == RECENT_LINES {
+            lines.pop_front();
+        }
+        lines.push_back(x);
+    }
+
+    /// The oldest line of `xid` on `addr`, taken out; waits up to [`TEXT_WAIT`] for it while
+    /// the follower runs.
+    fn take(&self, addr: PciAddr, xid: u64, stop: &AtomicBool) -> Option<XidLine> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let found = self.wait_for(addr, xid, stop);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        found
+    }
+
+    fn wait_for(&self, addr: PciAddr, xid: u64, stop: &AtomicBool) -> Option<XidLine> {
+        let until = Instant::now() + TEXT_WAIT;
+        loop {
+            {
+                let mut lines = self.lines.lock();
+                if let Some(i) = lines.iter().position(|l| l.addr == addr && l.xid == xid) {
+                    return lines.remove(i);
+                }
+            }
+            if !self.following.load(Ordering::SeqCst)
+                || stop.load(Ordering::SeqCst)
+                || Instant::now() >= until
+            {
+                return None;
+            }
+            std::thread::sleep(FAST_POLL);
+        }
+    }
+
+    /// The follower's wait when the log had nothing new: [`POLL_MS`], cut short while an NVML
+    /// event waits for its line.
+    fn idle(&self, stop: &AtomicBool) {
+        let until = Instant::now() + Duration::from_millis(u64::from(POLL_MS));
+        while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(FAST_POLL);
+            if self.waiting.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+        }
+    }
+}
+
+/// How often a waiting NVML event looks for its line, and the follower reads while one waits.
+const FAST_POLL: Duration = Duration::from_millis(20);
 
 /// An event for `xid` seen by `source` now, judged by [`xid::judge`]: the catalog, or for XID
 /// 154 the recovery action it announces (`announced`, `nvmlDeviceGpuRecoveryAction_t`).
@@ -122,15 +197,16 @@ pub fn spawn_xid_watch(
     tx: Sender<XidEvent>,
 ) -> Result<XidWatch, WatchError> {
     let stop = Arc::new(AtomicBool::new(false));
+    let recent = Arc::new(Recent::default());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let nvml_cfg = cfg.clone();
-    let (stop2, tx2) = (stop.clone(), tx.clone());
+    let (stop2, tx2, recent2) = (stop.clone(), tx.clone(), recent.clone());
     let thread = std::thread::Builder::new()
         .name("bcd-xid-nvml".into())
-        .spawn(move || nvml_thread(&nvml_cfg, &stop2, &tx2, ready_tx));
+        .spawn(move || nvml_thread(&nvml_cfg, &stop2, &tx2, &recent2, ready_tx));
     let nvml_reason = match (thread, ready_rx.recv()) {
         (Ok(t), Ok(Ok(()))) => {
-            let companion = spawn_kmsg(root, &stop, tx, KmsgScope::DriverMessages)
+            let companion = spawn_kmsg(root, &stop, tx, KmsgScope::DriverMessages, recent)
                 .inspect_err(|e| {
                     tracing::info!(error = %e, "XID watch: the driver's kernel messages are not followed");
                 })
@@ -147,10 +223,11 @@ pub fn spawn_xid_watch(
         (Err(e), _) => e.to_string(),
     };
     tracing::info!(reason = %nvml_reason, "XID watch: NVML events unavailable, following the kernel log");
-    let thread = spawn_kmsg(root, &stop, tx, KmsgScope::Everything).map_err(|kmsg| WatchError {
-        nvml: nvml_reason,
-        kmsg,
-    })?;
+    let thread =
+        spawn_kmsg(root, &stop, tx, KmsgScope::Everything, recent).map_err(|kmsg| WatchError {
+            nvml: nvml_reason,
+            kmsg,
+        })?;
     Ok(XidWatch {
         source: XidSource::Kmsg,
         stop,
@@ -159,12 +236,14 @@ pub fn spawn_xid_watch(
     })
 }
 
-/// Starts following `/dev/kmsg` under `root` from its end, on its own thread.
+/// Starts following `/dev/kmsg` under `root` from its end, on its own thread; with
+/// [`KmsgScope::DriverMessages`] it keeps the Xid lines in `recent` for NVML's events.
 fn spawn_kmsg(
     root: &HostRoot,
     stop: &Arc<AtomicBool>,
     tx: Sender<XidEvent>,
     scope: KmsgScope,
+    recent: Arc<Recent>,
 ) -> Result<JoinHandle<()>, KmsgError> {
     let io = |source| KmsgError::Io {
         path: root.path(kmsg::KMSG),
@@ -173,9 +252,13 @@ fn spawn_kmsg(
     let mut f = kmsg::open(root)?;
     kmsg::seek_to_end(&mut f).map_err(io)?;
     let (stop2, root2) = (stop.clone(), root.clone());
+    recent.following.store(true, Ordering::SeqCst);
     std::thread::Builder::new()
         .name("bcd-xid-kmsg".into())
-        .spawn(move || kmsg_thread(f, &root2, &stop2, &tx, scope))
+        .spawn(move || {
+            kmsg_thread(f, &root2, &stop2, &tx, scope, &recent);
+            recent.following.store(false, Ordering::SeqCst);
+        })
         .map_err(io)
 }
 
@@ -185,9 +268,10 @@ fn register(nvml: &Nvml) -> Result<nvml_wrapper::EventSet<'_>, String> {
     for i in 0..n {
         let dev = match nvml.device_by_index(i) {
             Ok(d) => d,
-            // A lost GPU raises no events; the others still can. diag.nvml reports it.
-            Err(WrapperError::GpuLost) => {
-                tracing::warn!(index = i, "XID watch: GPU is lost, not registered");
+            // A lost GPU raises no events; the others still can. diag.nvml reports it. Drivers
+            // before R450 answer NVML_ERROR_UNKNOWN for it.
+            Err(e @ (WrapperError::GpuLost | WrapperError::Unknown)) => {
+                tracing::warn!(index = i, error = %e, "XID watch: GPU is lost, not registered");
                 continue;
             }
             Err(e) => return Err(e.to_string()),
@@ -203,6 +287,7 @@ fn nvml_thread(
     cfg: &NvmlConfig,
     stop: &AtomicBool,
     tx: &Sender<XidEvent>,
+    recent: &Recent,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let mut ready = Some(ready);
@@ -217,7 +302,7 @@ fn nvml_thread(
             if let Some(r) = ready.take() {
                 let _ = r.send(Ok(()));
             }
-            serve(&set, stop, tx);
+            serve(&set, stop, tx, recent);
             Ok(())
         });
         drop(gate);
@@ -253,7 +338,12 @@ fn sleep_unless_stopped(d: Duration, stop: &AtomicBool) {
 }
 
 /// Delivers events until a stop, a closed channel or a pending reset.
-fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEvent>) {
+fn serve(
+    set: &nvml_wrapper::EventSet<'_>,
+    stop: &AtomicBool,
+    tx: &Sender<XidEvent>,
+    recent: &Recent,
+) {
     while !stop.load(Ordering::SeqCst) && !tx.is_closed() && !super::reset_pending() {
         let data = match set.wait(POLL_MS) {
             Ok(d) => d,
@@ -269,22 +359,38 @@ fn serve(set: &nvml_wrapper::EventSet<'_>, stop: &AtomicBool, tx: &Sender<XidEve
         }
         let xid = match data.event_data {
             Some(XidError::Value(v)) => v,
-            _ => continue,
+            // NVML's 999: an Xid the driver itself cannot name. Still an event (class unknown),
+            // under that number.
+            Some(XidError::Unknown) => NVML_UNKNOWN_XID,
+            None => continue,
         };
-        // XID 154 says what to do; NVML holds the value it announced in field 230.
+        let addr = data
+            .device
+            .pci_info()
+            .ok()
+            .and_then(|p| PciAddr::parse(&p.bus_id));
+        // The driver's words for the same XID, from the kernel log.
+        let line = addr.and_then(|a| recent.take(a, xid, stop));
+        // XID 154 says what to do: in its words, else in the value NVML holds in field 230.
         let announced = (xid == xid::RECOVERY_ACTION_CHANGED)
             .then(|| {
-                super::checks::field_u64s(&data.device, &[NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
+                line.as_ref()
+                    .and_then(|l| xid::announced_recovery_action(&l.text))
+                    .or_else(|| {
+                        super::checks::field_u64s(
+                            &data.device,
+                            &[NVML_FI_DEV_GET_GPU_RECOVERY_ACTION],
+                        )[0]
+                    })
             })
             .flatten();
         let mut ev = xid_event(xid, announced, XidSource::Nvml);
         ev.uuid = data.device.uuid().ok().map(super::nvml_string);
-        ev.pci_bus_id = data
-            .device
-            .pci_info()
-            .ok()
-            .and_then(|p| PciAddr::parse(&p.bus_id))
-            .map(PciAddr::to_bus_id);
+        ev.pci_bus_id = addr.map(PciAddr::to_bus_id);
+        if let Some(l) = line {
+            ev.pid = l.pid;
+            ev.message = (!l.text.is_empty()).then_some(l.text);
+        }
         if tx.blocking_send(ev).is_err() {
             return;
         }
@@ -297,6 +403,7 @@ fn kmsg_thread(
     stop: &AtomicBool,
     tx: &Sender<XidEvent>,
     scope: KmsgScope,
+    recent: &Recent,
 ) {
     let mut buf = vec![0u8; 8192];
     let mut pending = Vec::new();
@@ -305,7 +412,7 @@ fn kmsg_thread(
         match kmsg::read_chunk(&mut f, &mut buf, root) {
             Ok(Some(n)) => pending.extend_from_slice(&buf[..n]),
             Ok(None) => {
-                std::thread::sleep(Duration::from_millis(u64::from(POLL_MS)));
+                recent.idle(stop);
                 continue;
             }
             Err(e) => {
@@ -321,6 +428,8 @@ fn kmsg_thread(
                 continue;
             };
             if scope == KmsgScope::DriverMessages && !x.driver_message {
+                // NVML delivers this XID; its event takes the words from here.
+                recent.push(x);
                 continue;
             }
             let announced = (x.xid == xid::RECOVERY_ACTION_CHANGED)

@@ -1,11 +1,8 @@
 //! The XID catalog's descriptions and the names of NVML's recovery actions (field 230,
 //! `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`). The classes and recommended actions themselves are
-//! contract types in `bc_protocol::commands::xid`, re-exported here.
-//!
-//! Classes follow NVIDIA's XID catalog ("XID Errors", GPU deployment and management
-//! documentation) and its recovery-action table: the XIDs whose documented resolution is a GPU
-//! reset, the one that needs a node reboot (79, fallen off the bus), the ones caused by the
-//! application rather than the GPU, and the purely informational ones.
+//! contract types in `bc_protocol::commands::xid`, re-exported here; the catalog (every Xid with
+//! its resolution bucket, and the catalog's version) is data in
+//! `bc_protocol::commands::xid_catalog`.
 
 pub use bc_protocol::commands::xid::{RecommendedAction, XidClass};
 
@@ -95,28 +92,12 @@ pub fn judge(xid: u64, announced: Option<u64>) -> (XidClass, RecommendedAction, 
     }
 }
 
-/// A short description of the XIDs bcd knows (NVIDIA's catalog wording, shortened).
+/// A short description of an XID: the catalog's words, else its mnemonic
+/// (`bc_protocol::commands::xid_catalog`); `None` for an XID the catalog does not list.
 pub fn describe(xid: u64) -> Option<&'static str> {
-    Some(match xid {
-        13 => "graphics engine exception",
-        31 => "GPU memory page fault",
-        43 => "GPU stopped processing",
-        48 => "double-bit ECC error",
-        62 => "internal micro-controller halt",
-        63 => "ECC page retirement or row remapping recording event",
-        64 => "ECC page retirement or row remapping recording failure",
-        74 => "NVLink error",
-        79 => "GPU has fallen off the bus",
-        92 => "high single-bit ECC error rate",
-        94 => "contained ECC error",
-        95 => "uncontained ECC error",
-        109 => "context switch timeout",
-        119 => "GSP RPC timeout",
-        120 => "GSP error",
-        121 => "C2C link corrected error",
-        RECOVERY_ACTION_CHANGED => "GPU recovery action changed",
-        _ => return None,
-    })
+    bc_protocol::commands::xid_catalog::catalog()
+        .get(xid)
+        .and_then(|e| e.words())
 }
 
 #[cfg(test)]
@@ -131,7 +112,8 @@ mod tests {
         assert_eq!(recovery_action_name(0), "none");
         assert_eq!(recovery_action_name(9), "unknown");
         assert_eq!(describe(79), Some("GPU has fallen off the bus"));
-        assert_eq!(describe(1), None);
+        assert_eq!(describe(1), Some("ROBUST_CHANNEL_FIFO_ERROR_FIFO_METHOD"));
+        assert_eq!(describe(999), None);
     }
 
     #[test]

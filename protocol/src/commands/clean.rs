@@ -134,11 +134,26 @@ pub struct DiskClean {
 pub struct CleanResult {
     /// The mode that ran.
     pub mode: CleanMode,
-    /// Every disk attempted, in kernel-name order. Partitions, loop, ram, zram, dm, md and
-    /// optical devices are not disks here (a partition is cleaned with its disk).
+    /// Every disk attempted, in kernel-name order: the inventory's disks (the probes'
+    /// `disk_rule`; a partition is cleaned with its disk).
     pub disks: Vec<DiskClean>,
+    /// The block devices that are not disks and were not touched, each with why (virtual,
+    /// hidden, a hardware partition of a disk, a drive for other media, size 0). Absent in
+    /// JSON when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
     /// The whole command, ms.
     pub duration_ms: u64,
+}
+
+/// A block device `disk.clean` did not touch because it is not a disk (camelCase JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeftOut {
+    /// Kernel name (`mmcblk0boot0`, `loop0`).
+    pub name: String,
+    /// Why it is not a disk (`read-only hardware partition of mmcblk0`).
+    pub reason: String,
 }
 
 impl CleanResult {

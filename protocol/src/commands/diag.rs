@@ -135,14 +135,18 @@ pub struct ExpectedGpus {
     pub name: Option<String>,
 }
 
-/// The arguments of the `diag.nvml` command: `{"expectedGpus": {"count": 8, "name": "H100"}}`
-/// (optional; from the pool's hardware profile).
+/// The arguments of the `diag.nvml` command: `{"expectedGpus": {"count": 8, "name": "H100"},
+/// "expectedNvlinksPerGpu": 12}` (both optional; from the pool's hardware profile).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DiagArgs {
     /// What the node should have.
     #[serde(default)]
     pub expected_gpus: Option<ExpectedGpus>,
+    /// Active NVLink links each GPU should have, overriding bcd's table by product (0: NVLink is
+    /// not expected at all). Absent: the table decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_nvlinks_per_gpu: Option<u32>,
 }
 
 /// One GPU's results.

@@ -38,6 +38,7 @@ pub mod reboot;
 pub mod rescue;
 pub mod reset;
 pub mod xid;
+pub mod xid_catalog;
 
 pub use crate::types::CommandName;
 pub use args::CommandArgs;

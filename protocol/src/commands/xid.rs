@@ -1,10 +1,10 @@
 //! XID errors: the event the agent sends when a GPU raises one (`Event{type: "xid"}`), the
 //! catalog class of an XID number, and the recommended actions `diag.nvml` reports too.
 //!
-//! Classes follow NVIDIA's XID catalog ("XID Errors", GPU deployment and management
-//! documentation) and its recovery-action table: the XIDs whose documented resolution is a GPU
-//! reset, the one that needs a node reboot (79, fallen off the bus), the ones caused by the
-//! application rather than the GPU, and the purely informational ones.
+//! Classes follow NVIDIA's XID catalog (its resolution buckets, kept as data in
+//! [`super::xid_catalog`]): an Xid the catalog resolves with a GPU reset, a node reboot, a
+//! restart of the application, by ignoring it, or by draining the node for service; XID 154 by
+//! the recovery action it announces; and `unknown` for an Xid the catalog does not list.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -56,29 +56,49 @@ impl RecommendedAction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum XidClass {
-    /// Resolved by a GPU reset: 62, 64, 95, 109, 119, 120, 136, 140, 143, 155.
+    /// Resolved by a GPU reset (bucket `resetGpu`: 46, 48, 62, 64, 74, 95, 109, 119, ...).
     ResetRequired,
-    /// Needs a node reboot: 79.
+    /// Needs a node reboot (bucket `rebootNode`: 79, 151, 160).
     RebootRequired,
-    /// The application's fault, not the GPU's: 13, 31, 94.
+    /// The application's fault, not the GPU's (bucket `restartApp`: 13, 31, 94, ...).
     ApplicationFault,
-    /// Informational: 43, 63, 92, 121; an XID 154 that announces "no action".
+    /// Informational (bucket `ignore`: 43, 63, 92, 121, ...); an XID 154 that announces "no
+    /// action".
     Informational,
+    /// The node must be drained and a person look at it (bucket `drainAndService`: the
+    /// catalog's "contact support" Xids, 54 "check mechanicals", 78 "update software").
+    ServiceRequired,
     /// Peer-to-peer traffic must be drained: an XID 154 that announces "Drain P2P".
     DrainP2pRequired,
-    /// Not in bcd's catalog (and an XID 154 whose action could not be read).
+    /// Not in the catalog (and an XID 154 whose action could not be read).
     Unknown,
 }
 
 impl XidClass {
-    /// The catalog class of `xid`.
+    /// The catalog class of `xid` ([`super::xid_catalog`]); XID 154 is `unknown` until its
+    /// announced action is known ([`XidClass::announcing`]).
     pub fn of(xid: u64) -> Self {
-        match xid {
-            62 | 64 | 95 | 109 | 119 | 120 | 136 | 140 | 143 | 155 => Self::ResetRequired,
-            79 => Self::RebootRequired,
-            13 | 31 | 94 => Self::ApplicationFault,
-            43 | 63 | 92 | 121 => Self::Informational,
-            _ => Self::Unknown,
+        use super::xid_catalog::Bucket;
+        match super::xid_catalog::catalog().get(xid).map(|e| e.bucket) {
+            Some(Bucket::Ignore) => Self::Informational,
+            Some(Bucket::RestartApp) => Self::ApplicationFault,
+            Some(Bucket::ResetGpu) => Self::ResetRequired,
+            Some(Bucket::RebootNode) => Self::RebootRequired,
+            Some(Bucket::DrainAndService) => Self::ServiceRequired,
+            Some(Bucket::Announced) | None => Self::Unknown,
+        }
+    }
+
+    /// The camelCase spelling (`resetRequired`), as in JSON and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ResetRequired => "resetRequired",
+            Self::RebootRequired => "rebootRequired",
+            Self::ApplicationFault => "applicationFault",
+            Self::Informational => "informational",
+            Self::ServiceRequired => "serviceRequired",
+            Self::DrainP2pRequired => "drainP2pRequired",
+            Self::Unknown => "unknown",
         }
     }
 
@@ -88,6 +108,7 @@ impl XidClass {
             Self::ResetRequired => RecommendedAction::ResetGpu,
             Self::RebootRequired => RecommendedAction::RebootNode,
             Self::DrainP2pRequired => RecommendedAction::DrainP2p,
+            Self::ServiceRequired => RecommendedAction::Service,
             Self::ApplicationFault | Self::Informational | Self::Unknown => RecommendedAction::None,
         }
     }
@@ -103,10 +124,13 @@ impl XidClass {
         }
     }
 
-    /// Whether the node must not take new work until the GPU is reset or the node rebooted
-    /// (the control plane's `XidCritical` condition).
+    /// Whether the node must not take new work until the GPU is reset, the node rebooted or a
+    /// person looked at it (the control plane's `XidCritical` condition).
     pub fn is_critical(self) -> bool {
-        matches!(self, Self::ResetRequired | Self::RebootRequired)
+        matches!(
+            self,
+            Self::ResetRequired | Self::RebootRequired | Self::ServiceRequired
+        )
     }
 }
 
@@ -137,7 +161,8 @@ pub struct XidEvent {
     pub action: RecommendedAction,
     /// Catalog description, when known.
     pub description: Option<String>,
-    /// The driver's message (kernel log source only).
+    /// The driver's message: the kernel log's line (for an NVML event, the line the driver
+    /// logged for the same XID on the same GPU, when the watch saw it).
     pub message: Option<String>,
     /// Process id the driver named, if any.
     pub pid: Option<u32>,

@@ -266,6 +266,9 @@ echo "@@VM-LSBLK-END rc=$?"
 if [ -x /capture-sys.sh ]; then
   echo "@@VM-SYS-BEGIN"; /capture-sys.sh; echo "@@VM-SYS-END rc=$?"
 fi
+if [ -x /extra.sh ]; then
+  echo "@@VM-EXTRA-BEGIN"; /extra.sh; echo "@@VM-EXTRA-END rc=$?"
+fi
 if [ -d /dev/disk/by-path ]; then echo "@@VM by-path: $(ls /dev/disk/by-path)"; else echo "@@VM no /dev/disk/by-path"; fi
 echo "@@VM poweroff at $(cut -d' ' -f1 /proc/uptime)"
 poweroff -f
@@ -290,6 +293,20 @@ pub fn build_initramfs(
     disks: &[&str],
     nics_up: &[&str],
     capture: bool,
+) -> PathBuf {
+    build_initramfs_with(t, bcd, dir, disks, nics_up, capture, None)
+}
+
+/// [`build_initramfs`] with `extra`, a shell script the guest runs after the probes (its output
+/// between `@@VM-EXTRA-BEGIN` and `@@VM-EXTRA-END rc=<status>`, [`Boot::extra`]).
+pub fn build_initramfs_with(
+    t: &VmTools,
+    bcd: &Path,
+    dir: &Path,
+    disks: &[&str],
+    nics_up: &[&str],
+    capture: bool,
+    extra: Option<&str>,
 ) -> PathBuf {
     let stage = dir.join("stage");
     for d in ["bin", "dev", "proc", "sys", "run", "tmp", "mod"] {
@@ -328,6 +345,11 @@ pub fn build_initramfs(
         );
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
+    if let Some(script) = extra {
+        let p = stage.join("extra.sh");
+        std::fs::write(&p, format!("#!/bin/sh\nexport PATH=/bin\n{script}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let init = stage.join("init");
     std::fs::write(&init, init_script()).unwrap();
     std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -353,6 +375,8 @@ pub struct Boot {
     pub lsblk: serde_json::Value,
     /// The `/sys` subset the guest printed, when the ramdisk was built with `capture`.
     pub sys: Option<String>,
+    /// What the extra script printed and its exit status line (`rc=0`), when there was one.
+    pub extra: Option<(String, String)>,
     /// Wall-clock seconds from starting QEMU to its exit (reported, never asserted).
     pub seconds: f64,
 }
@@ -445,8 +469,11 @@ pub fn boot(t: &VmTools, initrd: &Path, args: &[String]) -> Boot {
         assert_eq!(rc, "rc=0", "capture-sys.sh failed; console:\n{console}");
         text.to_owned()
     });
+    let extra = between(&console, "@@VM-EXTRA-BEGIN\n", "@@VM-EXTRA-END")
+        .map(|(text, rc)| (text.to_owned(), rc.to_owned()));
     Boot {
         sys,
+        extra,
         inventory: doc("@@VM-INVENTORY-BEGIN", "@@VM-INVENTORY-END"),
         lsblk: doc("@@VM-LSBLK-BEGIN", "@@VM-LSBLK-END"),
         console,

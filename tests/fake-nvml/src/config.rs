@@ -35,6 +35,10 @@ pub struct FakeConfig {
     /// Processes that have NVML initialized (written by the fake). Like the real driver's open
     /// device files, any such client makes the fake `nvidia-smi -r` refuse.
     pub nvml_clients: u32,
+    /// The kernel log the fake driver writes to (a host root's `dev/kmsg` in tests): when an XID
+    /// event is delivered, its `NVRM: Xid` record is appended here first, as the real driver
+    /// logs every Xid it raises. `None`: nothing is logged.
+    pub kmsg_path: Option<std::path::PathBuf>,
 }
 
 impl Default for FakeConfig {
@@ -46,6 +50,7 @@ impl Default for FakeConfig {
             init_error: None,
             gpus: Vec::new(),
             nvml_clients: 0,
+            kmsg_path: None,
         }
     }
 }
@@ -115,7 +120,8 @@ impl Default for PcieLink {
     }
 }
 
-/// One NVLink link (`nvmlDeviceGetNvLinkState`, `nvmlDeviceGetNvLinkRemotePciInfo_v2`).
+/// One NVLink link (`nvmlDeviceGetNvLinkState`, `nvmlDeviceGetNvLinkRemotePciInfo_v2`,
+/// `nvmlDeviceGetNvLinkErrorCounter`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct NvLink {
@@ -123,6 +129,130 @@ pub struct NvLink {
     pub active: bool,
     /// PCI bus id of the far end: an NVSwitch, or another GPU for a direct (bridge) link.
     pub remote_pci_bus_id: Option<String>,
+    /// Data link transmit replays (`NVML_NVLINK_ERROR_DL_REPLAY`) since the driver loaded.
+    pub replay_errors: u64,
+    /// Data link recoveries (`NVML_NVLINK_ERROR_DL_RECOVERY`).
+    pub recovery_errors: u64,
+    /// Flow-control digit CRC errors (`NVML_NVLINK_ERROR_DL_CRC_FLIT`).
+    pub crc_flit_errors: u64,
+    /// Data CRC errors (`NVML_NVLINK_ERROR_DL_CRC_DATA`).
+    pub crc_data_errors: u64,
+}
+
+/// How a lost GPU (`lost: true`) answers: current drivers say `NVML_ERROR_GPU_IS_LOST` (15),
+/// older ones (before R450) `NVML_ERROR_UNKNOWN` (999) and their `nvidia-smi` prints
+/// "Unknown Error".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LostError {
+    /// `NVML_ERROR_GPU_IS_LOST`.
+    #[default]
+    GpuIsLost,
+    /// `NVML_ERROR_UNKNOWN`.
+    Unknown,
+}
+
+/// A GPU's registration with the NVLink fabric (`nvmlDeviceGetGpuFabricInfoV`, Hopper and
+/// later on NVSwitch systems): what the fabric manager did with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FakeFabric {
+    /// `NVML_GPU_FABRIC_STATE_*`: `notSupported`, `notStarted` (the fabric manager has not
+    /// registered the GPU, e.g. it is not running), `inProgress`, `completed`.
+    pub state: FabricState,
+    /// The registration's outcome, an `nvmlReturn_t` (0 success; meaningful once completed).
+    pub status: u32,
+    /// The GPU's clique (the GPUs that can reach each other over NVLink).
+    pub clique_id: u32,
+    /// The fabric's cluster UUID, `xxxxxxxx-xxxx-...` (16 bytes).
+    pub cluster_uuid: String,
+}
+
+impl Default for FakeFabric {
+    fn default() -> Self {
+        Self {
+            state: FabricState::Completed,
+            status: 0,
+            clique_id: 0,
+            cluster_uuid: "00000000-0000-0000-0000-000000000001".into(),
+        }
+    }
+}
+
+/// `nvmlGpuFabricState_t`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FabricState {
+    /// `NVML_GPU_FABRIC_STATE_NOT_SUPPORTED` (0).
+    NotSupported,
+    /// `NVML_GPU_FABRIC_STATE_NOT_STARTED` (1).
+    NotStarted,
+    /// `NVML_GPU_FABRIC_STATE_IN_PROGRESS` (2).
+    InProgress,
+    /// `NVML_GPU_FABRIC_STATE_COMPLETED` (3).
+    #[default]
+    Completed,
+}
+
+impl FabricState {
+    /// The `nvmlGpuFabricState_t` value.
+    pub fn value(self) -> u8 {
+        match self {
+            Self::NotSupported => 0,
+            Self::NotStarted => 1,
+            Self::InProgress => 2,
+            Self::Completed => 3,
+        }
+    }
+}
+
+/// One queued XID: its number alone (`79`), or with the text the driver logs after the number
+/// and the process it names (`{"xid": 154, "text": "GPU recovery action changed ...", "pid":
+/// 4242}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum QueuedXid {
+    /// Just the number; the driver's record carries no text.
+    Number(u64),
+    /// The number with the driver's words.
+    Full {
+        /// The XID number.
+        xid: u64,
+        /// What the driver writes after `<xid>, pid=<pid>, `.
+        #[serde(default)]
+        text: Option<String>,
+        /// The process the driver names.
+        #[serde(default)]
+        pid: Option<u32>,
+    },
+}
+
+impl QueuedXid {
+    /// The XID number.
+    pub fn xid(&self) -> u64 {
+        match self {
+            Self::Number(x) | Self::Full { xid: x, .. } => *x,
+        }
+    }
+
+    /// The driver's kernel log record for this XID on the GPU at `bus_id`, in `/dev/kmsg` form
+    /// (`4,<seq>,<usec>,-;NVRM: Xid (PCI:0000:2a:00): 154, pid=4242, <text>`).
+    pub fn kmsg_record(&self, bus_id: &str, seq: u64) -> String {
+        let (xid, text, pid) = match self {
+            Self::Number(x) => (*x, None, None),
+            Self::Full { xid, text, pid } => (*xid, text.as_deref(), *pid),
+        };
+        let pci = match parse_bus_id(bus_id) {
+            Some((d, b, v, _)) => format!("{d:04x}:{b:02x}:{v:02x}"),
+            None => bus_id.to_owned(),
+        };
+        let pid = pid.map_or("'<unknown>'".to_owned(), |p| p.to_string());
+        format!(
+            "4,{seq},{},-;NVRM: Xid (PCI:{pci}): {xid}, pid={pid}, {}",
+            seq * 1000,
+            text.unwrap_or("")
+        )
+    }
 }
 
 /// A process with a compute context (`nvmlDeviceGetComputeRunningProcesses_v3`).
@@ -190,8 +320,9 @@ pub struct FakeGpu {
     pub recovery_action_supported: bool,
     /// `nvmlDeviceGetCurrentClocksThrottleReasons` bit mask (`nvmlClocksThrottleReason*`).
     pub throttle_reasons: u64,
-    /// XIDs waiting to be delivered by `nvmlEventSetWait_v2`, oldest first.
-    pub xid_events: Vec<u64>,
+    /// XIDs waiting to be delivered by `nvmlEventSetWait_v2`, oldest first; each is logged to
+    /// `kmsgPath` (when set) as it is delivered.
+    pub xid_events: Vec<QueuedXid>,
     /// The fake `nvidia-smi -r` fails on this GPU (exit 255) without changing it.
     pub reset_fails: bool,
     /// How many times the fake `nvidia-smi -r` reset this GPU (written by the fake).
@@ -200,6 +331,11 @@ pub struct FakeGpu {
     /// fails with `NVML_ERROR_GPU_IS_LOST` (15), as does any call on a handle taken before;
     /// the fake `nvidia-smi` prints "Unable to determine the device handle" for it.
     pub lost: bool,
+    /// What a lost GPU answers (`gpuIsLost`, or `unknown` as drivers before R450 do).
+    pub lost_error: LostError,
+    /// Its NVLink fabric registration; `None` answers `NVML_ERROR_NOT_SUPPORTED` (no NVSwitch
+    /// fabric, or a GPU older than Hopper).
+    pub fabric: Option<FakeFabric>,
     /// MIG mode (`nvmlDeviceGetMigMode`, current); `None`: the GPU does not support MIG
     /// (`NVML_ERROR_NOT_SUPPORTED`).
     pub mig_mode: Option<bool>,
@@ -261,6 +397,8 @@ impl Default for FakeGpu {
             reset_fails: false,
             reset_count: 0,
             lost: false,
+            lost_error: LostError::GpuIsLost,
+            fabric: None,
             mig_mode: None,
             mig_mode_pending: None,
             mig_devices: Vec::new(),

@@ -10,7 +10,7 @@
 //! <bus id>: GPU is lost. Reboot the system to recover this GPU" wherever it is named, and exit
 //! status 15.
 
-use crate::config::{FakeConfig, parse_bus_id};
+use crate::config::{FakeConfig, FakeGpu, LostError, parse_bus_id};
 
 /// Exit status the real `nvidia-smi` uses for a failed reset ("other error").
 pub const EXIT_RESET_FAILED: i32 = 255;
@@ -20,15 +20,34 @@ pub const EXIT_INVALID_ARGUMENT: i32 = 2;
 /// (`NVML_ERROR_GPU_IS_LOST`; nvidia-smi(1), RETURN VALUE).
 pub const EXIT_GPU_IS_LOST: i32 = 15;
 
-/// The line the real tool prints for GPU `index` whose handle fails with `GPU_IS_LOST`.
-pub fn lost_line(index: usize, bus_id: &str) -> String {
-    format!(
-        "Unable to determine the device handle for GPU{index}: {}: GPU is lost. Reboot the system to recover this GPU\n",
-        match parse_bus_id(bus_id) {
-            Some((d, b, v, f)) => format!("{d:04X}:{b:02X}:{v:02X}.{f:X}"),
-            None => bus_id.to_owned(),
+/// Exit status of older drivers' tool for a lost GPU, whose handle fails with
+/// `NVML_ERROR_UNKNOWN` ("other error").
+pub const EXIT_UNKNOWN: i32 = 255;
+
+/// The line the real tool prints for the lost GPU `g` at `index`: current drivers (handle fails
+/// with `GPU_IS_LOST`) name the index and the bus id; older ones (`NVML_ERROR_UNKNOWN`) only the
+/// bus id, with "Unknown Error".
+pub fn lost_line(index: usize, g: &FakeGpu) -> String {
+    let bus = match parse_bus_id(&g.pci_bus_id) {
+        Some((d, b, v, f)) => format!("{d:04X}:{b:02X}:{v:02X}.{f:X}"),
+        None => g.pci_bus_id.clone(),
+    };
+    match g.lost_error {
+        LostError::GpuIsLost => format!(
+            "Unable to determine the device handle for GPU{index}: {bus}: GPU is lost. Reboot the system to recover this GPU\n"
+        ),
+        LostError::Unknown => {
+            format!("Unable to determine the device handle for GPU{bus}: Unknown Error\n")
         }
-    )
+    }
+}
+
+/// The exit status for the lost GPU `g`.
+fn lost_exit(g: &FakeGpu) -> i32 {
+    match g.lost_error {
+        LostError::GpuIsLost => EXIT_GPU_IS_LOST,
+        LostError::Unknown => EXIT_UNKNOWN,
+    }
 }
 
 /// What a query prints and the exit status: one line per GPU in index order (`-L`: `GPU <i>:
@@ -43,8 +62,8 @@ pub fn query(cfg: &FakeConfig, fields: Option<&[String]>, header: bool) -> (Stri
     }
     for (i, g) in cfg.gpus.iter().enumerate() {
         if g.lost {
-            out.push_str(&lost_line(i, &g.pci_bus_id));
-            code = EXIT_GPU_IS_LOST;
+            out.push_str(&lost_line(i, g));
+            code = lost_exit(g);
             continue;
         }
         let Some(fields) = fields else {
@@ -112,15 +131,15 @@ pub fn gpu_reset(cfg: &mut FakeConfig, ids: &[String]) -> Result<String, SmiFail
             }
         }
     }
-    let lost: String = targets
+    let lost: Vec<usize> = targets
         .iter()
-        .filter(|i| cfg.gpus[**i].lost)
-        .map(|i| lost_line(*i, &cfg.gpus[*i].pci_bus_id))
+        .copied()
+        .filter(|i| cfg.gpus[*i].lost)
         .collect();
-    if !lost.is_empty() {
+    if let Some(first) = lost.first() {
         return Err(SmiFailure {
-            exit_code: EXIT_GPU_IS_LOST,
-            message: lost,
+            exit_code: lost_exit(&cfg.gpus[*first]),
+            message: lost.iter().map(|i| lost_line(*i, &cfg.gpus[*i])).collect(),
         });
     }
     let mut busy = Vec::new();
@@ -180,7 +199,7 @@ mod tests {
                 pci_bus_id: "0000:1A:00.0".into(),
                 persistence_mode: false,
                 recovery_action: 1,
-                xid_events: vec![95],
+                xid_events: vec![crate::config::QueuedXid::Number(95)],
                 ..FakeGpu::default()
             }],
             ..FakeConfig::default()

@@ -310,6 +310,79 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     })
 }
 
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+    dev: nvmlDevice_t,
+    link: c_uint,
+    counter: nvmlNvLinkErrorCounter_t,
+    value: *mut std::ffi::c_ulonglong,
+) -> Ret {
+    with_gpu(dev, |g| {
+        let l = nvlink(g, link)?;
+        let v = match counter {
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY => l.replay_errors,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY => l.recovery_errors,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT => l.crc_flit_errors,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA => l.crc_data_errors,
+            _ => return Err(NOT_SUPPORTED),
+        };
+        put(value, v)
+    })
+}
+
+// --- NVLink fabric ----------------------------------------------------------------------------
+
+/// `NVML_STRUCT_VERSION(GpuFabricInfo, 3)`: the struct's size with the version in the top byte.
+fn fabric_info_version(v: u32) -> c_uint {
+    let size = std::mem::size_of::<nvmlGpuFabricInfo_v3_t>() as c_uint;
+    size | (v << 24)
+}
+
+/// Writes the cluster UUID `s` (`xxxxxxxx-xxxx-…`, 32 hex digits) as its 16 bytes.
+fn uuid_bytes(s: &str) -> Result<[u8; 16], Ret> {
+    let hex: Vec<u8> = s.bytes().filter(|b| *b != b'-').collect();
+    if hex.len() != 32 {
+        return Err(UNKNOWN);
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let text = std::str::from_utf8(pair).map_err(|_| UNKNOWN)?;
+        out[i] = u8::from_str_radix(text, 16).map_err(|_| UNKNOWN)?;
+    }
+    Ok(out)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    dev: nvmlDevice_t,
+    info: *mut nvmlGpuFabricInfoV_t,
+) -> Ret {
+    with_gpu(dev, |g| {
+        if info.is_null() {
+            return Err(INVALID);
+        }
+        // SAFETY: `info` is non-null and points at the caller's struct (NVML contract), whose
+        // `version` the caller set before the call.
+        let version = unsafe { (*info).version };
+        if version != fabric_info_version(3) && version != fabric_info_version(2) {
+            return Err(nvmlReturn_enum_NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let f = g.fabric.as_ref().ok_or(NOT_SUPPORTED)?;
+        put(
+            info,
+            nvmlGpuFabricInfoV_t {
+                version,
+                clusterUuid: uuid_bytes(&f.cluster_uuid)?,
+                status: f.status,
+                cliqueId: f.clique_id,
+                state: f.state.value(),
+                healthMask: 0,
+                healthSummary: 0,
+            },
+        )
+    })
+}
+
 // --- persistence and processes ----------------------------------------------------------------
 
 #[unsafe(no_mangle)]

@@ -76,7 +76,9 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> Ret {
     }
 }
 
-/// Pops the oldest queued XID of a GPU registered in `regs`, writing the state back.
+/// Pops the oldest queued XID of a GPU registered in `regs`, writing the state back, and logs
+/// the driver's record of it to the config's `kmsgPath` (the real driver logs every Xid it
+/// raises; the record goes out before the event, so a reader of both finds it).
 fn pop_xid(regs: &[(usize, u64)]) -> Result<Option<(usize, u64)>, Ret> {
     let (path, cfg) = load()?;
     let queued = |cfg: &FakeConfig| {
@@ -90,10 +92,42 @@ fn pop_xid(regs: &[(usize, u64)]) -> Result<Option<(usize, u64)>, Ret> {
     if queued(&cfg).is_none() {
         return Ok(None);
     }
-    state::update(&path, |cfg| {
-        queued(cfg).map(|i| (i, cfg.gpus[i].xid_events.remove(0)))
+    let popped = state::update(&path, |cfg| {
+        queued(cfg).map(|i| {
+            let x = cfg.gpus[i].xid_events.remove(0);
+            let record = cfg
+                .kmsg_path
+                .clone()
+                .map(|p| (p, x.kmsg_record(&cfg.gpus[i].pci_bus_id, next_seq())));
+            (i, x.xid(), record)
+        })
     })
-    .map_err(|_| UNKNOWN)
+    .map_err(|_| UNKNOWN)?;
+    Ok(popped.map(|(i, xid, record)| {
+        if let Some((kmsg, line)) = record {
+            log_record(&kmsg, &line);
+        }
+        (i, xid)
+    }))
+}
+
+/// A kernel log sequence number for the fake driver's records (far above what tests write).
+fn next_seq() -> u64 {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(900_000);
+    SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Appends one record to the fake kernel log; a log that cannot be written loses the record
+/// (the event is still delivered, as a driver's is when the ring buffer overflows).
+fn log_record(kmsg: &std::path::Path, line: &str) {
+    use std::io::Write;
+    let wrote = std::fs::OpenOptions::new()
+        .append(true)
+        .open(kmsg)
+        .and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(e) = wrote {
+        eprintln!("fake-nvml: cannot log to {}: {e}", kmsg.display());
+    }
 }
 
 #[unsafe(no_mangle)]

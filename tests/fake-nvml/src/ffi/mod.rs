@@ -89,12 +89,21 @@ fn gpu_index(device: nvmlDevice_t, cfg: &FakeConfig) -> Result<usize, Ret> {
     }
 }
 
-/// Runs `f` on the GPU behind `device`; a lost GPU answers `NVML_ERROR_GPU_IS_LOST`.
+/// What a lost GPU answers: `NVML_ERROR_GPU_IS_LOST`, or `NVML_ERROR_UNKNOWN` as older drivers
+/// say it.
+fn lost(g: &FakeGpu) -> Ret {
+    match g.lost_error {
+        crate::config::LostError::GpuIsLost => GPU_IS_LOST,
+        crate::config::LostError::Unknown => UNKNOWN,
+    }
+}
+
+/// Runs `f` on the GPU behind `device`; a lost GPU answers [`lost`].
 fn with_gpu(device: nvmlDevice_t, f: impl FnOnce(&FakeGpu) -> Result<(), Ret>) -> Ret {
     with_cfg(|cfg| {
         let g = &cfg.gpus[gpu_index(device, cfg)?];
         if g.lost {
-            return Err(GPU_IS_LOST);
+            return Err(lost(g));
         }
         f(g)
     })
@@ -114,7 +123,7 @@ pub(crate) fn target(device: nvmlDevice_t, cfg: &FakeConfig) -> Result<Target<'_
     let i = (h & ((1 << MIG_SHIFT) - 1)).checked_sub(1).ok_or(INVALID)?;
     let g = cfg.gpus.get(i).ok_or(INVALID)?;
     if g.lost {
-        return Err(GPU_IS_LOST);
+        return Err(lost(g));
     }
     match (h >> MIG_SHIFT).checked_sub(1) {
         None => Ok(Target::Gpu(i, g)),
@@ -336,7 +345,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     dev: *mut nvmlDevice_t,
 ) -> Ret {
     with_cfg(|c| match c.gpus.get(index as usize) {
-        Some(g) if g.lost => Err(GPU_IS_LOST),
+        Some(g) if g.lost => Err(lost(g)),
         Some(_) => put(dev, handle(index as usize)),
         None => Err(INVALID),
     })
@@ -355,7 +364,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .position(|g| g.uuid == want)
             .ok_or(NOT_FOUND)?;
         if c.gpus[i].lost {
-            return Err(GPU_IS_LOST);
+            return Err(lost(&c.gpus[i]));
         }
         put(dev, handle(i))
     })
@@ -374,7 +383,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
             .position(|g| parse_bus_id(&g.pci_bus_id) == Some(want))
             .ok_or(NOT_FOUND)?;
         if c.gpus[i].lost {
-            return Err(GPU_IS_LOST);
+            return Err(lost(&c.gpus[i]));
         }
         put(dev, handle(i))
     })
