@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(name = "bcd", version, about = "Better Compute node daemon")]
@@ -43,6 +43,10 @@ enum Command {
     Inventory(bcd_probes::inventory::InventoryArgs),
     /// Simulate N node agents (synthetic hardware, real join and session protocol) for benchmarks.
     Sim(bcd::sim::SimArgs),
+    /// Print the shell completion script (`source <(bcd completions bash)`).
+    Completions(bc_sys::cli_docs::CompletionsArgs),
+    /// Write the man pages, one per command, into a directory (the Debian packages install them).
+    Man(bc_sys::cli_docs::ManArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -70,6 +74,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inventory(args) => print!("{}", bcd_probes::inventory::run(&args)?),
         Command::Gpu(args) => bcd_probes::nvml::cli::run(args)?,
         Command::Status { state_dir, output } => print_status(&state_dir, &output)?,
+        Command::Completions(a) => {
+            bc_sys::cli_docs::completions(Cli::command(), a.shell, &mut std::io::stdout())?;
+        }
+        Command::Man(a) => {
+            bc_sys::cli_docs::man_pages(Cli::command(), &a.out_dir)?;
+        }
     }
     Ok(())
 }
