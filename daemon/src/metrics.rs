@@ -56,6 +56,12 @@ struct GpuLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct XidLabels {
+    xid: String,
+    class: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct VersionLabel {
     version: &'static str,
 }
@@ -70,6 +76,8 @@ struct Inner {
     commands: Family<CommandLabels, Counter>,
     inventory_collect: Histogram,
     gpu_health: Family<GpuLabels, Gauge>,
+    heartbeat_rtt: Histogram,
+    xids: Family<XidLabels, Counter>,
 }
 
 /// The agent's metrics; cheap to clone (one `Arc`).
@@ -97,6 +105,23 @@ fn command_label(name: &str) -> String {
     match name.parse::<bc_protocol::CommandName>() {
         Ok(n) => n.as_str().to_owned(),
         Err(_) => "other".to_owned(),
+    }
+}
+
+/// XID numbers at or above this are counted as `other`: NVIDIA's catalog ends well below, and a
+/// garbled kernel log line must not grow the label set.
+const MAX_XID_LABEL: u64 = 1000;
+
+/// The `class` label of an XID, spelled as in the event's JSON.
+fn xid_class_label(c: bc_protocol::commands::xid::XidClass) -> &'static str {
+    use bc_protocol::commands::xid::XidClass;
+    match c {
+        XidClass::ResetRequired => "resetRequired",
+        XidClass::RebootRequired => "rebootRequired",
+        XidClass::ApplicationFault => "applicationFault",
+        XidClass::Informational => "informational",
+        XidClass::DrainP2pRequired => "drainP2pRequired",
+        XidClass::Unknown => "unknown",
     }
 }
 
@@ -147,6 +172,20 @@ impl Metrics {
             "Per GPU: 1 unless the last diag.nvml verdict for it was fail, then 0",
             gpu_health.clone(),
         );
+        // Loopback to a busy control plane: 1 ms doubling to about 33 s.
+        let heartbeat_rtt = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register_with_unit(
+            "bcd_heartbeat_rtt",
+            "Time from sending a heartbeat to its acknowledgement",
+            Unit::Seconds,
+            heartbeat_rtt.clone(),
+        );
+        let xids = Family::<XidLabels, Counter>::default();
+        registry.register(
+            "bcd_xid_events",
+            "XID events seen on this node's GPUs, by XID number and catalog class",
+            xids.clone(),
+        );
         let build_info = Family::<VersionLabel, Gauge>::default();
         build_info
             .get_or_create(&VersionLabel {
@@ -168,6 +207,8 @@ impl Metrics {
                 commands,
                 inventory_collect,
                 gpu_health,
+                heartbeat_rtt,
+                xids,
             }),
         }
     }
@@ -185,6 +226,27 @@ impl Metrics {
     /// A heartbeat acknowledgement arrived.
     pub fn heartbeat_acked(&self) {
         self.inner.heartbeat_acks.inc();
+    }
+
+    /// A heartbeat was acknowledged `d` after it was sent.
+    pub fn observe_heartbeat_rtt(&self, d: Duration) {
+        self.inner.heartbeat_rtt.observe(d.as_secs_f64());
+    }
+
+    /// An XID event was seen (`bcd_xid_events_total{xid, class}`).
+    pub fn xid(&self, x: &bc_protocol::commands::xid::XidEvent) {
+        let xid = if x.xid < MAX_XID_LABEL {
+            x.xid.to_string()
+        } else {
+            "other".to_owned()
+        };
+        self.inner
+            .xids
+            .get_or_create(&XidLabels {
+                xid,
+                class: xid_class_label(x.class),
+            })
+            .inc();
     }
 
     /// A session ended and the agent will reconnect.
@@ -370,6 +432,42 @@ mod tests {
         none.nvml_available = false;
         m.record_diag(&none);
         assert!(m.encode().unwrap().contains("GPU-aaaa"));
+    }
+
+    #[test]
+    fn xids_count_by_number_and_class_and_heartbeat_rtts_are_observed() {
+        use bc_protocol::commands::xid::{XidClass, XidEvent, XidSource};
+        let m = Metrics::new();
+        let xid = |n: u64| XidEvent {
+            xid: n,
+            pci_bus_id: Some("0000:1a:00.0".to_owned()),
+            uuid: None,
+            class: XidClass::of(n),
+            action: XidClass::of(n).action(),
+            description: None,
+            message: None,
+            pid: None,
+            source: XidSource::Kmsg,
+            observed_at: chrono::Utc::now(),
+            driver_message: false,
+        };
+        m.xid(&xid(79));
+        m.xid(&xid(79));
+        m.xid(&xid(48));
+        // A number from a garbled log line does not become a label of its own.
+        m.xid(&xid(123_456_789));
+        m.observe_heartbeat_rtt(Duration::from_millis(4));
+        let t = m.encode().unwrap();
+        for want in [
+            "bcd_xid_events_total{xid=\"79\",class=\"rebootRequired\"} 2",
+            "bcd_xid_events_total{xid=\"48\",class=\"unknown\"} 1",
+            "bcd_xid_events_total{xid=\"other\",class=\"unknown\"} 1",
+            "bcd_heartbeat_rtt_seconds_count 1",
+            "bcd_heartbeat_rtt_seconds_sum 0.004",
+        ] {
+            assert!(has(&t, want), "no line {want:?} in\n{t}");
+        }
+        assert!(!t.contains("123456789"), "{t}");
     }
 
     #[tokio::test]
