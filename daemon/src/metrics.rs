@@ -154,9 +154,12 @@ impl Metrics {
             reconnects.clone(),
         );
         let commands = Family::<CommandLabels, Counter>::default();
-        registry.register(
+        // Families without series until something happens are still listed (bc_net::metrics).
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcd_commands",
             "Commands finished, by name and outcome (succeeded, failed, cancelled)",
+            None,
             commands.clone(),
         );
         let inventory_collect = Histogram::new(exponential_buckets(0.001, 2.0, 16));
@@ -167,9 +170,11 @@ impl Metrics {
             inventory_collect.clone(),
         );
         let gpu_health = Family::<GpuLabels, Gauge>::default();
-        registry.register(
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcd_gpu_health",
             "Per GPU: 1 unless the last diag.nvml verdict for it was fail, then 0",
+            None,
             gpu_health.clone(),
         );
         // Loopback to a busy control plane: 1 ms doubling to about 33 s.
@@ -181,9 +186,11 @@ impl Metrics {
             heartbeat_rtt.clone(),
         );
         let xids = Family::<XidLabels, Counter>::default();
-        registry.register(
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcd_xid_events",
             "XID events seen on this node's GPUs, by XID number and catalog class",
+            None,
             xids.clone(),
         );
         let build_info = Family::<VersionLabel, Gauge>::default();

@@ -10,6 +10,8 @@
 //!   byte read or written for that long closes it). For the operator API and `/metrics`.
 //! - [`http::serve`]: bind and serve a small endpoint (`/metrics`) through a [`BoundedListener`].
 //! - [`report::error_chain`]: how both binaries print a fatal error, each cause once.
+//! - [`metrics::register_described`]: a metric family that is listed in `/metrics` (`# HELP`,
+//!   `# TYPE`) before its first series exists.
 //! - [`accept_loop`]: an accept loop for tonic over plain TCP (the gateway has its own listener,
 //!   with TLS and connection caps, and pauses the same way). It sets `TCP_NODELAY`, and when
 //!   `accept(2)` fails (`EMFILE`, `ENFILE`, `ENOBUFS`) it logs once and waits before trying again
@@ -21,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod http;
+pub mod metrics;
 pub mod report;
 
 use std::io;

@@ -45,9 +45,12 @@ impl Gauges {
             bmcs.clone(),
         );
         let nodes_failed = Family::<FailedFromLabel, Gauge>::default();
-        registry.register(
+        // Listed while no node has failed (bc_net::metrics).
+        bc_net::metrics::register_described(
+            registry,
             "bcctl_nodes_failed",
             "Nodes in provisionState failed, by failedFrom (the state they failed in)",
+            None,
             nodes_failed.clone(),
         );
         let boot_failed = Gauge::default();

@@ -156,9 +156,12 @@ impl Metrics {
         let joins = Family::<OutcomeLabel, Counter>::default();
         registry.register("bcctl_join", "Join attempts by outcome", joins.clone());
         let reports_dropped = Family::<KindLabel, Counter>::default();
-        registry.register(
+        // Listed before the first drop (bc_net::metrics).
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcctl_reports_dropped",
             "Agent reports dropped because their node sent more than its report rate allows",
+            None,
             reports_dropped.clone(),
         );
         let commands = Family::<StateLabel, Gauge>::default();
