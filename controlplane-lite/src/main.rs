@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bc_sys::notify::{Notifier, NotifyState};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -83,6 +83,10 @@ enum Command {
         #[command(flatten)]
         client: cli::ClientArgs,
     },
+    /// Print the shell completion script (`source <(bcctl completions bash)`).
+    Completions(bc_sys::cli_docs::CompletionsArgs),
+    /// Write the man pages, one per command, into a directory (the Debian packages install them).
+    Man(bc_sys::cli_docs::ManArgs),
 }
 
 /// Tells systemd (`Type=notify`) how `bcctl serve` is doing; nothing when NOTIFY_SOCKET is unset.
@@ -136,6 +140,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Allocations { client, cmd } => cli::ops::allocations(&client, cmd).await,
         Command::Commands { client, cmd } => cli::ops::commands(&client, cmd).await,
         Command::Status { client } => cli::status::status(&client).await,
+        Command::Completions(a) => Ok(bc_sys::cli_docs::completions(
+            Cli::command(),
+            a.shell,
+            &mut std::io::stdout(),
+        )?),
+        Command::Man(a) => {
+            bc_sys::cli_docs::man_pages(Cli::command(), &a.out_dir)?;
+            Ok(())
+        }
     }
 }
 

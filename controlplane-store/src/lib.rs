@@ -80,7 +80,7 @@ pub use boots::{BootRecord, WorkStep};
 pub use commands::{CommandRecord, CommandState};
 pub use controller_lease::{CONTROLLERS_LEASE, ControllerLease};
 pub use events::{NewEvent, NodeEvent};
-pub use fleet::FleetCounts;
+pub use fleet::{BareMetalCounts, FleetCounts};
 pub use leases::DedicatedRootLease;
 pub use nodes::{MAX_INDEXED_DIGESTS, NewNode, NodeQuery, NodeRecord};
 pub use pools::{Acceptance, HardwareProfile, LinkDegradedPolicy, Pool};

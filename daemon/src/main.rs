@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(name = "bcd", version, about = "Better Compute node daemon")]
@@ -47,6 +47,10 @@ enum Command {
     Image(bcd::disk_cli::ImageArgs),
     /// Simulate N node agents (synthetic hardware, real join and session protocol) for benchmarks.
     Sim(bcd::sim::SimArgs),
+    /// Print the shell completion script (`source <(bcd completions bash)`).
+    Completions(bc_sys::cli_docs::CompletionsArgs),
+    /// Write the man pages, one per command, into a directory (the Debian packages install them).
+    Man(bc_sys::cli_docs::ManArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -76,6 +80,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Disk(args) => bcd::disk_cli::run_disk(args)?,
         Command::Image(args) => bcd::disk_cli::run_image(args)?,
         Command::Status { state_dir, output } => print_status(&state_dir, &output)?,
+        Command::Completions(a) => {
+            bc_sys::cli_docs::completions(Cli::command(), a.shell, &mut std::io::stdout())?;
+        }
+        Command::Man(a) => {
+            bc_sys::cli_docs::man_pages(Cli::command(), &a.out_dir)?;
+        }
     }
     Ok(())
 }

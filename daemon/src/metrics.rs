@@ -57,6 +57,7 @@ struct GpuLabels {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct XidLabels {
+    xid: String,
     class: &'static str,
     source: &'static str,
 }
@@ -76,7 +77,8 @@ struct Inner {
     commands: Family<CommandLabels, Counter>,
     inventory_collect: Histogram,
     gpu_health: Family<GpuLabels, Gauge>,
-    xid_events: Family<XidLabels, Counter>,
+    heartbeat_rtt: Histogram,
+    xids: Family<XidLabels, Counter>,
 }
 
 /// The agent's metrics; cheap to clone (one `Arc`).
@@ -107,6 +109,11 @@ fn command_label(name: &str) -> String {
     }
 }
 
+/// XID numbers at or above this are counted as `other`: NVIDIA's catalog ends well below, and a
+/// garbled kernel log line must not grow the label set.
+const MAX_XID_LABEL: u64 = 1000;
+
+/// The `class` label of an XID, spelled as in the event's JSON.
 impl Metrics {
     /// Every family registered; `bcd_build_info{version}` is 1.
     pub fn new() -> Self {
@@ -136,9 +143,12 @@ impl Metrics {
             reconnects.clone(),
         );
         let commands = Family::<CommandLabels, Counter>::default();
-        registry.register(
+        // Families without series until something happens are still listed (bc_net::metrics).
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcd_commands",
             "Commands finished, by name and outcome (succeeded, failed, cancelled)",
+            None,
             commands.clone(),
         );
         let inventory_collect = Histogram::new(exponential_buckets(0.001, 2.0, 16));
@@ -149,17 +159,29 @@ impl Metrics {
             inventory_collect.clone(),
         );
         let gpu_health = Family::<GpuLabels, Gauge>::default();
-        registry.register(
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcd_gpu_health",
             "Per GPU: 1 unless the last diag.nvml verdict for it was fail, then 0",
+            None,
             gpu_health.clone(),
         );
-        let xid_events = Family::<XidLabels, Counter>::default();
-        registry.register(
+        // Loopback to a busy control plane: 1 ms doubling to about 33 s.
+        let heartbeat_rtt = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register_with_unit(
+            "bcd_heartbeat_rtt",
+            "Time from sending a heartbeat to its acknowledgement",
+            Unit::Seconds,
+            heartbeat_rtt.clone(),
+        );
+        let xids = Family::<XidLabels, Counter>::default();
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcd_xid_events",
-            "XID events seen, by catalog class (unknown: an Xid NVIDIA's catalog as bcd carries \
-             it does not list) and source (nvml, kmsg)",
-            xid_events.clone(),
+            "XID events seen on this node's GPUs, by XID number (other from 1000 up), catalog class \
+             (unknown: an Xid NVIDIA's catalog as bcd carries it does not list) and source (nvml, kmsg)",
+            None,
+            xids.clone(),
         );
         let build_info = Family::<VersionLabel, Gauge>::default();
         build_info
@@ -182,7 +204,8 @@ impl Metrics {
                 commands,
                 inventory_collect,
                 gpu_health,
-                xid_events,
+                heartbeat_rtt,
+                xids,
             }),
         }
     }
@@ -200,6 +223,31 @@ impl Metrics {
     /// A heartbeat acknowledgement arrived.
     pub fn heartbeat_acked(&self) {
         self.inner.heartbeat_acks.inc();
+    }
+
+    /// A heartbeat was acknowledged `d` after it was sent.
+    pub fn observe_heartbeat_rtt(&self, d: Duration) {
+        self.inner.heartbeat_rtt.observe(d.as_secs_f64());
+    }
+
+    /// An XID event was seen (`bcd_xid_events_total{xid, class}`).
+    pub fn xid(&self, x: &bcd_probes::nvml::XidEvent) {
+        let xid = if x.xid < MAX_XID_LABEL {
+            x.xid.to_string()
+        } else {
+            "other".to_owned()
+        };
+        self.inner
+            .xids
+            .get_or_create(&XidLabels {
+                xid,
+                class: x.class.as_str(),
+                source: match x.source {
+                    bcd_probes::nvml::XidSource::Nvml => "nvml",
+                    bcd_probes::nvml::XidSource::Kmsg => "kmsg",
+                },
+            })
+            .inc();
     }
 
     /// A session ended and the agent will reconnect.
@@ -240,20 +288,6 @@ impl Metrics {
                 })
                 .set(i64::from(g.verdict != CheckStatus::Fail));
         }
-    }
-
-    /// An XID event was seen (and goes to the control plane).
-    pub fn record_xid(&self, event: &bcd_probes::nvml::XidEvent) {
-        self.inner
-            .xid_events
-            .get_or_create(&XidLabels {
-                class: event.class.as_str(),
-                source: match event.source {
-                    bcd_probes::nvml::XidSource::Nvml => "nvml",
-                    bcd_probes::nvml::XidSource::Kmsg => "kmsg",
-                },
-            })
-            .inc();
     }
 
     /// The current values as OpenMetrics text (ends with `# EOF`).
@@ -343,7 +377,7 @@ mod tests {
                 panic!("{line} does not parse");
             };
             let (class, action, description) = xid::judge(x.xid, None);
-            m.record_xid(&XidEvent {
+            m.xid(&XidEvent {
                 xid: x.xid,
                 pci_bus_id: Some(x.addr.to_bus_id()),
                 uuid: None,
@@ -359,8 +393,8 @@ mod tests {
         }
         let t = m.encode().unwrap();
         for want in [
-            "bcd_xid_events_total{class=\"unknown\",source=\"kmsg\"} 2",
-            "bcd_xid_events_total{class=\"resetRequired\",source=\"kmsg\"} 1",
+            "bcd_xid_events_total{xid=\"999\",class=\"unknown\",source=\"kmsg\"} 2",
+            "bcd_xid_events_total{xid=\"48\",class=\"resetRequired\",source=\"kmsg\"} 1",
         ] {
             assert!(has(&t, want), "no line {want:?} in\n{t}");
         }
@@ -434,6 +468,42 @@ mod tests {
         none.nvml_available = false;
         m.record_diag(&none);
         assert!(m.encode().unwrap().contains("GPU-aaaa"));
+    }
+
+    #[test]
+    fn xids_count_by_number_and_class_and_heartbeat_rtts_are_observed() {
+        use bc_protocol::commands::xid::{XidClass, XidEvent, XidSource};
+        let m = Metrics::new();
+        let xid = |n: u64| XidEvent {
+            xid: n,
+            pci_bus_id: Some("0000:1a:00.0".to_owned()),
+            uuid: None,
+            class: XidClass::of(n),
+            action: XidClass::of(n).action(),
+            description: None,
+            message: None,
+            pid: None,
+            source: XidSource::Kmsg,
+            observed_at: chrono::Utc::now(),
+            driver_message: false,
+        };
+        m.xid(&xid(79));
+        m.xid(&xid(79));
+        m.xid(&xid(48));
+        // A number from a garbled log line does not become a label of its own.
+        m.xid(&xid(123_456_789));
+        m.observe_heartbeat_rtt(Duration::from_millis(4));
+        let t = m.encode().unwrap();
+        for want in [
+            "bcd_xid_events_total{xid=\"79\",class=\"rebootRequired\",source=\"kmsg\"} 2",
+            "bcd_xid_events_total{xid=\"48\",class=\"resetRequired\",source=\"kmsg\"} 1",
+            "bcd_xid_events_total{xid=\"other\",class=\"unknown\",source=\"kmsg\"} 1",
+            "bcd_heartbeat_rtt_seconds_count 1",
+            "bcd_heartbeat_rtt_seconds_sum 0.004",
+        ] {
+            assert!(has(&t, want), "no line {want:?} in\n{t}");
+        }
+        assert!(!t.contains("123456789"), "{t}");
     }
 
     #[tokio::test]

@@ -13,6 +13,8 @@
 //! - [`http::serve`]: bind and serve a small endpoint (`/metrics`, the site agent's boot service)
 //!   under a total and a per-address cap, a header-read deadline and an idle timeout.
 //! - [`report::error_chain`]: how both binaries print a fatal error, each cause once.
+//! - [`metrics::register_described`]: a metric family that is listed in `/metrics` (`# HELP`,
+//!   `# TYPE`) before its first series exists.
 //! - [`accept_loop`]: an accept loop for tonic over plain TCP (the gateway has its own listener,
 //!   with TLS and connection caps, and pauses the same way). It sets `TCP_NODELAY`, and when
 //!   `accept(2)` fails (`EMFILE`, `ENFILE`, `ENOBUFS`) it logs once and waits before trying again
@@ -25,6 +27,7 @@
 
 pub mod caps;
 pub mod http;
+pub mod metrics;
 pub mod report;
 
 use std::io;

@@ -19,6 +19,8 @@
 //!   user's behalf (`~/.ssh/authorized_keys`, and every later caller): walked and opened by
 //!   descriptor, no symlink a user could have made, one link, the user's or root's, bounded
 //!   reads, atomic replacement with the user's ownership.
+//! - [`cli_docs`]: [`cli_docs::completions`] and [`cli_docs::man_pages`] — shell completions and
+//!   man pages from a binary's clap `Command` (both binaries' `completions` and `man`).
 //!
 //! # Limitations
 //! Linux only (`AF_UNIX` abstract names, unix permission bits). Must not depend on any other
@@ -26,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod atomic;
+pub mod cli_docs;
 pub mod lockfile;
 pub mod logging;
 pub mod notify;

@@ -26,10 +26,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Unit;
 use tokio::sync::watch;
 
-use cpl_store::{CommandState, FleetCounts, Store, StoreError};
+use cpl_store::{BareMetalCounts, CommandState, FleetCounts, Store, StoreError};
 
 use crate::gateway::registry::Registry as Sessions;
 
+mod bare_metal;
 mod outcomes;
 pub use outcomes::{ConnClosed, ConnRefused, JoinOutcome};
 
@@ -90,8 +91,8 @@ struct ConnectivityLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ProvisionStateLabel {
-    provision_state: String,
+pub(crate) struct ProvisionStateLabel {
+    pub(crate) provision_state: String,
 }
 
 #[derive(Debug)]
@@ -114,6 +115,7 @@ struct Inner {
     gateway_closed: Family<ReasonLabel, Counter>,
     leader: Gauge,
     node_write_escalations: Counter,
+    bare_metal: bare_metal::Gauges,
     /// One scrape at a time: the scrape-time gauges are set and encoded together.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -154,9 +156,12 @@ impl Metrics {
         let joins = Family::<OutcomeLabel, Counter>::default();
         registry.register("bcctl_join", "Join attempts by outcome", joins.clone());
         let reports_dropped = Family::<KindLabel, Counter>::default();
-        registry.register(
+        // Listed before the first drop (bc_net::metrics).
+        bc_net::metrics::register_described(
+            &mut registry,
             "bcctl_reports_dropped",
             "Agent reports dropped because their node sent more than its report rate allows",
+            None,
             reports_dropped.clone(),
         );
         let commands = Family::<StateLabel, Gauge>::default();
@@ -246,6 +251,7 @@ impl Metrics {
             "Writes of one node's reports that ran again under the store's global write lock (PostgreSQL: a bare-metal step, a deadlock)",
             node_write_escalations.clone(),
         );
+        let bare_metal = bare_metal::Gauges::register(&mut registry);
         for o in JoinOutcome::ALL {
             let _ = joins.get_or_create(&OutcomeLabel {
                 outcome: o.as_str(),
@@ -271,10 +277,12 @@ impl Metrics {
                 gateway_closed,
                 leader,
                 node_write_escalations,
+                bare_metal,
                 scrape: tokio::sync::Mutex::new(()),
             }),
         };
         m.set_fleet(&FleetCounts::default(), 0);
+        m.inner.bare_metal.set(&BareMetalCounts::default(), 0);
         m
     }
 
@@ -404,10 +412,18 @@ impl Metrics {
     /// family as OpenMetrics text (ends with `# EOF`).
     pub async fn scrape(&self, store: &Store, sessions: &Sessions) -> Result<String, MetricsError> {
         let _one = self.inner.scrape.lock().await;
-        let counts = store
-            .read(|r| r.fleet_counts(cpl_core::health::GPU_UNHEALTHY))
+        let (counts, bare_metal) = store
+            .read(|r| {
+                Ok::<_, StoreError>((
+                    r.fleet_counts(cpl_core::health::GPU_UNHEALTHY)?,
+                    r.bare_metal_counts(cpl_core::bare_metal::rescue::RESCUE_READY)?,
+                ))
+            })
             .await?;
         self.set_fleet(&counts, sessions.len());
+        self.inner
+            .bare_metal
+            .set(&bare_metal, chrono::Utc::now().timestamp_millis());
         let escalations = &self.inner.node_write_escalations;
         escalations.inc_by(
             store

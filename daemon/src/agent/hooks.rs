@@ -33,6 +33,8 @@ pub struct AgentHooks {
     pub last_status: Option<SpecStatus>,
     /// XID events from the watch, forwarded as they happen.
     pub xids: mpsc::Receiver<XidEvent>,
+    /// The last heartbeat sent and when, for `bcd_heartbeat_rtt_seconds` when its ack comes.
+    pub heartbeat_in_flight: Option<(u64, std::time::Instant)>,
 }
 
 /// The `Event` that carries an XID to the control plane.
@@ -74,7 +76,7 @@ impl SessionHooks for AgentHooks {
             }
             Some(x) = self.xids.recv() => {
                 tracing::warn!(xid = x.xid, gpu = ?x.pci_bus_id, class = ?x.class, "XID");
-                crate::metrics::global().record_xid(&x);
+                crate::metrics::global().xid(&x);
                 agent_message::Msg::Event(xid_event(&x))
             }
             // Both sources gone (no converge task, no XID watch): nothing more to say.
@@ -155,13 +157,23 @@ impl Observer for AgentHooks {
         crate::metrics::global().set_connected(true);
     }
 
-    fn heartbeat_sent(&mut self, _seq: u64) {
+    fn heartbeat_sent(&mut self, seq: u64) {
+        self.heartbeat_in_flight = Some((seq, std::time::Instant::now()));
         crate::metrics::global().heartbeat_sent();
     }
 
     fn heartbeat_acked(&mut self, seq: u64) {
         self.status.heartbeat_acked(seq);
-        crate::metrics::global().heartbeat_acked();
+        let m = crate::metrics::global();
+        m.heartbeat_acked();
+        // Only the ack of the heartbeat just sent: a late ack of an older one says nothing
+        // about the time this one took.
+        if let Some((sent, at)) = self.heartbeat_in_flight
+            && sent == seq
+        {
+            m.observe_heartbeat_rtt(at.elapsed());
+            self.heartbeat_in_flight = None;
+        }
     }
 
     fn session_closed(&mut self, _end: &SessionEnd, _welcomed: bool) {

@@ -136,6 +136,7 @@ async fn run_until(
         statuses,
         last_status: None,
         xids,
+        heartbeat_in_flight: None,
     };
     let _ = notifier.ready();
     let config = args.session.lifecycle(cfg, OUTBOUND_CAPACITY);
