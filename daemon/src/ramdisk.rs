@@ -18,7 +18,7 @@ use crate::process::{self, ReconnectArgs, SessionError};
 
 /// How long a lease may take to show the control plane answers (a TCP connection to a gateway
 /// URL) before it is given up for the next NIC.
-const REACH_LIMIT: Duration = Duration::from_secs(5);
+const REACH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Flags of `bcd ramdisk`. The control plane, its pin and the boot token come from the kernel
 /// command line, not from flags.

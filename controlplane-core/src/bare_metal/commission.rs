@@ -403,6 +403,7 @@ pub fn diag_args(pool: Option<&Pool>) -> DiagArgs {
             count: p.and_then(|p| p.expected_gpu_count).unwrap_or(0),
             name: p.and_then(|p| p.expected_gpu_model.clone()),
         }),
+        expected_nvlinks_per_gpu: p.and_then(|p| p.expected_nvlinks_per_gpu),
     }
 }
 

@@ -32,7 +32,11 @@ fn sent(argv: &[&str]) -> Result<Request, String> {
         Command::Allocations { cmd, .. } => super::ops::allocations_call(cmd),
         Command::Commands { cmd, .. } => super::ops::commands_call(cmd),
         Command::Status { .. } => super::call::Call::once(super::status::request()),
-        Command::Serve(_) | Command::Dev(_) | Command::Bench(_) => {
+        Command::Serve(_)
+        | Command::Dev(_)
+        | Command::Bench(_)
+        | Command::Completions(_)
+        | Command::Man(_) => {
             return Err(format!("{argv:?} is not an operator verb"));
         }
     };

@@ -98,7 +98,7 @@ impl Gauges {
                 .set(*n);
         }
         self.boot_failed.set(b.boot_failed);
-        for s in cpl_core::bare_metal::boot::RAMDISK_STATES {
+        for s in cpl_core::bare_metal::table::ramdisk_states() {
             let secs = b
                 .workflow_oldest_started
                 .iter()

@@ -49,7 +49,7 @@ fn boot(node: &str, purpose: ProvisionState, started: i64) -> BootRecord {
         token_id: format!("boot_{node}"),
         secret_sha256: "00".repeat(32),
         sealed: "sealed".to_owned(),
-        purpose: purpose.as_str().to_owned(),
+        purpose,
         created_at: started,
         expires_at: started + 3_600_000,
         used_at: None,
@@ -110,7 +110,7 @@ async fn bare_metal_gauges_come_from_the_store_at_scrape_time() {
             force(c, "node_d", |n| n.provision_state = ProvisionState::Rescue)?;
             c.put_boot(&BootRecord {
                 used_at: Some(NOW - 86_000_000),
-                work_step: Some(cpl_core::bare_metal::rescue::RESCUE_READY.to_owned()),
+                work_step: Some(cpl_store::WorkStep::RescueReady),
                 ..boot("node_d", ProvisionState::Rescue, NOW - 86_400_000)
             })?;
             // node_e: deploying for an hour.
@@ -123,7 +123,7 @@ async fn bare_metal_gauges_come_from_the_store_at_scrape_time() {
         .await
         .unwrap();
     let counts = store
-        .read(|r| r.bare_metal_counts(cpl_core::bare_metal::rescue::RESCUE_READY))
+        .read(|r| r.bare_metal_counts(cpl_store::WorkStep::RescueReady.as_str()))
         .await
         .unwrap();
     let m = Metrics::new();

@@ -416,7 +416,7 @@ impl Metrics {
             .read(|r| {
                 Ok::<_, StoreError>((
                     r.fleet_counts(cpl_core::health::GPU_UNHEALTHY)?,
-                    r.bare_metal_counts(cpl_core::bare_metal::rescue::RESCUE_READY)?,
+                    r.bare_metal_counts(cpl_store::WorkStep::RescueReady.as_str())?,
                 ))
             })
             .await?;
