@@ -158,6 +158,8 @@ impl Core {
                 match serde_json::from_slice::<XidEvent>(&ev.data_json) {
                     Ok(xid) => {
                         crate::health::on_xid(&self.store, node_id, &xid).await;
+                        // An application-class XID: the workload's fault, or the node's.
+                        crate::remediation::workload::on_xid(&self.store, node_id, &xid).await;
                         Ok(vec![Effect::Recorded])
                     }
                     Err(e) => {

@@ -17,6 +17,7 @@ pub const NO_SCHEDULE_CONDITIONS: &[&str] = &[
     "GpuUnhealthy",
     "XidCritical",
     "P2pDrainRequired",
+    "RepeatedWorkloadXid",
 ];
 
 /// Whether `type_` is a NoSchedule condition.

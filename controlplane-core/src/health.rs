@@ -32,6 +32,10 @@ pub const XID_CRITICAL: &str = "XidCritical";
 /// or is reset.
 pub const P2P_DRAIN_REQUIRED: &str = "P2pDrainRequired";
 
+/// The condition one node alone gets for application-class XIDs in several allocations
+/// (`crate::remediation::workload`), cleared as an `XidCritical` is.
+pub use crate::remediation::fault::REPEATED_WORKLOAD_XID;
+
 /// A PCI bus id in one spelling: lowercase, a 4-digit domain and a function (`0000:1a:00.0`).
 /// NVML writes an 8-digit domain in upper case (`00000000:1A:00.0`), the kernel log may leave out
 /// the function; all name the same GPU.
@@ -197,14 +201,16 @@ fn diag_updates(conditions: &[Condition], r: &DiagReport) -> Vec<ConditionUpdate
                 Vec::new(),
             ),
         ];
-        if current(conditions, P2P_DRAIN_REQUIRED).is_some() {
-            out.push(update(
-                P2P_DRAIN_REQUIRED,
-                ConditionStatus::False,
-                "DiagPassed",
-                summary,
-                Vec::new(),
-            ));
+        for type_ in [P2P_DRAIN_REQUIRED, REPEATED_WORKLOAD_XID] {
+            if current(conditions, type_).is_some() {
+                out.push(update(
+                    type_,
+                    ConditionStatus::False,
+                    "DiagPassed",
+                    summary.clone(),
+                    Vec::new(),
+                ));
+            }
         }
         return out;
     }
@@ -230,7 +236,7 @@ fn diag_updates(conditions: &[Condition], r: &DiagReport) -> Vec<ConditionUpdate
         if node_wide { Vec::new() } else { failing },
     )];
     // An XID's GPU that now passes its checks is fixed; the others stay.
-    for type_ in [XID_CRITICAL, P2P_DRAIN_REQUIRED] {
+    for type_ in [XID_CRITICAL, P2P_DRAIN_REQUIRED, REPEATED_WORKLOAD_XID] {
         let message = "the GPU passed diag.nvml";
         out.extend(without(
             current(conditions, type_),
@@ -246,7 +252,12 @@ fn diag_updates(conditions: &[Condition], r: &DiagReport) -> Vec<ConditionUpdate
 fn reset_updates(conditions: &[Condition], verified: &[String]) -> Vec<ConditionUpdate> {
     let message = format!("gpu.reset verified {}", verified.join(", "));
     let mut out = Vec::new();
-    for type_ in [GPU_UNHEALTHY, XID_CRITICAL, P2P_DRAIN_REQUIRED] {
+    for type_ in [
+        GPU_UNHEALTHY,
+        XID_CRITICAL,
+        P2P_DRAIN_REQUIRED,
+        REPEATED_WORKLOAD_XID,
+    ] {
         let c = current(conditions, type_);
         match c {
             Some(c) if c.status == ConditionStatus::True => {
@@ -260,13 +271,18 @@ fn reset_updates(conditions: &[Condition], verified: &[String]) -> Vec<Condition
             }
             // Nothing to clear; a verified reset still says the GPUs are fine (as before
             // conditions named their GPUs).
-            _ if type_ != P2P_DRAIN_REQUIRED && !verified.is_empty() => out.push(update(
-                type_,
-                ConditionStatus::False,
-                "ResetSucceeded",
-                message.clone(),
-                Vec::new(),
-            )),
+            _ if type_ != P2P_DRAIN_REQUIRED
+                && type_ != REPEATED_WORKLOAD_XID
+                && !verified.is_empty() =>
+            {
+                out.push(update(
+                    type_,
+                    ConditionStatus::False,
+                    "ResetSucceeded",
+                    message.clone(),
+                    Vec::new(),
+                ))
+            }
             _ => {}
         }
     }

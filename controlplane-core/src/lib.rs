@@ -28,6 +28,9 @@
 //!   builder of command records and the one router of a command that ended.
 //! - [`bare_metal`]: enrollment through a BMC, the site lease, the power axis's owner, BMC
 //!   credentials sealed at rest.
+//! - [`remediation`]: health remediation beside Health: a node's fault climbs its pool's ladder
+//!   (reset, reboot, BMC power cycle, re-inspection) under a circuit breaker, and is given up
+//!   loudly (maintenance on) when nothing helps.
 //! - [`port::AgentSessions`]: how the core reaches a live agent session (push a spec, send a
 //!   command, close a revoked session); the gateway implements it.
 //! - Errors: [`error::OpError`] maps every refusal to one API code ([`error::OpError::code`]);
@@ -66,6 +69,7 @@ pub mod port;
 pub mod provision;
 pub mod push;
 pub mod query;
+pub mod remediation;
 pub mod reports;
 pub mod schedulable;
 pub mod sessions;

@@ -25,6 +25,12 @@ pub struct AllocationRequest {
     pub gpus: u32,
     #[serde(default)]
     pub tenant_id: Option<crate::text::Id>,
+    /// The workload the allocation belongs to: a job over several nodes books one allocation
+    /// per node with one `workloadId`, so health remediation can tell the workload's fault (the
+    /// same application-class XID on several of its nodes) from a node's. Absent: the
+    /// allocation is its own workload.
+    #[serde(default)]
+    pub workload_id: Option<crate::text::Id>,
 }
 
 fn pool_or_not_found(conn: &Reader<'_>, id: &str) -> Result<Pool, OpError> {
@@ -97,6 +103,9 @@ pub fn create(tx: &Tx<'_>, req: &AllocationRequest, actor: &str) -> Result<Alloc
         created_at: now,
         released_at: None,
         released_by: None,
+        workload_id: req.workload_id.clone().map(crate::text::Id::into_string),
+        release_reason: None,
+        workload_fault: None,
     };
     tx.insert_allocation(&allocation)?;
     tx.record_event(&NewEvent {
@@ -116,6 +125,17 @@ pub fn create(tx: &Tx<'_>, req: &AllocationRequest, actor: &str) -> Result<Alloc
 ///
 /// Errors: `NOT_FOUND`; `INVALID_STATE` if already released.
 pub fn release(tx: &Tx<'_>, allocation_id: &str, actor: &str) -> Result<Allocation, OpError> {
+    release_for(tx, allocation_id, actor, None)
+}
+
+/// [`release`] by the control plane, `reason` recorded on the allocation and in the node's
+/// event (health remediation evicting it).
+pub fn release_for(
+    tx: &Tx<'_>,
+    allocation_id: &str,
+    actor: &str,
+    reason: Option<&str>,
+) -> Result<Allocation, OpError> {
     let a = tx
         .allocation(allocation_id)?
         .ok_or_else(|| OpError::NotFound {
@@ -128,7 +148,7 @@ pub fn release(tx: &Tx<'_>, allocation_id: &str, actor: &str) -> Result<Allocati
         )));
     }
     let now = now_ms();
-    tx.release_allocation(allocation_id, now, actor)?;
+    tx.release_allocation(allocation_id, now, actor, reason)?;
     if tx.node_exists(&a.node_id)? {
         tx.record_event(&NewEvent {
             node_id: &a.node_id,
@@ -137,7 +157,10 @@ pub fn release(tx: &Tx<'_>, allocation_id: &str, actor: &str) -> Result<Allocati
             from: Some(allocation_id),
             to: None,
             actor,
-            message: &format!("released {}", a.atoms.join(",")),
+            message: &match reason {
+                Some(r) => format!("released {}: {r}", a.atoms.join(",")),
+                None => format!("released {}", a.atoms.join(",")),
+            },
         })?;
         if tx.active_allocation_count(&a.node_id)? == 0 {
             let mut edit = Edit::begin(tx, &a.node_id, None, actor)?;
@@ -149,6 +172,7 @@ pub fn release(tx: &Tx<'_>, allocation_id: &str, actor: &str) -> Result<Allocati
         atoms: Vec::new(),
         released_at: Some(now),
         released_by: Some(actor.to_owned()),
+        release_reason: reason.map(str::to_owned),
         ..a
     })
 }

@@ -24,6 +24,7 @@ fn req(pool_id: &str, gpus: u32) -> AllocationRequest {
         pool_id: pool_id.into(),
         gpus,
         tenant_id: None,
+        workload_id: None,
     }
 }
 

@@ -60,6 +60,10 @@ fn seed_pools(tx: &Tx<'_>) -> Result<(), StoreError> {
             owner_tenant_id: owner.map(str::to_owned),
             hardware_profile: HardwareProfile::default(),
             acceptance: Default::default(),
+            remediation: Default::default(),
+            conditions: Vec::new(),
+            remediation_resumed_at: None,
+            remediation_trips: 0,
             version: 1,
             created_at: 0,
         })?;

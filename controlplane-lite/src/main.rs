@@ -70,6 +70,13 @@ enum Command {
         #[command(subcommand)]
         cmd: cli::ops::AllocationsCommand,
     },
+    /// Health remediations: list, get (set a pool's policy with `bcctl pools set-remediation`).
+    Remediations {
+        #[command(flatten)]
+        client: cli::ClientArgs,
+        #[command(subcommand)]
+        cmd: cli::remediation::RemediationsCommand,
+    },
     /// Commands: get, list, cancel (create with `bcctl nodes run`).
     Commands {
         #[command(flatten)]
@@ -139,6 +146,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokens { client, cmd } => cli::ops::tokens(&client, cmd).await,
         Command::Allocations { client, cmd } => cli::ops::allocations(&client, cmd).await,
         Command::Commands { client, cmd } => cli::ops::commands(&client, cmd).await,
+        Command::Remediations { client, cmd } => cli::remediation::remediations(&client, cmd).await,
         Command::Status { client } => cli::status::status(&client).await,
         Command::Completions(a) => Ok(bc_sys::cli_docs::completions(
             Cli::command(),

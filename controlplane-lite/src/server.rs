@@ -123,6 +123,8 @@ pub struct ServeConfig {
     pub postgres: Option<cpl_store::PostgresOptions>,
     /// How long the controller lease lasts unless renewed ([`crate::leadership`]).
     pub controller_lease_ttl: Duration,
+    /// Health remediation's pass period and step deadlines.
+    pub remediation: cpl_core::remediation::RemediationConfig,
 }
 
 impl ServeConfig {
@@ -146,6 +148,7 @@ impl ServeConfig {
             gateway_limits: crate::gateway::listener::Limits::default(),
             postgres: None,
             controller_lease_ttl: crate::leadership::DEFAULT_TTL,
+            remediation: cpl_core::remediation::RemediationConfig::default(),
         }
     }
 }
@@ -525,7 +528,7 @@ fn spawn_api(
 
 /// Spawns the controllers: this replica's heartbeat flusher and bundle pruning, the controller
 /// lease, and — while this replica holds it ([`crate::leadership`]) — command deadlines, site
-/// leases, NodeLifecycle and Liveness.
+/// leases, NodeLifecycle, Remediation and Liveness.
 fn spawn_controllers(
     tasks: &mut tokio::task::JoinSet<()>,
     cfg: &ServeConfig,
@@ -601,6 +604,16 @@ fn spawn_controllers(
     tasks.spawn(async move {
         tokio::select! {
             _ = while_leader("NodeLifecycle", lead, || cpl_core::acceptance::run(lifecycle_store.clone())) => {}
+            _ = until => {}
+        }
+    });
+
+    // Health remediation: faults climb their pool's ladder under its circuit breaker.
+    let remediation = cpl_core::remediation::Remediation::new(p.commands.clone(), cfg.remediation);
+    let (lead, until) = (leading.clone(), stopped(stop.clone()));
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = while_leader("Remediation", lead, || remediation.clone().run()) => {}
             _ = until => {}
         }
     });

@@ -27,10 +27,36 @@ pub struct Allocation {
     pub created_at: i64,
     pub released_at: Option<i64>,
     pub released_by: Option<String>,
+    /// The workload it belongs to: a job over several nodes books one allocation per node with
+    /// one `workloadId` (`allocations.create`); absent: the allocation is its own workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_id: Option<String>,
+    /// Why it was released, when the control plane released it (health remediation evicting
+    /// it from a node it must disrupt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_reason: Option<String>,
+    /// The application-class XIDs its workload raised on several of its nodes at once: the
+    /// workload's fault, not the nodes' (none of them is remediated for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_fault: Option<WorkloadFault>,
 }
 
-const ALLOCATION_COLUMNS: &str =
-    "id, pool_id, node_id, gpus, tenant_id, created_by, created_at, released_at, released_by";
+/// A workload's fault, recorded on each of its allocations (issue 33).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadFault {
+    /// The XIDs seen (sorted, unique).
+    pub xids: Vec<u64>,
+    /// The nodes that saw them (sorted, unique).
+    pub nodes: Vec<String>,
+    /// The first and the last observation in the window, ms since the Unix epoch.
+    pub first_at: i64,
+    pub last_at: i64,
+}
+
+const ALLOCATION_COLUMNS: &str = "id, pool_id, node_id, gpus, tenant_id, created_by, created_at, \
+    released_at, released_by, workload_id, release_reason, workload_fault";
 
 fn from_row(row: &Row<'_>) -> Result<Allocation, StoreError> {
     let gpus: i64 = row.get(3)?;
@@ -45,6 +71,12 @@ fn from_row(row: &Row<'_>) -> Result<Allocation, StoreError> {
         created_at: row.get(6)?,
         released_at: row.get(7)?,
         released_by: row.get(8)?,
+        workload_id: row.get(9)?,
+        release_reason: row.get(10)?,
+        workload_fault: row
+            .get::<Option<String>>(11)?
+            .map(|j| super::from_json("allocations.workload_fault", &j))
+            .transpose()?,
     })
 }
 
@@ -71,8 +103,8 @@ impl Tx<'_> {
     pub fn insert_allocation(&self, a: &Allocation) -> Result<(), StoreError> {
         let conn = self.db();
         conn.execute(
-            "INSERT INTO allocations (id, pool_id, node_id, gpus, tenant_id, created_by, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO allocations (id, pool_id, node_id, gpus, tenant_id, created_by, created_at, \
+             workload_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
                 a.id,
                 a.pool_id,
@@ -80,7 +112,8 @@ impl Tx<'_> {
                 i64::from(a.gpus),
                 a.tenant_id,
                 a.created_by,
-                a.created_at
+                a.created_at,
+                a.workload_id
             ],
         )?;
         let mut stmt = conn.prepare_cached(
@@ -92,16 +125,33 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Marks `id` released and frees its atoms.
-    pub fn release_allocation(&self, id: &str, at: i64, by: &str) -> Result<(), StoreError> {
+    /// Marks `id` released (by `by`, for `reason` when the control plane released it) and
+    /// frees its atoms.
+    pub fn release_allocation(
+        &self,
+        id: &str,
+        at: i64,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
         let conn = self.db();
         conn.execute(
             "DELETE FROM allocation_atoms WHERE allocation_id = ?1",
             params![id],
         )?;
         conn.execute(
-            "UPDATE allocations SET released_at = ?2, released_by = ?3 WHERE id = ?1",
-            params![id, at, by],
+            "UPDATE allocations SET released_at = ?2, released_by = ?3, release_reason = ?4 \
+             WHERE id = ?1",
+            params![id, at, by, reason],
+        )?;
+        Ok(())
+    }
+
+    /// Records `fault` on allocation `id` (its workload's fault).
+    pub fn set_workload_fault(&self, id: &str, fault: &WorkloadFault) -> Result<(), StoreError> {
+        self.db().execute(
+            "UPDATE allocations SET workload_fault = ?2 WHERE id = ?1",
+            params![id, super::to_json(fault)],
         )?;
         Ok(())
     }
@@ -146,10 +196,26 @@ impl Reader<'_> {
         let conn = self.db();
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT {ALLOCATION_COLUMNS} FROM allocations \
-             WHERE (?1 IS NULL OR pool_id = ?1) AND (?2 IS NULL OR node_id = ?2) \
+             WHERE (CAST(?1 AS TEXT) IS NULL OR pool_id = ?1) AND (CAST(?2 AS TEXT) IS NULL OR node_id = ?2) \
              AND (?3 = 0 OR released_at IS NULL) ORDER BY created_at, id"
         ))?;
         let rows = stmt.query_map(params![f.pool_id, f.node_id, f.active_only], from_row)?;
+        let mut out: Vec<Allocation> = rows.collect::<Result<_, _>>()?;
+        for a in &mut out {
+            a.atoms = atoms_of(conn, &a.id)?;
+        }
+        Ok(out)
+    }
+
+    /// The active allocations of workload `workload_id` (its `workloadId`, or an allocation's
+    /// own id), oldest first, with atoms.
+    pub fn workload_allocations(&self, workload_id: &str) -> Result<Vec<Allocation>, StoreError> {
+        let conn = self.db();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {ALLOCATION_COLUMNS} FROM allocations WHERE released_at IS NULL \
+             AND (workload_id = ?1 OR (workload_id IS NULL AND id = ?1)) ORDER BY created_at, id"
+        ))?;
+        let rows = stmt.query_map(params![workload_id], from_row)?;
         let mut out: Vec<Allocation> = rows.collect::<Result<_, _>>()?;
         for a in &mut out {
             a.atoms = atoms_of(conn, &a.id)?;

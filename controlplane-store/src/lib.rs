@@ -56,6 +56,8 @@ mod pg;
 mod pg_schema;
 mod pools;
 mod rejoin;
+pub mod remediation;
+mod remediation_rows;
 mod schedulable;
 mod sessions;
 mod sites;
@@ -73,7 +75,7 @@ use parking_lot::Mutex;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use rusqlite_migration::{M, Migrations};
 
-pub use allocations::{Allocation, AllocationFilter};
+pub use allocations::{Allocation, AllocationFilter, WorkloadFault};
 pub use bare_metal::{BmcIdentifier, BmcRecord, SiteLease};
 pub use bench::BenchCounts;
 pub use boots::{BootRecord, WorkStep};
@@ -85,6 +87,11 @@ pub use leases::DedicatedRootLease;
 pub use nodes::{MAX_INDEXED_DIGESTS, NewNode, NodeQuery, NodeRecord};
 pub use pools::{Acceptance, HardwareProfile, LinkDegradedPolicy, Pool};
 pub use rejoin::RejoinRequest;
+pub use remediation::{
+    DrainPolicy, Fault, FaultKind, RemediationCounts, RemediationFilter, RemediationMode,
+    RemediationPhase, RemediationPolicy, RemediationRecord, RemediationState, RemediationStep,
+    StepOutcome, StepRecord, Suspension, XidObservation,
+};
 pub use sites::Site;
 pub use taints::Taint;
 pub use tokens::{JoinToken, NewToken, TokenRefusal};
@@ -414,6 +421,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M008_BOOTS),
         M::up(migrations::M009_WORKFLOWS),
         M::up(migrations::M010_CONTROLLER_LEASE),
+        M::up(migrations::M011_REMEDIATION),
     ])
 }
 

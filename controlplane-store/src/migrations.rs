@@ -359,3 +359,82 @@ CREATE TABLE controller_leases (
     expires_at BIGINT NOT NULL
 );
 "#;
+
+/// Issue 33: health remediation. A pool's policy (`remediation`, JSON `RemediationPolicy`), its
+/// own conditions (`RemediationPaused` while its circuit breaker is open), when an operator last
+/// resumed the breaker and how often it tripped; one row per remediation of a node (at most one
+/// open per node: the partial unique index) and one per step it took; operators' suspensions of
+/// remediation per node; what an allocation belongs to (`workload_id`: one workload over several
+/// nodes books one allocation per node with the same id), why it was released, and the
+/// workload's fault recorded on it; and the application-class XIDs seen on booked GPUs, which
+/// tell a workload's fault from a node's. Remediations keep no foreign key to `nodes`: like the
+/// event log, they outlive a deleted node.
+pub const M011_REMEDIATION: &str = r#"
+ALTER TABLE pools ADD COLUMN remediation TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE pools ADD COLUMN conditions TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE pools ADD COLUMN remediation_resumed_at BIGINT;
+ALTER TABLE pools ADD COLUMN remediation_trips BIGINT NOT NULL DEFAULT 0;
+
+CREATE TABLE remediations (
+    id                TEXT PRIMARY KEY,                -- rem_...
+    node_id           TEXT NOT NULL,
+    pool_id           TEXT,
+    mode              TEXT NOT NULL,                   -- observe | auto
+    fault             TEXT NOT NULL,                   -- JSON Fault
+    ladder            TEXT NOT NULL,                   -- JSON array of steps
+    step_index        BIGINT NOT NULL DEFAULT 0,
+    phase             TEXT NOT NULL,                   -- draining | acting | verifying | ended
+    command_id        TEXT,
+    verify_command_id TEXT,
+    acted_at          BIGINT,
+    cordoned          INTEGER NOT NULL DEFAULT 0,
+    draining          INTEGER NOT NULL DEFAULT 0,
+    waiting           TEXT,
+    state             TEXT NOT NULL,                   -- active | succeeded | gaveUp | cleared | cancelled
+    disruptive        INTEGER NOT NULL DEFAULT 0,
+    started_at        BIGINT NOT NULL,
+    phase_started_at  BIGINT NOT NULL,
+    ended_at          BIGINT,
+    outcome           TEXT
+);
+CREATE UNIQUE INDEX remediations_open ON remediations(node_id) WHERE ended_at IS NULL;
+CREATE INDEX remediations_pool ON remediations(pool_id, started_at);
+CREATE INDEX remediations_node ON remediations(node_id, started_at);
+
+CREATE TABLE remediation_steps (
+    remediation_id TEXT NOT NULL REFERENCES remediations(id) ON DELETE CASCADE,
+    seq            BIGINT NOT NULL,
+    step           TEXT NOT NULL,                      -- resetGpu | rebootNode | bmcPowerCycle | reinspect
+    outcome        TEXT NOT NULL,                      -- succeeded | failed | skipped
+    command_id     TEXT,
+    at             BIGINT NOT NULL,
+    message        TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (remediation_id, seq)
+);
+
+CREATE TABLE remediation_suspensions (
+    node_id  TEXT PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+    reason   TEXT NOT NULL,
+    by_actor TEXT NOT NULL,
+    at       BIGINT NOT NULL
+);
+
+ALTER TABLE allocations ADD COLUMN workload_id TEXT;
+ALTER TABLE allocations ADD COLUMN release_reason TEXT;
+ALTER TABLE allocations ADD COLUMN workload_fault TEXT;    -- JSON WorkloadFault
+CREATE INDEX allocations_workload ON allocations(workload_id);
+
+CREATE TABLE xid_observations (
+    id             TEXT PRIMARY KEY,                   -- xid_...
+    node_id        TEXT NOT NULL,
+    xid            BIGINT NOT NULL,
+    gpu            TEXT,
+    workload_id    TEXT,
+    allocation_id  TEXT,
+    workload_fault INTEGER NOT NULL DEFAULT 0,
+    at             BIGINT NOT NULL
+);
+CREATE INDEX xid_observations_workload ON xid_observations(workload_id, at);
+CREATE INDEX xid_observations_node ON xid_observations(node_id, at);
+CREATE INDEX xid_observations_at ON xid_observations(at);
+"#;

@@ -127,12 +127,27 @@ pub struct Pool {
     /// How the pool accepts joining nodes.
     #[serde(default)]
     pub acceptance: Acceptance,
+    /// Health remediation's policy (`pools.setRemediation`; `{}`: off).
+    #[serde(default)]
+    pub remediation: crate::remediation::RemediationPolicy,
+    /// The pool's own conditions: `RemediationPaused` (owner `Remediation`) while its circuit
+    /// breaker is open, with the numbers that tripped it.
+    #[serde(default)]
+    pub conditions: Vec<bc_protocol::Condition>,
+    /// When an operator last resumed remediation (`pools.resumeRemediation`), ms since the Unix
+    /// epoch; the hourly limit counts from here at the earliest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation_resumed_at: Option<i64>,
+    /// How often the circuit breaker tripped.
+    #[serde(default)]
+    pub remediation_trips: u64,
     pub version: u64,
     /// Milliseconds since the Unix epoch.
     pub created_at: i64,
 }
 
-const POOL_COLUMNS: &str = "id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, version, created_at, acceptance";
+const POOL_COLUMNS: &str = "id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, version, created_at, acceptance, \
+    remediation, conditions, remediation_resumed_at, remediation_trips";
 
 fn from_row(row: &Row<'_>) -> Result<Pool, StoreError> {
     let kind: String = row.get(3)?;
@@ -148,6 +163,10 @@ fn from_row(row: &Row<'_>) -> Result<Pool, StoreError> {
         owner_tenant_id: row.get(5)?,
         hardware_profile: from_json("pools.hardware_profile", &profile)?,
         acceptance: from_json("pools.acceptance", &row.get::<String>(9)?)?,
+        remediation: from_json("pools.remediation", &row.get::<String>(10)?)?,
+        conditions: from_json("pools.conditions", &row.get::<String>(11)?)?,
+        remediation_resumed_at: row.get(12)?,
+        remediation_trips: u64::try_from(row.get::<i64>(13)?).unwrap_or(0),
         version: u64::try_from(version).unwrap_or(0),
         created_at: row.get(8)?,
     })
@@ -169,7 +188,8 @@ impl Tx<'_> {
         let n = self.db().execute(
             &format!(
                 "INSERT INTO pools (id, site_id, name, kind, agent, owner_tenant_id, hardware_profile, \
-                 version, created_at, acceptance) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9){on_conflict}"
+                 version, created_at, acceptance, remediation) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 1, ?8, ?9, ?10){on_conflict}"
             ),
             params![
                 pool.id,
@@ -180,7 +200,8 @@ impl Tx<'_> {
                 pool.owner_tenant_id,
                 to_json(&pool.hardware_profile),
                 pool.created_at,
-                to_json(&pool.acceptance)
+                to_json(&pool.acceptance),
+                to_json(&pool.remediation)
             ],
         )?;
         Ok(n == 1)

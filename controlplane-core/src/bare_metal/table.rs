@@ -244,6 +244,10 @@ mod tests {
                 deploy_deadline_seconds: Some(60),
                 ..Default::default()
             },
+            remediation: Default::default(),
+            conditions: Vec::new(),
+            remediation_resumed_at: None,
+            remediation_trips: 0,
             version: 1,
             created_at: 1,
         };

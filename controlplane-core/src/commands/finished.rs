@@ -8,6 +8,7 @@ use cpl_store::{CommandRecord, Tx};
 
 use crate::bare_metal::{table, verify};
 use crate::error::OpError;
+use crate::remediation;
 
 /// Applies what `cmd`, which has just ended, means for its node:
 /// - Health's conditions from a succeeded `diag.nvml` or `gpu.reset` (an error there is logged
@@ -15,7 +16,9 @@ use crate::error::OpError;
 /// - a `bmc.*` command's `bmcCommand` event on its bare-metal node, a verification's or a
 ///   credential rotation's result, a power state read back ([`verify::on_final`]);
 /// - a failed power-on into the ramdisk ([`table::on_power_on_final`]);
-/// - the step of the bare-metal workflow whose command in flight it was ([`table::on_final`]).
+/// - the step of the bare-metal workflow whose command in flight it was ([`table::on_final`]);
+/// - the step or the verification of the node's open remediation, after Health
+///   ([`crate::remediation::on_final`]).
 ///
 /// Errors: the store's, or a workflow's refusal to move (the transaction rolls back).
 pub fn on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
@@ -23,23 +26,25 @@ pub fn on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
         tracing::warn!(error = %e, "Health: condition not written");
     }
     match cmd.name {
-        CommandName::InventoryRefresh
-        | CommandName::LogsCollect
-        | CommandName::NodeReboot
-        | CommandName::GpuReset => Ok(()),
+        CommandName::InventoryRefresh | CommandName::LogsCollect => Ok(()),
+        CommandName::NodeReboot | CommandName::GpuReset => remediation::on_final(tx, cmd),
         CommandName::BmcVerify => verify::on_final(tx, cmd),
         CommandName::BmcPower => {
             verify::on_final(tx, cmd)?;
             table::on_power_on_final(tx, cmd)?;
-            table::on_final(tx, cmd)
+            table::on_final(tx, cmd)?;
+            remediation::on_final(tx, cmd)
         }
         CommandName::BmcSetBootDevice => {
             verify::on_final(tx, cmd)?;
             table::on_final(tx, cmd)
         }
-        CommandName::DiagNvml
-        | CommandName::DiskClean
-        | CommandName::ImageWrite
-        | CommandName::RescueStart => table::on_final(tx, cmd),
+        CommandName::DiagNvml => {
+            table::on_final(tx, cmd)?;
+            remediation::on_final(tx, cmd)
+        }
+        CommandName::DiskClean | CommandName::ImageWrite | CommandName::RescueStart => {
+            table::on_final(tx, cmd)
+        }
     }
 }

@@ -387,7 +387,7 @@ impl Commands {
 /// Checks a new command against its node and queues it (one write transaction): a
 /// tenant-controlled node takes only read-only commands, a disruptive one needs the node cordoned
 /// or draining (or `force`), and `diag.nvml` gets the pool profile's expected GPUs.
-fn queue(
+pub(crate) fn queue(
     tx: &Tx<'_>,
     node_id: &str,
     name: CommandName,

@@ -348,6 +348,7 @@ fn drain_holds_draining_until_allocations_are_released() -> TestResult {
         pool_id: pool_id.clone().into(),
         gpus: 2,
         tenant_id: None,
+        workload_id: None,
     };
     let a = store.with(|c| Ok(write_tx(c, |tx| placer::create(tx, &req, OP))))??;
     let b = store.with(|c| Ok(write_tx(c, |tx| placer::create(tx, &req, OP))))??;

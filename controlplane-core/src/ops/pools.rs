@@ -65,6 +65,10 @@ pub fn create(tx: &Tx<'_>, new: &NewPool) -> Result<Pool, OpError> {
         owner_tenant_id: owner,
         hardware_profile: new.hardware_profile.clone(),
         acceptance: new.acceptance,
+        remediation: Default::default(),
+        conditions: Vec::new(),
+        remediation_resumed_at: None,
+        remediation_trips: 0,
         version: 1,
         created_at: now_ms(),
     };

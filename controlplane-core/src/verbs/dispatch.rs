@@ -181,6 +181,35 @@ impl Core {
                 .nodes_update_bmc_credentials(b, a)
                 .await
                 .map(A::NodesUpdateBmcCredentials),
+            R::NodesSetRemediation(b) => {
+                let actor = a.to_owned();
+                self.write(move |tx| {
+                    let n = crate::remediation::view::set_suspension(tx, &b, &actor)?;
+                    detail(tx, &n)
+                })
+                .await
+                .map(A::NodesSetRemediation)
+            }
+            R::PoolsSetRemediation(b) => self
+                .write(move |tx| crate::remediation::view::set_policy(tx, &b))
+                .await
+                .map(A::PoolsSetRemediation),
+            R::PoolsResumeRemediation(b) => {
+                let actor = a.to_owned();
+                self.write(move |tx| {
+                    crate::remediation::breaker::resume(tx, &b.pool_id, b.version, &actor)
+                })
+                .await
+                .map(A::PoolsResumeRemediation)
+            }
+            R::RemediationsList(b) => self
+                .read(move |r| crate::remediation::view::list(r, &b))
+                .await
+                .map(A::RemediationsList),
+            R::RemediationsGet(b) => self
+                .read(move |r| crate::remediation::view::get(r, &b))
+                .await
+                .map(A::RemediationsGet),
             R::PoolsCreate(b) => self
                 .write(move |tx| ops::pools::create(tx, &b))
                 .await

@@ -33,6 +33,10 @@ pub use crate::ops::pools::NewPool;
 pub use crate::ops::sites::NewSite;
 pub use crate::placer::AllocationRequest;
 pub use crate::query::NodeFilter;
+pub use crate::remediation::view::{
+    PoolRemediationRequest, RemediationList, RemediationListRequest, RemediationRef,
+    RemediationView, ResumeRemediationRequest, SetRemediationRequest, StepView,
+};
 
 use crate::bare_metal::site_detail::SiteDetail;
 use crate::detail::NodeDetail;
@@ -195,12 +199,15 @@ verbs! {
     NodesUnrescue => "nodes.unrescue", UnrescueRequest, NodeDetail, "End a rescue (`rescue -> deployed`): the rescue ramdisk's identity ends and the BMC reboots the machine from its disk.";
     NodesInspect => "nodes.inspect", InspectRequest, NodeDetail, "Inspect a bare-metal machine again (`ready`, or a verified `enrolling` node enrolled with `inspect: false`): it boots the ramdisk with a one-time boot token, is checked against its BMC's identifiers and commissioned back to `ready`.";
     NodesUpdateBmcCredentials => "nodes.updateBmcCredentials", UpdateBmcCredentialsRequest, NodeDetail, "Rotate a node's BMC credentials: the new pair replaces the old one only once the BMC accepted it (the password is write-only).";
+    NodesSetRemediation => "nodes.setRemediation", SetRemediationRequest, NodeDetail, "Suspend health remediation on a node (its open remediation is cancelled, the cordon it set lifted; nothing new starts) or lift the suspension.";
     PoolsCreate => "pools.create", NewPool, Pool, "Create a pool.";
     PoolsGet => "pools.get", PoolRef, Pool, "One pool.";
     PoolsList => "pools.list", NoArgs, PoolList, "Every pool.";
     PoolsUpdate => "pools.update", PoolUpdate, Pool, "Rename a pool or change its hardware profile.";
     PoolsDelete => "pools.delete", PoolDelete, Pool, "Delete an empty pool.";
     PoolsCapacity => "pools.capacity", PoolRef, PoolCapacity, "GPU counts of a pool per capacity bucket.";
+    PoolsSetRemediation => "pools.setRemediation", PoolRemediationRequest, Pool, "Set a pool's health remediation policy: mode (off, observe, auto), ladders per fault kind, the circuit breaker's limits, the drain grace and policy, attempts per node.";
+    PoolsResumeRemediation => "pools.resumeRemediation", ResumeRemediationRequest, Pool, "Close a pool's remediation circuit breaker (RemediationPaused): new remediations may start again; the hourly limit counts from now.";
     SitesCreate => "sites.create", NewSite, Site, "Create a site.";
     SitesGet => "sites.get", SiteRef, SiteDetail, "One site, with its appliances (site agents) and who holds its lease.";
     SitesList => "sites.list", NoArgs, SiteList, "Every site.";
@@ -217,6 +224,8 @@ verbs! {
     CommandsGet => "commands.get", CommandRef, CommandView, "One command.";
     CommandsList => "commands.list", CommandsListRequest, CommandList, "Commands, newest first.";
     CommandsCancel => "commands.cancel", CommandRef, CommandView, "Cancel a command that is not over.";
+    RemediationsList => "remediations.list", RemediationListRequest, RemediationList, "Health remediations, newest first, filtered by pool, node or open: node, fault, step, since, attempts, next step, why waiting.";
+    RemediationsGet => "remediations.get", RemediationRef, RemediationView, "One remediation (by remediationId), or a node's newest (by nodeId), with every step it took.";
     ControlPlaneStatus => "controlPlane.status", NoArgs, ControlPlaneStatus, "Which replica answered, which one runs the controllers (the controller lease: holder, epoch, expiry), the store's backend, and connected nodes per replica.";
 }
 

@@ -103,6 +103,10 @@ pub(crate) fn ensure_dev_pool(store: &Store) -> anyhow::Result<()> {
             require_trusted_key: Some(false),
             ..Acceptance::default()
         },
+        remediation: Default::default(),
+        conditions: Vec::new(),
+        remediation_resumed_at: None,
+        remediation_trips: 0,
         version: 1,
         created_at: now,
     };

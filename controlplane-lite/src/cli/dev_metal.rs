@@ -210,6 +210,10 @@ fn ensure_site_and_pool(store: &cpl_store::Store) -> anyhow::Result<()> {
         owner_tenant_id: None,
         hardware_profile: Default::default(),
         acceptance: Default::default(),
+        remediation: Default::default(),
+        conditions: Vec::new(),
+        remediation_resumed_at: None,
+        remediation_trips: 0,
         version: 1,
         created_at: now,
     };

@@ -10,6 +10,7 @@ pub mod follow;
 pub mod logs;
 pub mod nodes;
 pub mod ops;
+pub mod remediation;
 pub mod render;
 pub mod status;
 pub mod table;

@@ -9,8 +9,8 @@ use clap::Subcommand;
 use cpl_core::text::{Id, Key, ShortText, Text};
 use cpl_core::verbs::{
     ApproveRejoinRequest, CommandsCreateRequest, LeaseRequest, MaintenanceRequest, MoveRequest,
-    NodeFilter, NodeRef, RemoveLabelsRequest, Request, SetLabelsRequest, SpecRequest, TaintRequest,
-    UntaintRequest,
+    NodeFilter, NodeRef, RemoveLabelsRequest, Request, SetLabelsRequest, SetRemediationRequest,
+    SpecRequest, TaintRequest, UntaintRequest,
 };
 use serde_json::Value;
 
@@ -163,6 +163,21 @@ pub enum NodesCommand {
         #[arg(action = clap::ArgAction::Set)]
         maintenance: bool,
         /// Why (shown as maintenanceReason).
+        #[arg(long)]
+        reason: Option<String>,
+        /// The node's version you read (stale: CONFLICT); default: its current one.
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// Suspend health remediation on the node (`true`: its open remediation is cancelled and
+    /// the cordon it set lifted; nothing new starts) or lift the suspension (`false`).
+    SetRemediation {
+        /// The node (`node_…`).
+        node_id: String,
+        /// `true` (suspended) or `false`.
+        #[arg(action = clap::ArgAction::Set)]
+        suspended: bool,
+        /// Why (shown by `bcctl remediations get`).
         #[arg(long)]
         reason: Option<String>,
         /// The node's version you read (stale: CONFLICT); default: its current one.
@@ -403,6 +418,22 @@ pub(crate) fn call(cmd: NodesCommand) -> anyhow::Result<Call> {
                     node_id,
                     version,
                     maintenance,
+                    reason: reason.clone(),
+                })
+            })
+        }
+        N::SetRemediation {
+            node_id,
+            suspended,
+            reason,
+            version,
+        } => {
+            let reason = reason.map(Text::unchecked);
+            Call::mutation(node_id, version, move |node_id, version| {
+                Request::NodesSetRemediation(SetRemediationRequest {
+                    node_id,
+                    version,
+                    suspended,
                     reason: reason.clone(),
                 })
             })

@@ -8,8 +8,8 @@ use clap::Subcommand;
 use cpl_core::text::{Id, Name, Text};
 use cpl_core::verbs::{
     AllocationListRequest, AllocationRef, AllocationRequest, CommandRef, CommandsListRequest,
-    NewPool, NewSite, NoArgs, PoolDelete, PoolRef, PoolUpdate, Request, SiteDelete, SiteRef,
-    SiteUpdate, TokenRef, TokensCreateRequest,
+    NewPool, NewSite, NoArgs, PoolDelete, PoolRef, PoolRemediationRequest, PoolUpdate, Request,
+    ResumeRemediationRequest, SiteDelete, SiteRef, SiteUpdate, TokenRef, TokensCreateRequest,
 };
 use cpl_store::{Acceptance, HardwareProfile, LinkDegradedPolicy};
 use serde_json::Value;
@@ -62,6 +62,24 @@ pub enum PoolsCommand {
         acceptance: AcceptanceArgs,
     },
     Delete {
+        pool_id: String,
+        #[arg(long)]
+        version: u64,
+    },
+    /// Set the pool's health remediation policy, as JSON (absent keys take their defaults):
+    /// `{"mode": "auto", "maxConcurrent": 4, "maxConcurrentPercent": 10, "maxPerHour": 20,
+    /// "drainGraceSeconds": 600, "drain": "evict", "ladders": {"resetGpu": ["resetGpu",
+    /// "rebootNode"]}}`; `{}` turns it off.
+    SetRemediation {
+        pool_id: String,
+        #[arg(long)]
+        version: u64,
+        #[arg(value_parser = super::remediation::parse_policy)]
+        policy: cpl_store::RemediationPolicy,
+    },
+    /// Close the pool's remediation circuit breaker (RemediationPaused): new remediations may
+    /// start again, and the hourly limit counts from now.
+    ResumeRemediation {
         pool_id: String,
         #[arg(long)]
         version: u64,
@@ -249,6 +267,10 @@ pub enum AllocationsCommand {
         gpus: u32,
         #[arg(long)]
         tenant: Option<String>,
+        /// The workload the allocation belongs to (one id for a job's allocations on several
+        /// nodes), so a fault of the workload is told from a fault of a node.
+        #[arg(long)]
+        workload: Option<String>,
     },
     List {
         #[arg(long)]
@@ -344,6 +366,21 @@ pub(crate) fn pools_call(cmd: PoolsCommand) -> Call {
             pool_id: Id::unchecked(pool_id),
             version,
         }),
+        PoolsCommand::SetRemediation {
+            pool_id,
+            version,
+            policy,
+        } => Request::PoolsSetRemediation(PoolRemediationRequest {
+            pool_id: Id::unchecked(pool_id),
+            version,
+            remediation: policy,
+        }),
+        PoolsCommand::ResumeRemediation { pool_id, version } => {
+            Request::PoolsResumeRemediation(ResumeRemediationRequest {
+                pool_id: Id::unchecked(pool_id),
+                version,
+            })
+        }
     })
 }
 
@@ -491,13 +528,17 @@ pub(crate) fn allocations_call(cmd: AllocationsCommand) -> Call {
         allocation_id: Id::unchecked(id),
     };
     Call::once(match cmd {
-        AllocationsCommand::Create { pool, gpus, tenant } => {
-            Request::AllocationsCreate(AllocationRequest {
-                pool_id: Id::unchecked(pool),
-                gpus,
-                tenant_id: tenant.map(Id::unchecked),
-            })
-        }
+        AllocationsCommand::Create {
+            pool,
+            gpus,
+            tenant,
+            workload,
+        } => Request::AllocationsCreate(AllocationRequest {
+            pool_id: Id::unchecked(pool),
+            gpus,
+            tenant_id: tenant.map(Id::unchecked),
+            workload_id: workload.map(Id::unchecked),
+        }),
         AllocationsCommand::List { pool, node, active } => {
             Request::AllocationsList(AllocationListRequest {
                 pool_id: pool.map(Id::unchecked),

@@ -31,6 +31,7 @@ fn sent(argv: &[&str]) -> Result<Request, String> {
         Command::Tokens { cmd, .. } => super::ops::tokens_call(cmd),
         Command::Allocations { cmd, .. } => super::ops::allocations_call(cmd),
         Command::Commands { cmd, .. } => super::ops::commands_call(cmd),
+        Command::Remediations { cmd, .. } => super::remediation::remediations_call(cmd),
         Command::Status { .. } => super::call::Call::once(super::status::request()),
         Command::Serve(_)
         | Command::Dev(_)

@@ -32,6 +32,7 @@ use crate::gateway::registry::Registry as Sessions;
 
 mod bare_metal;
 mod outcomes;
+mod remediation;
 pub use outcomes::{ConnClosed, ConnRefused, JoinOutcome};
 
 /// The content type of the exposition (what prometheus-client's text encoder writes).
@@ -116,6 +117,7 @@ struct Inner {
     leader: Gauge,
     node_write_escalations: Counter,
     bare_metal: bare_metal::Gauges,
+    remediation: remediation::Gauges,
     /// One scrape at a time: the scrape-time gauges are set and encoded together.
     scrape: tokio::sync::Mutex<()>,
 }
@@ -252,6 +254,7 @@ impl Metrics {
             node_write_escalations.clone(),
         );
         let bare_metal = bare_metal::Gauges::register(&mut registry);
+        let remediation = remediation::Gauges::register(&mut registry);
         for o in JoinOutcome::ALL {
             let _ = joins.get_or_create(&OutcomeLabel {
                 outcome: o.as_str(),
@@ -278,6 +281,7 @@ impl Metrics {
                 leader,
                 node_write_escalations,
                 bare_metal,
+                remediation,
                 scrape: tokio::sync::Mutex::new(()),
             }),
         };
@@ -412,14 +416,16 @@ impl Metrics {
     /// family as OpenMetrics text (ends with `# EOF`).
     pub async fn scrape(&self, store: &Store, sessions: &Sessions) -> Result<String, MetricsError> {
         let _one = self.inner.scrape.lock().await;
-        let (counts, bare_metal) = store
+        let (counts, bare_metal, remediation) = store
             .read(|r| {
                 Ok::<_, StoreError>((
                     r.fleet_counts(cpl_core::health::GPU_UNHEALTHY)?,
                     r.bare_metal_counts(cpl_store::WorkStep::RescueReady.as_str())?,
+                    r.remediation_counts()?,
                 ))
             })
             .await?;
+        self.inner.remediation.set(&remediation);
         self.set_fleet(&counts, sessions.len());
         self.inner
             .bare_metal
