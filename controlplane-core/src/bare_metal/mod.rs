@@ -81,6 +81,8 @@ mod commission_tests;
 #[cfg(test)]
 mod deploy_tests;
 #[cfg(test)]
+mod duplicate_tests;
+#[cfg(test)]
 mod release_tests;
 
 use std::sync::Arc;
