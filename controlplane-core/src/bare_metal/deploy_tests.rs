@@ -55,7 +55,7 @@ fn image() -> Value {
     json!({
         "image": {"url": "http://10.0.2.2:8080/disk.raw", "sha256": SHA},
         "rootDevice": {"serial": "QM00001"},
-        "configDrive": {"hostname": "web-1", "sshKeys": ["ssh-ed25519 AAAAC3Nza t@h"]}
+        "configDrive": {"hostname": "web-1", "sshKeys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW t@h"]}
     })
 }
 
