@@ -84,6 +84,8 @@ mod deploy_tests;
 mod duplicate_tests;
 #[cfg(test)]
 mod release_tests;
+#[cfg(test)]
+mod takeover_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
