@@ -68,6 +68,7 @@ pub mod rescue;
 pub mod site_detail;
 pub mod site_pass;
 pub mod table;
+pub mod user_data;
 pub mod verbs;
 pub mod verify;
 pub mod workflow;

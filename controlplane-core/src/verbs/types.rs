@@ -351,7 +351,8 @@ pub struct CommandsListRequest {
     pub limit: Option<u32>,
 }
 
-/// A command as the API shows it. Times are RFC 3339.
+/// A command as the API shows it. Times are RFC 3339. `args.configDrive.userData` is shown
+/// withheld (`crate::bare_metal::user_data`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandView {
@@ -387,7 +388,8 @@ impl From<&CommandRecord> for CommandView {
             id: c.id.clone(),
             node_id: c.node_id.clone(),
             name: c.name.as_str().to_owned(),
-            args: c.args.clone(),
+            // Cloud-init user data is never shown (issue 30.4).
+            args: crate::bare_metal::user_data::withhold(&c.args).unwrap_or_else(|| c.args.clone()),
             state: c.state.as_str().to_owned(),
             progress: c.progress,
             result: c.result.clone(),

@@ -138,6 +138,22 @@ fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), Arg
             ),
         ));
     }
+    // Credentials in the URL would be kept wherever the URL is shown (events, conditions,
+    // command answers): refused, without repeating them (issue 30.4). The authority ends at the
+    // first `/`, `?` or `#` (a `\` is no end: WHATWG parsers read it as `/`, so an `@` after it
+    // is refused too, conservatively).
+    let authority = url
+        .split_once("://")
+        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or_default())
+        .unwrap_or_default();
+    if authority.contains('@') {
+        return Err(range(
+            command,
+            "image.url",
+            "must carry no credentials (user:password@): they would be kept in events, conditions \
+             and answers; serve the image from a URL that needs none (on the provisioning network)",
+        ));
+    }
     // The ramdisk refuses it after the boot (a qcow2 needs random access): refused here, before
     // a machine is booted for nothing.
     if a.image.format == ImageFormat::Qcow2 && a.image.compression != Compression::None {
@@ -520,6 +536,37 @@ mod tests {
         ] {
             let e = refused_field(CommandName::ImageWrite, &with(plain.clone(), json!([good])));
             assert!(e.is_empty(), "{good:?} refused: {e}");
+        }
+    }
+
+    /// Issue 30.4: credentials in the image URL would be kept in events, conditions and
+    /// answers; refused, and the refusal does not repeat them. An `@` in the path is no userinfo.
+    #[test]
+    fn an_image_url_with_userinfo_is_refused_without_echoing_it() {
+        for url in [
+            "https://user:S3cr3t-pw@images.example/i.raw",
+            "http://S3cr3t-pw@10.0.2.2:8080/i.raw",
+            "http://user:S3cr3t-pw@h?x=1",
+            "http://user:S3cr3t-pw@h#f",
+            "http://h\\user:S3cr3t-pw@evil/i",
+        ] {
+            let a = json!({"image": {"url": url, "sha256": "ab".repeat(32)}});
+            let e = check_args(CommandName::ImageWrite, &a)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                e.contains("image.url") && e.contains("credentials"),
+                "{url:?}: {e:?}"
+            );
+            assert!(
+                !e.contains("S3cr3t-pw"),
+                "the refusal echoes the password: {e}"
+            );
+        }
+        for url in ["http://h/a@b/i.raw", "https://h:8443/i.raw?sig=a@b"] {
+            let a = json!({"image": {"url": url, "sha256": "ab".repeat(32)}});
+            assert!(check_args(CommandName::ImageWrite, &a).is_ok(), "{url:?}");
         }
     }
 
