@@ -126,7 +126,9 @@ pub async fn serve(
     Ok((bound, task))
 }
 
-async fn serve_on(
+/// [`serve`] on a listener bound already, in the caller's task: returns once `stop` completed
+/// and the last connection ended.
+pub async fn serve_on(
     listener: TcpListener,
     app: axum::Router,
     limits: Limits,
