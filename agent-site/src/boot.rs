@@ -19,6 +19,9 @@
 //!   disk);
 //! - an unknown MAC (or none) gets `404` and nothing else: a log line and
 //!   `bcd_site_boot_requests_total{outcome="unknown"}`. Strangers are not discovered.
+//! - past its source address's budget of script fetches ([`crate::boot_limit`], issue 30.2), a
+//!   request gets `429` whatever its MAC, counted as `outcome="rate_limited"`: guessing MACs to
+//!   find one with a boot pending runs at two a second.
 //!
 //! The kernel arguments hold the boot token: they are served to that MAC only and never logged.
 //!
@@ -39,8 +42,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bc_net::caps::Refused;
@@ -50,6 +54,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::boot_limit::FetchLimiter;
 use crate::site::{BootEntry, Site};
 
 /// Connections the boot service holds open at once; more wait in the accept queue. A rack
@@ -115,6 +120,9 @@ pub enum Outcome {
     Unknown,
     /// No MAC, or not a MAC.
     Invalid,
+    /// Refused `429`: its source address fetched too many scripts
+    /// ([`crate::boot_limit::FetchLimiter`]).
+    RateLimited,
 }
 
 impl Outcome {
@@ -124,6 +132,7 @@ impl Outcome {
             Self::Disk => "disk",
             Self::Unknown => "unknown",
             Self::Invalid => "invalid",
+            Self::RateLimited => "rate_limited",
         }
     }
 }
@@ -275,7 +284,23 @@ struct BootQuery {
     mac: Option<String>,
 }
 
-async fn boot_ipxe(State(s): State<BootService>, Query(q): Query<BootQuery>) -> Response {
+async fn boot_ipxe(
+    State(s): State<BootService>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(limiter): Extension<Arc<FetchLimiter>>,
+    Query(q): Query<BootQuery>,
+) -> Response {
+    // Before anything about the MAC: a guesser learns nothing past its budget (issue 30.2).
+    if !limiter.allow(peer.ip()) {
+        s.metrics.request(Outcome::RateLimited);
+        tracing::debug!(%peer, "boot script fetches from this address over their rate: 429");
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            "",
+        )
+            .into_response();
+    }
     let Some(mac) = q.mac.as_deref().and_then(normalize_mac) else {
         s.metrics.request(Outcome::Invalid);
         tracing::warn!(mac = ?q.mac, "boot request without a usable MAC (boot.ipxe?mac=${{net0/mac}})");
@@ -368,6 +393,7 @@ pub async fn serve(addr: SocketAddr, service: BootService) -> Result<SocketAddr,
         .route("/ramdisk/vmlinuz", axum::routing::get(kernel))
         .route("/ramdisk/initrd", axum::routing::get(initrd))
         .route("/metrics", axum::routing::get(metrics))
+        .layer(Extension(Arc::new(FetchLimiter::default())))
         .with_state(service);
     let limits = bc_net::http::Limits {
         max_connections: MAX_CONNECTIONS,
@@ -387,6 +413,10 @@ pub async fn serve(addr: SocketAddr, service: BootService) -> Result<SocketAddr,
 #[cfg(test)]
 #[path = "boot_tests.rs"]
 mod slow_client_tests;
+
+#[cfg(test)]
+#[path = "boot_limit_tests.rs"]
+mod limit_tests;
 
 #[cfg(test)]
 mod tests {

@@ -17,12 +17,12 @@ use super::*;
 use crate::bmc::fake::FakeConnector;
 use crate::config::SiteConfig;
 
-const MAC: &str = "3c:ec:ef:00:00:30";
+pub(super) const MAC: &str = "3c:ec:ef:00:00:30";
 const HALF_OPEN: usize = 600;
 const TRICKLERS: usize = 4;
 
 /// A site whose assignment sends machine `MAC` to the ramdisk, with a lease valid for minutes.
-fn site() -> Arc<Site> {
+pub(super) fn site() -> Arc<Site> {
     let site = Arc::new(Site::new(
         SiteConfig::default(),
         Arc::new(FakeConnector::default()),

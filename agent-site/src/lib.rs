@@ -43,6 +43,7 @@
 pub mod address;
 pub mod bmc;
 pub mod boot;
+pub mod boot_limit;
 pub mod commands;
 pub mod config;
 pub mod hooks;

@@ -14,7 +14,9 @@
 //! - a `platform` node re-joins only on a trusted hardware key match (the key and two of the
 //!   node's identifier digests) or, matched by identifiers only, once an operator approved the
 //!   request (`nodes.approveRejoin`): until then the join answers [`JoinOutcome::AwaitingApproval`]
-//!   and records the request with an event; the agent keeps retrying with its token.
+//!   and records the request with an event; the agent keeps retrying with its token;
+//! - a node enrolled through a BMC only once it is `deployed` (issue 30.1): before, its sessions
+//!   come from its ramdisk's boot token alone ([`RefusalKind::BareMetal`]).
 
 use bc_protocol::{Adapter, ProvisionState, Trust};
 use cpl_store::{
@@ -85,6 +87,20 @@ pub struct Refused {
     pub node_id: String,
     /// What the agent is told (and why).
     pub message: String,
+    /// Which rule refused it (the gateway's `bcctl_join_total{outcome}`).
+    pub kind: RefusalKind,
+}
+
+/// Which rule refused a join whose effects commit ([`Refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// The machine that booted the ramdisk is not the one its BMC described
+    /// (`crate::bare_metal::boot::join`).
+    HardwareMismatch,
+    /// A join token tried to re-join in place a node enrolled through a BMC (issue 30.1):
+    /// such a node takes a session only from its ramdisk's boot token, or, once `deployed`,
+    /// from its deployed system's agent. The refusal is an event on the node.
+    BareMetal,
 }
 
 /// A re-join that waits for an operator (`nodes.approveRejoin`).
@@ -398,6 +414,9 @@ pub fn join(
             }
         )));
     }
+    if let Some(refused) = bare_metal_refusal(tx, &node, f)? {
+        return Ok(JoinOutcome::Refused(refused));
+    }
     if connected(&node.id) {
         return Err(JoinError::Duplicate(node.id));
     }
@@ -418,6 +437,45 @@ pub fn join(
         tx.spend_token(&tok.id)?;
     }
     rejoin_in_place(tx, &node.id, f, trusted, &tok.id, &how).map(JoinOutcome::Joined)
+}
+
+/// Issue 30.1: a node enrolled through a BMC is re-joined in place by a join token only once it
+/// is `deployed` (its deployed system's agent joins on its own, docs/bare-metal.md). In every
+/// other state its sessions come from its ramdisk's boot token alone: a node agent that shows
+/// the machine's identifiers (they are no secret: a MAC, a serial) must not take its identity,
+/// its commands and its logs, nor hold a session that makes the next ramdisk's join fail. The
+/// refusal, with the asker's address, is a `joinRefused` event on the node (no version change);
+/// no token is spent. `None` when the rule does not apply.
+fn bare_metal_refusal(
+    tx: &Tx<'_>,
+    node: &NodeRecord,
+    f: &JoinFacts,
+) -> Result<Option<Refused>, JoinError> {
+    if node.provision_state == ProvisionState::Deployed || tx.bmc(&node.id)?.is_none() {
+        return Ok(None);
+    }
+    let state = node.provision_state;
+    let mut edit = Edit::report(tx, &node.id, "JoinService")?;
+    edit.event(
+        "joinRefused",
+        None,
+        None,
+        format!(
+            "a {} agent from {} showed this machine's identifiers with a join token; node {} is enrolled through its BMC and {state}, so only its ramdisk's boot token joins it",
+            f.mode,
+            f.peer.as_deref().unwrap_or("an unknown address"),
+            node.id
+        ),
+    );
+    edit.save(tx)?;
+    Ok(Some(Refused {
+        node_id: node.id.clone(),
+        message: format!(
+            "BARE_METAL_NODE: this machine is node {}, enrolled through its BMC and {state}; a join token cannot re-join it in place (its ramdisk joins with the boot token of its boot; its deployed system's agent joins once it is deployed)",
+            node.id
+        ),
+        kind: RefusalKind::BareMetal,
+    }))
 }
 
 /// A new node where the token's placement puts it. Its key is trusted only if no other node

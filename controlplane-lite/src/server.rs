@@ -31,7 +31,9 @@ use crate::ca::{self, CaError, CertificateAuthority};
 use crate::gateway::join::JoinService;
 use crate::gateway::registry::Registry;
 use crate::gateway::{GatewayConfig, GatewayService, HeartbeatBuffer};
-use crate::limits::{API_MAX_CONNECTIONS, IDLE_TIMEOUT};
+use crate::limits::{
+    API_HEADER_TIMEOUT, API_MAX_CONNECTIONS, API_MAX_CONNECTIONS_PER_ADDRESS, IDLE_TIMEOUT,
+};
 use crate::state_dir::{Init, STORE_FILE, StateDir};
 
 /// What went wrong starting or running the control plane.
@@ -515,15 +517,22 @@ fn spawn_api(
     stop: watch::Receiver<bool>,
 ) {
     let app = api::router(Arc::new(state));
-    tasks.spawn(async move {
-        let listener = bc_net::BoundedListener::new(listener, API_MAX_CONNECTIONS, IDLE_TIMEOUT);
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(stopped(stop))
-            .await
-        {
-            tracing::error!(error = %e, "operator API server failed");
-        }
-    });
+    // The limits of every small endpoint (a header-read deadline, per-address and total caps,
+    // an idle cut), as the boot service and the metrics endpoints have.
+    let limits = bc_net::http::Limits {
+        max_connections: API_MAX_CONNECTIONS,
+        max_per_address: API_MAX_CONNECTIONS_PER_ADDRESS,
+        header_timeout: API_HEADER_TIMEOUT,
+        idle: IDLE_TIMEOUT,
+        stats: bc_net::http::ListenerStats::default(),
+    };
+    tasks.spawn(bc_net::http::serve_on(
+        listener,
+        app,
+        limits,
+        "operator API",
+        stopped(stop),
+    ));
 }
 
 /// Spawns the controllers: this replica's heartbeat flusher and bundle pruning, the controller

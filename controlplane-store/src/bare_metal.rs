@@ -261,6 +261,12 @@ impl Reader<'_> {
         )
     }
 
+    /// Every enrolled BMC of every site, by node id: an address or a machine is enrolled once
+    /// across sites (issue 30.8).
+    pub fn bmcs(&self) -> Result<Vec<BmcRecord>, StoreError> {
+        query_bmcs(self.db(), "ORDER BY b.node_id", params![])
+    }
+
     /// BMCs of nodes in `provisionState` `state`, by node id (the enrollment controller reads
     /// the `enrolling` ones).
     pub fn bmcs_in_state(&self, state: &str) -> Result<Vec<BmcRecord>, StoreError> {

@@ -134,6 +134,16 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Replaces a command's stored arguments (to drop what must not be kept once it is over:
+    /// cloud-init user data). Returns whether the command exists.
+    pub fn set_command_args(&self, id: &str, args: &serde_json::Value) -> Result<bool, StoreError> {
+        let n = self.db().execute(
+            "UPDATE commands SET args = ?2 WHERE id = ?1",
+            params![id, to_json(args)],
+        )?;
+        Ok(n > 0)
+    }
+
     /// Marks a queued command sent at `now`.
     pub fn mark_command_sent(&self, id: &str, now: i64) -> Result<(), StoreError> {
         self.db().execute(

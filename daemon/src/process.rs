@@ -109,6 +109,26 @@ impl SessionArgs {
     }
 }
 
+/// Takes `state`'s exclusive lock (`agent.lock`) for the caller's life: one `bcd agent` or
+/// `bcd site` per state dir (two would share one identity and command journal, and two site
+/// agents would both act on the BMCs). `dir` names the state dir in the error. Errors:
+/// [`SessionError::Locked`] naming the running process's pid, or the state dir's own.
+pub fn lock_state_dir(
+    state: &bcd_core::state::StateDir,
+    dir: &std::path::Path,
+) -> Result<bc_sys::lockfile::DirLock, SessionError> {
+    state.lock().map_err(|e| match e {
+        StateError::Lock(bc_sys::lockfile::LockError::Held { path, holder }) => {
+            SessionError::Locked {
+                state_dir: dir.to_path_buf(),
+                lock: path,
+                holder,
+            }
+        }
+        other => SessionError::State(other),
+    })
+}
+
 /// What stops any mode that holds a session: its state dir, its flags, TLS, the first join,
 /// signals, the config file.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +136,7 @@ pub enum SessionError {
     /// The state dir is unusable.
     #[error(transparent)]
     State(#[from] StateError),
-    /// Another agent holds the state dir's lock.
+    /// Another `bcd agent` or `bcd site` holds the state dir's lock.
     #[error(
         "another bcd agent ({}) already runs on the state dir {}: stop it first, or give this one its own --state-dir (lock file {})",
         holder.map_or_else(|| "pid unknown".to_owned(), |p| format!("pid {p}")),

@@ -134,6 +134,9 @@ async fn run_until(
 ) -> Result<(), SiteError> {
     let root = HostRoot::new(&cfg.root);
     let state = StateDir::open(&site_cfg.state_dir).map_err(SessionError::from)?;
+    // One site agent per state dir, for the process's life, as `bcd agent`: taken before
+    // anything in it is written (status.json, the journal).
+    let _lock = process::lock_state_dir(&state, &site_cfg.state_dir)?;
     let status = StatusFile::new(state.path());
     let boot_id = root
         .read_trimmed("/proc/sys/kernel/random/boot_id")

@@ -10,7 +10,8 @@
 //! of the server starting to read it, however its bytes trickle in (an idle timer alone restarts
 //! on every byte), and a keep-alive connection with no next request is closed at the same
 //! deadline. A connection with no byte in or out for [`Limits::idle`] is closed as well (a client
-//! that stops reading a download). Refusals and closes are counted in [`ListenerStats`].
+//! that stops reading a download). Refusals and closes are counted in [`ListenerStats`]. Every
+//! request carries its connection's peer address as axum's `ConnectInfo<SocketAddr>`.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -125,7 +126,9 @@ pub async fn serve(
     Ok((bound, task))
 }
 
-async fn serve_on(
+/// [`serve`] on a listener bound already, in the caller's task: returns once `stop` completed
+/// and the last connection ended.
+pub async fn serve_on(
     listener: TcpListener,
     app: axum::Router,
     limits: Limits,
@@ -172,7 +175,11 @@ async fn serve_on(
         io.set_read_timeout(Some(limits.idle));
         io.set_write_timeout(Some(limits.idle));
         let io = TokioIo::new(Box::pin(io));
-        let service = TowerToHyperService::new(app.clone());
+        // Handlers may ask who is connected (`ConnectInfo<SocketAddr>`, e.g. a per-source limit).
+        let service = TowerToHyperService::new(
+            app.clone()
+                .layer(axum::Extension(axum::extract::ConnectInfo(peer))),
+        );
         let (header_timeout, stats, mut closed) =
             (limits.header_timeout, stats.clone(), closed.clone());
         tokio::spawn(async move {

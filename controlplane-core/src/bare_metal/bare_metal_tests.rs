@@ -22,11 +22,11 @@ use crate::commands::Commands;
 use crate::error::OpError;
 use crate::port::{AgentSessions, PortFuture};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+pub(super) type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Live sessions by node id, and every message sent.
 #[derive(Debug, Default)]
-struct Sessions {
+pub(super) struct Sessions {
     live: Mutex<HashMap<String, u64>>,
     sent: Mutex<Vec<(String, GatewayMessage)>>,
 }
@@ -49,7 +49,7 @@ impl Sessions {
             })
             .collect()
     }
-    fn commands(&self, id: &str) -> Vec<bc_protocol::pb::Command> {
+    pub(super) fn commands(&self, id: &str) -> Vec<bc_protocol::pb::Command> {
         self.sent
             .lock()
             .iter()
@@ -78,15 +78,15 @@ impl AgentSessions for Sessions {
     }
 }
 
-const SITE: &str = "site_t";
+pub(super) const SITE: &str = "site_t";
 
-struct World {
-    store: Store,
-    sessions: Arc<Sessions>,
-    bm: BareMetal,
+pub(super) struct World {
+    pub(super) store: Store,
+    pub(super) sessions: Arc<Sessions>,
+    pub(super) bm: BareMetal,
 }
 
-fn world() -> Result<World, Box<dyn std::error::Error>> {
+pub(super) fn world() -> Result<World, Box<dyn std::error::Error>> {
     let store = cpl_store::testing::store()?;
     let sessions = Arc::new(Sessions::default());
     let commands = Commands {
@@ -118,7 +118,7 @@ fn world() -> Result<World, Box<dyn std::error::Error>> {
 
 impl World {
     /// A connected site agent heard from at `last_seen`.
-    fn agent(&self, id: &str, last_seen: i64) -> TestResult {
+    pub(super) fn agent(&self, id: &str, last_seen: i64) -> TestResult {
         self.store.write_blocking(|tx| {
             tx.insert_node(
                 &NewNode {
@@ -172,7 +172,7 @@ impl World {
         Ok(n.id)
     }
 
-    fn node(&self, id: &str) -> Result<NodeRecord, Box<dyn std::error::Error>> {
+    pub(super) fn node(&self, id: &str) -> Result<NodeRecord, Box<dyn std::error::Error>> {
         Ok(self
             .store
             .read_blocking(|r| r.node(id))?
@@ -188,7 +188,7 @@ fn rand_port() -> u16 {
     1024 + rand::random::<u16>() % 60000
 }
 
-fn facts() -> BmcFacts {
+pub(super) fn facts() -> BmcFacts {
     BmcFacts {
         system_path: "/redfish/v1/Systems/1".into(),
         uuid: Some("B26849EF-4FB0-4E03-A9D1-1A165A40C8D7".into()),
@@ -204,7 +204,7 @@ fn facts() -> BmcFacts {
     }
 }
 
-fn succeeded(id: &str, result: serde_json::Value) -> CommandUpdate {
+pub(super) fn succeeded(id: &str, result: serde_json::Value) -> CommandUpdate {
     CommandUpdate {
         id: id.into(),
         state: bc_protocol::pb::CommandState::Succeeded as i32,
@@ -227,7 +227,7 @@ fn failed(id: &str, code: &str, message: &str) -> CommandUpdate {
     }
 }
 
-fn condition(n: &NodeRecord, t: &str) -> Option<bc_protocol::Condition> {
+pub(super) fn condition(n: &NodeRecord, t: &str) -> Option<bc_protocol::Condition> {
     n.conditions.iter().find(|c| c.type_ == t).cloned()
 }
 

@@ -383,6 +383,7 @@ pub(crate) fn join(
                 "HARDWARE_MISMATCH: this machine is not the one node {node_id}'s BMC described; the node is failed and nothing joined (its HardwareMismatch condition says what differed)"
             ),
             node_id,
+            kind: crate::join::RefusalKind::HardwareMismatch,
         }));
     }
     apply_owned(

@@ -285,6 +285,13 @@ fn finished(
         _ => return Ok(()),
     };
     b.work_command_id = None;
+    // The write is over, whatever its outcome: its stored arguments keep no user data (the
+    // node's deployment keeps it for `nodes.recover` until deployed; issue 30.4).
+    if step == CommandName::ImageWrite
+        && let Some(args) = super::user_data::withhold(&cmd.args)
+    {
+        tx.set_command_args(&cmd.id, &args)?;
+    }
     let lost = cmd.error_code.as_deref() == Some(CommandErrorCode::LeaseLost.as_str());
     if step != CommandName::ImageWrite && lost {
         // Another site agent took the lease: the next pass sends the step through it.
@@ -356,12 +363,20 @@ fn finished(
                 "the BMC rebooted the machine onto its disk".to_owned(),
             );
             b.work_step = Some(WorkStep::Rebooted);
-            let url = tx
-                .bmc(&edit.node.id)?
-                .and_then(|m| m.deployment)
+            let mut bmc = tx.bmc(&edit.node.id)?;
+            let url = bmc
+                .as_ref()
+                .and_then(|m| m.deployment.clone())
                 .and_then(|d| serde_json::from_value::<ImageWriteArgs>(d).ok())
                 .map(|a| a.image.url)
                 .unwrap_or_default();
+            // Deployed: nothing will send it again (issue 30.4).
+            if let Some(m) = bmc.as_mut()
+                && let Some(d) = m.deployment.as_ref().and_then(super::user_data::withhold)
+            {
+                m.deployment = Some(d);
+                tx.put_bmc(m)?;
+            }
             condition(
                 &mut edit,
                 ConditionStatus::True,

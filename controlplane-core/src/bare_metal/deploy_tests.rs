@@ -55,7 +55,7 @@ fn image() -> Value {
     json!({
         "image": {"url": "http://10.0.2.2:8080/disk.raw", "sha256": SHA},
         "rootDevice": {"serial": "QM00001"},
-        "configDrive": {"hostname": "web-1", "sshKeys": ["ssh-ed25519 AAAAC3Nza t@h"]}
+        "configDrive": {"hostname": "web-1", "sshKeys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOERN77nva79CxNnrBtUHoVf+5B1uamEYVTUhLRKlKUW t@h"]}
     })
 }
 
@@ -455,5 +455,53 @@ async fn an_image_write_result_that_is_not_of_the_image_asked_fails_the_deploy()
             .ok_or("no boot")?;
         assert_eq!(rec.work_step, None, "no BMC step follows");
     }
+    Ok(())
+}
+
+/// Issue 30.4: cloud-init user data reaches the ramdisk's `image.write`, but never a
+/// `commands.*` answer, and is dropped from the stored command once the write is over and from
+/// the node's deployment once it is deployed.
+#[tokio::test]
+async fn user_data_is_withheld_from_answers_and_dropped_once_written() -> TestResult {
+    const SECRET: &str = "S3cret-user-data-pw";
+    let b = ready()?;
+    let bm = controller(&b);
+    let mut body = image();
+    body["configDrive"]["userData"] = json!(format!("#cloud-config\npassword: {SECRET}\n"));
+    bm.deploy(request(&b, body)?, "operator:t").await?;
+    boot_join_report(&b)?;
+    let cmd = queue_write(&b)?;
+    // The ramdisk gets it whole.
+    assert!(
+        cmd.args["configDrive"]["userData"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(SECRET)
+    );
+    let shown = serde_json::to_string(&crate::verbs::types::CommandView::from(&cmd))?;
+    assert!(!shown.contains(SECRET), "{shown}");
+    assert!(shown.contains("withheld"), "{shown}");
+    finish(&b, &cmd, CommandState::Succeeded, Some(written()), None)?;
+    let stored = b
+        .store
+        .read_blocking(|r| r.command(&cmd.id))?
+        .ok_or("no command")?;
+    assert!(!stored.args.to_string().contains(SECRET), "{}", stored.args);
+    assert_eq!(b.node()?.provision_state, ProvisionState::Deploying);
+    let boot_device = bmc_step(&b, "bmc.setBootDevice")?;
+    finish(
+        &b,
+        &boot_device,
+        CommandState::Succeeded,
+        Some(json!({})),
+        None,
+    )?;
+    let reboot = bmc_step(&b, "bmc.power")?;
+    finish(&b, &reboot, CommandState::Succeeded, Some(json!({})), None)?;
+    assert_eq!(b.node()?.provision_state, ProvisionState::Deployed);
+    let bmc = b.store.read_blocking(|r| r.bmc(&b.node))?.ok_or("no BMC")?;
+    let deployment = bmc.deployment.unwrap_or_default().to_string();
+    assert!(!deployment.contains(SECRET), "{deployment}");
+    assert!(deployment.contains("web-1"), "{deployment}");
     Ok(())
 }

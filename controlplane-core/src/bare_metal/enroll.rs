@@ -274,14 +274,15 @@ pub fn enroll(
             )));
         }
     }
-    if let Some(other) = tx
-        .site_bmcs(&site.id)?
-        .into_iter()
-        .find(|b| b.address == addr.normalized)
-    {
+    // One BMC is one machine, however its address is spelled and on whichever site
+    // (issue 30.8): its canonical origin and system against every enrolled one's.
+    if let Some((other, theirs)) = tx.bmcs()?.into_iter().find_map(|b| {
+        let o = address::parse(&b.address).ok()?.origin;
+        o.same_bmc(&addr.origin).then_some((b, o))
+    }) {
         return Err(OpError::InvalidState(format!(
-            "BMC {} is already enrolled as node {}",
-            addr.normalized, other.node_id
+            "BMC {} is already enrolled as node {} ({}, which reaches {theirs}): one BMC is enrolled once",
+            addr.origin, other.node_id, other.address
         )));
     }
     let mut p = placement(pool.as_ref(), Some(&site), false);

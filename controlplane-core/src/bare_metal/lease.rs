@@ -22,6 +22,8 @@ pub struct Agent {
     pub live: bool,
     /// Its last heartbeat written (ms).
     pub last_seen: Option<i64>,
+    /// When its current session opened (ms; the node's `connectedAt`).
+    pub connected_at: Option<i64>,
 }
 
 /// What the rule says to do with a site's lease.
@@ -44,7 +46,8 @@ pub enum Decision {
 /// `agents`. A valid lease is kept; during the start-up grace a holder that is still a site
 /// agent of the site keeps it even when it lapsed (it is reconnecting); otherwise a lapsed
 /// holder that is live and heard from within the TTL keeps it too (its renewal is on its way),
-/// and anyone else goes to the first live site agent heard from within the TTL, by id.
+/// and anyone else goes to the live site agent heard from within the TTL whose session has
+/// been open longest (the earliest `connectedAt`; the lowest id among equals).
 pub fn decide(
     lease: Option<&SiteLease>,
     agents: &[Agent],
@@ -67,7 +70,13 @@ pub fn decide(
         .iter()
         .filter(|a| fresh(a) && Some(a.node_id.as_str()) != holder.as_deref())
         .collect();
-    candidates.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    // The standby connected longest first: a machine that just joined with a site token must
+    // not take the BMCs from the appliance that has stood by (issue 30.10). Ties by id keep the
+    // rule a function of its input.
+    candidates.sort_by(|a, b| {
+        (a.connected_at.unwrap_or(i64::MAX), &a.node_id)
+            .cmp(&(b.connected_at.unwrap_or(i64::MAX), &b.node_id))
+    });
     let epoch = lease.map_or(0, |l| l.epoch) + 1;
     match (candidates.first(), holder, holder_agent) {
         (Some(c), from, h) => Decision::Grant {
@@ -269,6 +278,7 @@ mod tests {
             node_id: id.into(),
             live,
             last_seen: Some(last_seen),
+            connected_at: Some(0),
         }
     }
 
@@ -285,7 +295,8 @@ mod tests {
     #[test]
     fn first_grant_renewal_lapse_and_move_bump_the_epoch() {
         let (a, b) = (agent("node_a", true, 1_000), agent("node_b", true, 1_000));
-        // Nobody holds it: the first live agent by id gets epoch 1, even in the grace period.
+        // Nobody holds it: the first live agent (connected as long as the other: by id) gets
+        // epoch 1, even in the grace period.
         match decide(None, &[b.clone(), a.clone()], 1_000, 15_000, true) {
             Decision::Grant {
                 to, epoch, from, ..
@@ -361,6 +372,37 @@ mod tests {
             decide(Some(&l), &[], 2_000, 15_000, false),
             Decision::Release { .. }
         ));
+    }
+
+    #[test]
+    fn a_lapsed_lease_goes_to_the_longest_connected_standby_not_the_lowest_id() {
+        let connected = |id: &str, at: i64| Agent {
+            connected_at: Some(at),
+            ..agent(id, true, 20_000)
+        };
+        let l = lease(Some("node_m"), 4, 16_000);
+        let holder = agent("node_m", false, 1_000);
+        // The real standby has been connected since t=2,000; a machine that joined with a
+        // site token at t=19,000 sorts first by id.
+        let standby = connected("node_z", 2_000);
+        let newcomer = connected("node_a", 19_000);
+        for agents in [
+            vec![holder.clone(), newcomer.clone(), standby.clone()],
+            vec![standby.clone(), holder.clone(), newcomer.clone()],
+        ] {
+            match decide(Some(&l), &agents, 20_000, 15_000, false) {
+                Decision::Grant { to, epoch, .. } => {
+                    assert_eq!((to.as_str(), epoch), ("node_z", 5));
+                }
+                d => panic!("expected a move, got {d:?}"),
+            }
+        }
+        // Connected at the same moment: the lower id, so the rule stays a function of its input.
+        let twin = connected("node_b", 2_000);
+        match decide(Some(&l), &[holder, standby, twin], 20_000, 15_000, false) {
+            Decision::Grant { to, .. } => assert_eq!(to, "node_b"),
+            d => panic!("expected a move, got {d:?}"),
+        }
     }
 
     #[test]

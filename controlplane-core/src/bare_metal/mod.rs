@@ -68,6 +68,7 @@ pub mod rescue;
 pub mod site_detail;
 pub mod site_pass;
 pub mod table;
+pub mod user_data;
 pub mod verbs;
 pub mod verify;
 pub mod workflow;
@@ -81,7 +82,11 @@ mod commission_tests;
 #[cfg(test)]
 mod deploy_tests;
 #[cfg(test)]
+mod duplicate_tests;
+#[cfg(test)]
 mod release_tests;
+#[cfg(test)]
+mod takeover_tests;
 
 use std::sync::Arc;
 use std::time::Duration;

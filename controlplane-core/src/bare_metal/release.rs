@@ -201,12 +201,11 @@ fn verdict(cmd: &CommandRecord) -> Result<CleanResult, String> {
     }
 }
 
-/// Kernel-name prefixes `disk.clean` does not count as disks (as the ramdisk's discovery).
-const NOT_DISKS: &[&str] = &["loop", "ram", "zram", "dm-", "md", "sr", "nbd"];
-
 /// `r` when it accounts for every disk the ramdisk's inventory (this boot's report) listed:
 /// a ramdisk that saw fewer disks than it reported (a controller's driver missing, a disk gone
 /// from its listing) must not leave a tenant's disk uncleaned while the node goes `ready`.
+/// The inventory lists what the one disk rule calls a disk (`bcd_probes::inventory::disk_rule`,
+/// decided from sysfs, the rule `disk.clean` applies too): no listed name is excused here.
 fn all_listed(r: CleanResult, inventory: Option<&str>) -> Result<CleanResult, String> {
     let doc: serde_json::Value = inventory
         .and_then(|t| serde_json::from_str(t).ok())
@@ -220,7 +219,6 @@ fn all_listed(r: CleanResult, inventory: Option<&str>) -> Result<CleanResult, St
         })
         .unwrap_or_default()
         .into_iter()
-        .filter(|n| !NOT_DISKS.iter().any(|p| n.starts_with(p)))
         .filter(|n| !r.disks.iter().any(|d| d.name == *n))
         .map(str::to_owned)
         .collect();

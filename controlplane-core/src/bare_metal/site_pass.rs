@@ -46,11 +46,12 @@ impl BareMetal {
                 .write(move |tx| {
                     let mut agents = Vec::new();
                     for id in tx.site_agent_ids(&s)? {
-                        let last_seen = tx.node(&id)?.and_then(|n| n.last_seen);
+                        let node = tx.node(&id)?;
                         agents.push(Agent {
                             live: sessions.live_epoch(&id).is_some(),
                             node_id: id,
-                            last_seen,
+                            last_seen: node.as_ref().and_then(|n| n.last_seen),
+                            connected_at: node.as_ref().and_then(|n| n.connected_at),
                         });
                     }
                     let lease = tx.site_lease(&s)?;

@@ -166,6 +166,13 @@ fn verify_result(
         tx.put_bmc(&bmc)?;
         return Ok(());
     }
+    let facts = match facts {
+        Ok(f) => match duplicate_of(tx, &bmc, &f)? {
+            Some(why) => Err(why),
+            None => Ok(f),
+        },
+        Err(e) => Err(e),
+    };
     match facts {
         Ok(f) => {
             let view = BmcFactsView {
@@ -253,6 +260,67 @@ fn verify_result(
         }
     }
     Ok(())
+}
+
+/// Why the BMC of `bmc`'s node, which answered with `f`, is a machine another node already is
+/// (issue 30.8), as a `DUPLICATE_MACHINE: …` failure; `None` when it is no other's. Another
+/// node's BMC (on any site) that reported the same system UUID or serial is one machine behind
+/// two addresses (or two names of one BMC: the control plane resolves no DNS name); the same
+/// canonical origin and system path is one BMC spelled twice.
+fn duplicate_of(tx: &Tx<'_>, bmc: &BmcRecord, f: &BmcFacts) -> Result<Option<String>, OpError> {
+    let mine = identifiers(f);
+    let unique = [Kind::SystemUuid.as_str(), Kind::SystemSerial.as_str()];
+    let origin = super::address::parse(&bmc.address)
+        .ok()
+        .map(|a| a.origin.with_system_path(&f.system_path));
+    for other in tx.bmcs()? {
+        if other.node_id == bmc.node_id {
+            continue;
+        }
+        let shared: Vec<&str> = mine
+            .iter()
+            .filter(|i| unique.contains(&i.kind.as_str()))
+            .filter(|i| other.identifiers.contains(i))
+            .map(|i| {
+                if i.kind == Kind::SystemUuid.as_str() {
+                    "system UUID"
+                } else {
+                    "system serial"
+                }
+            })
+            .collect();
+        let same_system = || {
+            let theirs = super::address::parse(&other.address).ok()?.origin;
+            let path = other
+                .facts
+                .as_ref()
+                .and_then(|v| serde_json::from_value::<BmcFactsView>(v.clone()).ok())
+                .map(|v| v.system_path)
+                .unwrap_or_default();
+            let theirs = theirs.with_system_path(&path);
+            (Some(&theirs) == origin.as_ref()).then_some(theirs)
+        };
+        let what = if !shared.is_empty() {
+            format!(
+                "it reported the {} node {}'s BMC ({}) reported",
+                shared.join(" and "),
+                other.node_id,
+                other.address
+            )
+        } else if let Some(o) = same_system() {
+            format!(
+                "it is system {o}, which node {} is enrolled through ({})",
+                other.node_id, other.address
+            )
+        } else {
+            continue;
+        };
+        return Ok(Some(format!(
+            "DUPLICATE_MACHINE: {} answered, but {what}: one machine is enrolled once. Use node {} (or delete it, then recover this one)",
+            bmc.address, other.node_id
+        )));
+    }
+    Ok(None)
 }
 
 /// A rotation's result: the candidate replaces the stored pair only when the BMC took it.

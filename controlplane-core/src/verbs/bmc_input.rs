@@ -21,7 +21,7 @@
 //! # Limitations
 //! An IPv6 zone (`fe80::1%eth0`) cannot be given (it needs `%`), nor a system id outside
 //! `[A-Za-z0-9._~:-]`. Spellings of one address (`127.1`, an upper-case name) are not made
-//! one here.
+//! one here: the enrollment compares canonical origins (`bare_metal::address::Origin`).
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 

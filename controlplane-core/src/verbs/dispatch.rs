@@ -21,6 +21,9 @@ use crate::{ops, placer, sessions};
 
 /// Default lifetime of a join token, seconds (one hour).
 pub const DEFAULT_TOKEN_TTL_SECONDS: u64 = 3600;
+/// Uses of a site token (bound to a site and no pool) created without `maxUses`: one site
+/// agent. A second appliance (a standby) asks for `maxUses: 2`, or gets its own token.
+pub const DEFAULT_SITE_TOKEN_USES: u64 = 1;
 /// Longest token lifetime accepted, seconds (30 days).
 pub const MAX_TOKEN_TTL_SECONDS: u64 = 30 * 24 * 3600;
 /// Longest command timeout accepted, seconds (one day).
@@ -347,7 +350,8 @@ impl Core {
         Ok(d)
     }
 
-    /// `tokens.create`: 1 h by default, at most 30 days; `maxUses` at least 1.
+    /// `tokens.create`: 1 h by default, at most 30 days; `maxUses` at least 1, by default
+    /// unlimited for a pool token and [`DEFAULT_SITE_TOKEN_USES`] for a site token.
     pub(super) async fn create_token(
         &self,
         b: TokensCreateRequest,
@@ -363,11 +367,15 @@ impl Core {
                 "maxUses must be at least 1".to_owned(),
             ));
         }
+        // A site token (a site, no pool) places a site agent, which receives every BMC
+        // password of its site: one use unless the operator asks for more (issue 30.10).
+        let site_only = b.site_id.is_some() && b.pool_id.is_none();
+        let max_uses = b.max_uses.or(site_only.then_some(DEFAULT_SITE_TOKEN_USES));
         let new = NewToken {
             pool_id: b.pool_id.map(crate::text::Id::into_string),
             site_id: b.site_id.map(crate::text::Id::into_string),
             ttl_ms: i64::try_from(ttl.saturating_mul(1000)).unwrap_or(i64::MAX),
-            max_uses: b.max_uses,
+            max_uses,
             description: b.description.map(crate::text::Text::into_string),
         };
         let (tok, secret) = self.write(move |tx| ops::tokens::create(tx, &new)).await?;

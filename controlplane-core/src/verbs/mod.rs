@@ -18,7 +18,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use dispatch::{
-    Core, DEFAULT_TOKEN_TTL_SECONDS, MAX_TIMEOUT_SECONDS, MAX_TOKEN_TTL_SECONDS, TokenIssuer,
+    Core, DEFAULT_SITE_TOKEN_USES, DEFAULT_TOKEN_TTL_SECONDS, MAX_TIMEOUT_SECONDS,
+    MAX_TOKEN_TTL_SECONDS, TokenIssuer,
 };
 pub use types::*;
 

@@ -234,8 +234,9 @@ pub struct SiteList {
     pub sites: Vec<Site>,
 }
 
-/// `tokens.create` request. Without `ttlSeconds` the token lives an hour; without `maxUses` it
-/// is unlimited.
+/// `tokens.create` request. Without `ttlSeconds` the token lives an hour; without `maxUses` a
+/// pool token is unlimited and a site token (a site, no pool: a site agent's) is good for one
+/// join.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokensCreateRequest {
@@ -247,7 +248,7 @@ pub struct TokensCreateRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 2_592_000)]
     pub ttl_seconds: Option<u64>,
-    /// 1 to 2^63-1 (what the store holds); default: unlimited.
+    /// 1 to 2^63-1 (what the store holds); default: unlimited, or 1 for a site token.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 9_223_372_036_854_775_807_u64)]
     pub max_uses: Option<u64>,
@@ -350,7 +351,8 @@ pub struct CommandsListRequest {
     pub limit: Option<u32>,
 }
 
-/// A command as the API shows it. Times are RFC 3339.
+/// A command as the API shows it. Times are RFC 3339. `args.configDrive.userData` is shown
+/// withheld (`crate::bare_metal::user_data`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CommandView {
@@ -386,7 +388,8 @@ impl From<&CommandRecord> for CommandView {
             id: c.id.clone(),
             node_id: c.node_id.clone(),
             name: c.name.as_str().to_owned(),
-            args: c.args.clone(),
+            // Cloud-init user data is never shown (issue 30.4).
+            args: crate::bare_metal::user_data::withhold(&c.args).unwrap_or_else(|| c.args.clone()),
             state: c.state.as_str().to_owned(),
             progress: c.progress,
             result: c.result.clone(),

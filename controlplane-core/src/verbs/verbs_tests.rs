@@ -230,6 +230,39 @@ fn tokens_create_is_one_verb_with_the_served_defaults() -> Result<(), Box<dyn st
 }
 
 #[test]
+fn a_site_token_is_good_for_one_join_unless_asked_for_more()
+-> Result<(), Box<dyn std::error::Error>> {
+    let store = cpl_store::testing::store()?;
+    let site = call(
+        &store,
+        "sites.create",
+        json!({"name": "dc1", "kind": "platform"}),
+    )?;
+    let site_id = site["id"].as_str().ok_or("site id")?;
+    // A site token places a site agent, the appliance that gets every BMC password of its
+    // site: one use unless the operator asks for more (issue 30.10).
+    let one = call(&store, "tokens.create", json!({"siteId": site_id}))?;
+    assert_eq!(one["maxUses"], 1, "{one}");
+    let listed = call(&store, "tokens.list", json!({}))?;
+    assert_eq!(listed["tokens"][0]["maxUses"], 1, "{listed}");
+    let two = call(
+        &store,
+        "tokens.create",
+        json!({"siteId": site_id, "maxUses": 2}),
+    )?;
+    assert_eq!(two["maxUses"], 2);
+    // A pool token keeps its default (unlimited: a fleet's installs share one).
+    let pool = call(
+        &store,
+        "pools.create",
+        json!({"name": "p", "kind": "metal-host", "siteId": site_id}),
+    )?;
+    let pooled = call(&store, "tokens.create", json!({"poolId": pool["id"]}))?;
+    assert_eq!(pooled["maxUses"], Value::Null, "{pooled}");
+    Ok(())
+}
+
+#[test]
 fn command_verbs_refuse_with_their_codes() -> Result<(), Box<dyn std::error::Error>> {
     let store = cpl_store::testing::store()?;
     let code = |r: Result<Value, OpError>| r.err().map(|e| (e.code(), e.to_string()));

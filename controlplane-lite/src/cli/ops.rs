@@ -244,7 +244,7 @@ pub enum TokensCommand {
         /// Lifetime, e.g. `1h`, `30m`.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "1h")]
         ttl: Duration,
-        /// How many joins it allows (default: unlimited).
+        /// How many joins it allows (default: unlimited for a pool token, 1 for a site token).
         #[arg(long)]
         uses: Option<u64>,
         #[arg(long)]

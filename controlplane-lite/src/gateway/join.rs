@@ -174,8 +174,11 @@ impl JoinService {
                 Ok(j)
             }
             Ok(decision::JoinOutcome::Refused(r)) => {
-                self.metrics.join(JoinOutcome::RefusedHardwareMismatch);
-                tracing::warn!(node_id = %r.node_id, reason = %r.message, "ramdisk join refused");
+                self.metrics.join(match r.kind {
+                    decision::RefusalKind::HardwareMismatch => JoinOutcome::RefusedHardwareMismatch,
+                    decision::RefusalKind::BareMetal => JoinOutcome::RefusedBareMetal,
+                });
+                tracing::warn!(node_id = %r.node_id, reason = %r.message, "join refused");
                 Err(Status::permission_denied(r.message))
             }
             Ok(decision::JoinOutcome::AwaitingApproval(a)) => {

@@ -28,6 +28,9 @@ pub enum JoinOutcome {
     /// The machine that booted the ramdisk is not the one its BMC described (the node failed
     /// with `HardwareMismatch`).
     RefusedHardwareMismatch,
+    /// A join token tried to re-join in place a machine enrolled through a BMC before it is
+    /// `deployed` (issue 30.1).
+    RefusedBareMetal,
     /// The store or the CA failed.
     Error,
 }
@@ -46,6 +49,7 @@ impl JoinOutcome {
         JoinOutcome::PendingApproval,
         JoinOutcome::RefusedBootToken,
         JoinOutcome::RefusedHardwareMismatch,
+        JoinOutcome::RefusedBareMetal,
         JoinOutcome::Error,
     ];
 
@@ -63,6 +67,7 @@ impl JoinOutcome {
             JoinOutcome::PendingApproval => "pending_approval",
             JoinOutcome::RefusedBootToken => "refused_boot_token",
             JoinOutcome::RefusedHardwareMismatch => "refused_hardware_mismatch",
+            JoinOutcome::RefusedBareMetal => "refused_bare_metal",
             JoinOutcome::Error => "error",
         }
     }

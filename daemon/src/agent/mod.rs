@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bc_sys::notify::Notifier;
 use bcd_core::executor::Executor;
 use bcd_core::lifecycle::Lifecycle;
-use bcd_core::state::{StateDir, StateError};
+use bcd_core::state::StateDir;
 use bcd_core::status::StatusFile;
 use bcd_probes::hostroot::HostRoot;
 use bcd_probes::nvml::NvmlConfig;
@@ -90,16 +90,7 @@ async fn run_until(
     let root = HostRoot::new(&cfg.root);
     let state = StateDir::open(&cfg.state_dir).map_err(SessionError::from)?;
     // One agent per state dir, for the process's life: taken before anything in it is written.
-    let _lock = state.lock().map_err(|e| match e {
-        StateError::Lock(bc_sys::lockfile::LockError::Held { path, holder }) => {
-            SessionError::Locked {
-                state_dir: cfg.state_dir.clone(),
-                lock: path,
-                holder,
-            }
-        }
-        other => SessionError::State(other),
-    })?;
+    let _lock = process::lock_state_dir(&state, &cfg.state_dir)?;
     let status = StatusFile::new(state.path());
     if let Some(addr) = cfg.metrics_listen {
         let bound = crate::metrics::serve(addr, crate::metrics::global().clone()).await?;

@@ -77,11 +77,12 @@ pub const KEY_TYPES: [&str; 7] = [
     "sk-ecdsa-sha2-nistp256@openssh.com",
 ];
 
-/// Whether `line` is `<type> <base64> [comment]` with a type of [`KEY_TYPES`]: nothing in front
-/// of the type, so no `authorized_keys` option (`command="…"`, `from=`, `environment=`) can ride
-/// in. cloud-init writes `public-keys` into root's `authorized_keys` as they are. The key's
-/// bytes are not decoded here (the rescue's keys are, `spec::parse_public_key`); the grammar
-/// alone keeps options out.
+/// Whether `line` is `<type> <base64> [comment]` with a type of [`KEY_TYPES`] whose bytes are
+/// that key: nothing in front of the type, so no `authorized_keys` option (`command="…"`,
+/// `from=`, `environment=`) can ride in (cloud-init writes `public-keys` into root's
+/// `authorized_keys` as they are), and the key parsed as the rescue's keys are
+/// ([`crate::spec::parse_public_key`]: an OpenSSH public key of an accepted algorithm and size,
+/// its blob's type the line's), so bytes that only look like a key never reach a machine.
 fn is_plain_key_line(line: &str) -> bool {
     let mut words = line.split_ascii_whitespace();
     let (Some(kind), Some(blob)) = (words.next(), words.next()) else {
@@ -91,6 +92,7 @@ fn is_plain_key_line(line: &str) -> bool {
         && blob
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+        && crate::spec::parse_public_key(line).is_ok()
 }
 
 /// `image.write`'s ranges: an http(s) URL, a SHA-256 of 64 hex digits, root-device hints and an
@@ -134,6 +136,22 @@ fn check_image_write(command: CommandName, a: &ImageWriteArgs) -> Result<(), Arg
             format!(
                 "must be an http:// or https:// URL of at most {MAX_URL_LEN} bytes, without spaces or control characters"
             ),
+        ));
+    }
+    // Credentials in the URL would be kept wherever the URL is shown (events, conditions,
+    // command answers): refused, without repeating them (issue 30.4). The authority ends at the
+    // first `/`, `?` or `#` (a `\` is no end: WHATWG parsers read it as `/`, so an `@` after it
+    // is refused too, conservatively).
+    let authority = url
+        .split_once("://")
+        .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or_default())
+        .unwrap_or_default();
+    if authority.contains('@') {
+        return Err(range(
+            command,
+            "image.url",
+            "must carry no credentials (user:password@): they would be kept in events, conditions \
+             and answers; serve the image from a URL that needs none (on the provisioning network)",
         ));
     }
     // The ramdisk refuses it after the boot (a qcow2 needs random access): refused here, before
@@ -342,7 +360,7 @@ mod tests {
             (
                 CommandName::ImageWrite,
                 json!({"image": {"url": "http://10.0.2.2:1/i.raw", "sha256": "ab".repeat(32)},
-                       "configDrive": {"hostname": "m1", "sshKeys": ["ssh-ed25519 AAAA x"]}}),
+                       "configDrive": {"hostname": "m1", "sshKeys": [KEY]}}),
             ),
         ];
         for (c, a) in ok {
@@ -498,6 +516,14 @@ mod tests {
             "ssh-ed25519 not*base64 c".to_owned(),
             "ssh-dss AAAAB3NzaC1kc3M= old".to_owned(),
             "ssh-ed25519-cert-v01@openssh.com AAAA c".to_owned(),
+            // The grammar of a key line around bytes that are no key: cloud-init would write
+            // them into authorized_keys, where they log nobody in (and say nothing why).
+            "ssh-ed25519 AAAA x".to_owned(),
+            "ecdsa-sha2-nistp256 AAAAE2VjZHNh".to_owned(),
+            "sk-ssh-ed25519@openssh.com AAAAGnNr op@key".to_owned(),
+            "ssh-rsa AAAAB3NzaC1yc2E= a comment with spaces".to_owned(),
+            // A real Ed25519 key's bytes under another type's name.
+            KEY.replacen("ssh-ed25519", "ssh-rsa", 1),
         ] {
             let e = refused_field(CommandName::ImageWrite, &with(plain.clone(), json!([bad])));
             assert!(e.contains("configDrive.sshKeys"), "{bad:?} accepted: {e:?}");
@@ -505,13 +531,42 @@ mod tests {
         }
         for good in [
             KEY,
-            "ssh-ed25519 AAAA x",
-            "ecdsa-sha2-nistp256 AAAAE2VjZHNh",
-            "sk-ssh-ed25519@openssh.com AAAAGnNr op@key",
-            "ssh-rsa AAAAB3NzaC1yc2E= a comment with spaces",
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFoI/vRJxuXKIFpm08wZNESqDqg4OFGJz5u4IOqvbE7K",
+            "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBBlJc8c0VkU2JudDVuO7PYUvXzwK0iiAvE0KKHs8bwPXU72NLhOmXaW+7AEwB2mK7D4Dx14zaspb9GrjzNMl+BU= a comment with spaces",
         ] {
             let e = refused_field(CommandName::ImageWrite, &with(plain.clone(), json!([good])));
             assert!(e.is_empty(), "{good:?} refused: {e}");
+        }
+    }
+
+    /// Issue 30.4: credentials in the image URL would be kept in events, conditions and
+    /// answers; refused, and the refusal does not repeat them. An `@` in the path is no userinfo.
+    #[test]
+    fn an_image_url_with_userinfo_is_refused_without_echoing_it() {
+        for url in [
+            "https://user:S3cr3t-pw@images.example/i.raw",
+            "http://S3cr3t-pw@10.0.2.2:8080/i.raw",
+            "http://user:S3cr3t-pw@h?x=1",
+            "http://user:S3cr3t-pw@h#f",
+            "http://h\\user:S3cr3t-pw@evil/i",
+        ] {
+            let a = json!({"image": {"url": url, "sha256": "ab".repeat(32)}});
+            let e = check_args(CommandName::ImageWrite, &a)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                e.contains("image.url") && e.contains("credentials"),
+                "{url:?}: {e:?}"
+            );
+            assert!(
+                !e.contains("S3cr3t-pw"),
+                "the refusal echoes the password: {e}"
+            );
+        }
+        for url in ["http://h/a@b/i.raw", "https://h:8443/i.raw?sig=a@b"] {
+            let a = json!({"image": {"url": url, "sha256": "ab".repeat(32)}});
+            assert!(check_args(CommandName::ImageWrite, &a).is_ok(), "{url:?}");
         }
     }
 
@@ -527,7 +582,7 @@ mod tests {
         let ok = base(json!({
             "rootDevice": {"serial": "S1", "wwn": "naa.5000c500a1", "name": "/dev/disk/by-id/virtio-S1"},
             "instanceId": "node_1-boot_2",
-            "configDrive": {"hostname": "m1", "sshKeys": [KEY, "ssh-ed25519 AAAA x\n"]}
+            "configDrive": {"hostname": "m1", "sshKeys": [KEY, format!("{KEY}\n")]}
         }));
         assert!(
             check_args(CommandName::ImageWrite, &ok).is_ok(),
@@ -565,11 +620,11 @@ mod tests {
                 "configDrive.sshKeys",
             ),
             (
-                json!({"configDrive": {"hostname": "m1", "sshKeys": ["ssh-ed25519 AAAA a\rb"]}}),
+                json!({"configDrive": {"hostname": "m1", "sshKeys": [format!("{KEY} a\rb")]}}),
                 "configDrive.sshKeys",
             ),
             (
-                json!({"configDrive": {"hostname": "m1", "sshKeys": ["ssh-ed25519 AAAA\u{0}"]}}),
+                json!({"configDrive": {"hostname": "m1", "sshKeys": [format!("{KEY}\u{0}")]}}),
                 "configDrive.sshKeys",
             ),
         ];

@@ -250,8 +250,9 @@ struct DeployRig<'a> {
 
 /// In the deployed image's first partition.
 const IMAGE_MARKER: &[u8] = b"BCD-DEPLOYED-IMAGE-MARKER";
+/// A real public key (its private half was thrown away): a config drive's keys are parsed.
 const SSH_KEY: &str =
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBcdE2eTestKeyOnlyForTheConfigDrive e2e@metal";
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINkvjCvsfbt7KI7ntjeXkikvjiDQQXWDes2d9GXd3e7l e2e@metal";
 
 /// A static file server on loopback (Python's `http.server`), killed on drop.
 struct Served(std::process::Child);

@@ -219,3 +219,47 @@ fn idle_connections_are_closed_or_refused_and_a_real_agent_still_connects() {
     });
     assert!(open >= 1, "the agent's connection is open");
 }
+
+/// The operator API cuts a sender that trickles its request head: one byte a second keeps an
+/// idle timer alive for ever, a header-read deadline does not (the API's is 10 s, under
+/// `bc_net::http::serve` as the boot service and the metrics endpoints). A real request is
+/// answered meanwhile. The bound is an upper one (60 s of trickling), never a timing assert.
+#[test]
+fn an_operator_api_request_head_trickling_in_is_cut() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(&tmp.path().join("cp"));
+    let api: SocketAddr = cp
+        .api_url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let mut s = std::net::TcpStream::connect(api).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(900)))
+        .unwrap();
+    s.write_all(b"POST /v1/nodes.list HTTP/1.1\r\nHost: api\r\nX-Slow: ")
+        .unwrap();
+    // A real operator is served while the trickler holds its connection.
+    assert!(cp.ok("nodes.list", json!({}))["nodes"].is_array());
+    let started = std::time::Instant::now();
+    let mut cut = false;
+    while !cut && started.elapsed() < Duration::from_secs(60) {
+        let mut buf = [0u8; 512];
+        cut = match s.write_all(b"a").and_then(|()| s.read(&mut buf)) {
+            // EOF; or hyper's 408 answer to a head that took too long, then EOF.
+            Ok(0) => true,
+            Ok(n) => String::from_utf8_lossy(&buf[..n]).contains(" 408 "),
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        };
+    }
+    assert!(
+        cut,
+        "a request head trickled a byte a second for {:?} and the API kept the connection",
+        started.elapsed()
+    );
+    assert!(cp.ok("nodes.list", json!({}))["nodes"].is_array());
+}
