@@ -414,6 +414,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M008_BOOTS),
         M::up(migrations::M009_WORKFLOWS),
         M::up(migrations::M010_CONTROLLER_LEASE),
+        M::up(migrations::M011_BOOT_OVERRIDE),
     ])
 }
 

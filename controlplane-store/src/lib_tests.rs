@@ -103,8 +103,8 @@ fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), 
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     // Every later migration runs too (5: trusted keys, rejoin requests; 6: session_broken, pool
     // acceptance; 7: bare metal; 8: ramdisk boots; 9: the workflows after ready; 10: the
-    // controllers' lease).
-    assert_eq!(version, 10, "every migration ran");
+    // controllers' lease; 11: the boot override's clearing).
+    assert_eq!(version, 11, "every migration ran");
     Ok(())
 }
 
@@ -231,7 +231,7 @@ fn migration_5_demotes_duplicate_trusted_keys_and_then_refuses_them() -> Result<
         .query_row("PRAGMA user_version", [], |r| r.get(0))?;
     // Migrations 6 (session_broken, pool acceptance), 7 (bare metal) and 8 (ramdisk boots) run
     // after it.
-    assert_eq!(version, 10);
+    assert_eq!(version, 11);
     Ok(())
 }
 

@@ -359,3 +359,9 @@ CREATE TABLE controller_leases (
     expires_at BIGINT NOT NULL
 );
 "#;
+
+/// Issue 31: the boot override is cleared (`bmc.setBootDevice none`) once the ramdisk joined;
+/// the command that clears it, so it is sent once and the workflow's next step waits for it.
+pub const M011_BOOT_OVERRIDE: &str = r#"
+ALTER TABLE node_boots ADD COLUMN override_command_id TEXT; -- bmc.setBootDevice none after the join
+"#;

@@ -64,6 +64,7 @@ pub(crate) fn migrations() -> Result<Vec<(i64, String)>, StoreError> {
         (8, m::M008_BOOTS.to_owned()),
         (9, m::M009_WORKFLOWS.to_owned()),
         (10, m::M010_CONTROLLER_LEASE.to_owned()),
+        (11, m::M011_BOOT_OVERRIDE.to_owned()),
     ])
 }
 
@@ -76,7 +77,7 @@ mod tests {
         let pg = migrations()?;
         assert_eq!(
             pg.len(),
-            10,
+            11,
             "one PostgreSQL migration per SQLite migration"
         );
         let sql: Vec<&str> = pg.iter().map(|(_, s)| s.as_str()).collect();
