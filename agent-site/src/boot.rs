@@ -24,6 +24,9 @@
 //!   find one with a boot pending runs at two a second.
 //!
 //! The kernel arguments hold the boot token: they are served to that MAC only and never logged.
+//! Which known machine asked, from which MAC, is noted in the site's state
+//! ([`crate::site::Site::note_script_request`]): it confirms a power-on with PXE booted the
+//! network (issue 31, rule 5).
 //!
 //! Slow clients (issue 30.3) get the limits of every small endpoint ([`bc_net::http::serve`]):
 //! at most [`MAX_CONNECTIONS`] open, [`MAX_CONNECTIONS_PER_ADDRESS`] from one address (more are
@@ -328,6 +331,9 @@ async fn boot_ipxe(
     }
     let (outcome, text) = script(&entry, &s.files);
     s.metrics.request(outcome);
+    // The evidence that the machine network-booted (issue 31, rule 5): a power-on with PXE
+    // waits for it.
+    s.site.note_script_request(&entry.node_id, &mac);
     // Never the script itself: it holds the boot token.
     tracing::info!(mac = %mac, node_id = %entry.node_id, answer = outcome.as_str(), reason = %entry.plan.reason, "boot request");
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()

@@ -47,15 +47,24 @@ pub struct SiteConfig {
     pub max_requests_per_site: u32,
     /// TCP connect timeout of a Redfish request, ms. Default 3 000.
     pub connect_timeout_ms: u64,
-    /// Whole-request timeout of a Redfish request, ms. Default 10 000.
+    /// Whole-request timeout of a Redfish request, ms. Default 75 000: BMCs answer in 30–60 s
+    /// when busy, and a request given up on still runs at the BMC.
     pub request_timeout_ms: u64,
-    /// Retries of an idempotent read (a GET) that found no answer or a 5xx. Default 2.
+    /// Retries of a Redfish request that found no answer, a 5xx or a 429 (a read; a change only
+    /// after reading back that it did not take). Default 4.
     pub read_retries: u32,
     /// First wait before such a retry, ms; doubles per retry, with jitter. Default 200.
     pub retry_backoff_ms: u64,
-    /// Longest one BMC operation may take (a verify reads several resources), ms. Default
-    /// 60 000.
+    /// Longest one BMC operation may take (a verify reads several resources; a change may run
+    /// as a task), ms. Default 300 000.
     pub operation_timeout_ms: u64,
+    /// How long a power action's result waits for the BMC to report the new state (a
+    /// `PoweringOn` is read again), ms. Default 60 000.
+    pub power_settle_ms: u64,
+    /// How long after a BMC refused credentials new ones are tried again if the BMC refuses
+    /// them too (its account lockout: they are tried once more after it), ms. Default 120 000;
+    /// 0: no second try.
+    pub bmc_lockout_window_ms: u64,
     /// The `ipmitool` binary (Debian package `ipmitool`). Default `ipmitool` on `PATH`.
     pub ipmitool: PathBuf,
     /// `ipmitool -N`: seconds to wait for each IPMI answer. Default 2.
@@ -96,10 +105,12 @@ impl Default for SiteConfig {
             max_requests_per_bmc: 4,
             max_requests_per_site: 64,
             connect_timeout_ms: 3_000,
-            request_timeout_ms: 10_000,
-            read_retries: 2,
+            request_timeout_ms: 75_000,
+            read_retries: 4,
             retry_backoff_ms: 200,
-            operation_timeout_ms: 60_000,
+            operation_timeout_ms: 300_000,
+            power_settle_ms: 60_000,
+            bmc_lockout_window_ms: 120_000,
             ipmitool: PathBuf::from("ipmitool"),
             ipmi_timeout_s: 2,
             ipmi_retries: 2,
@@ -125,6 +136,8 @@ pub const ENV_KEYS: &[&str] = &[
     "read_retries",
     "retry_backoff_ms",
     "operation_timeout_ms",
+    "power_settle_ms",
+    "bmc_lockout_window_ms",
     "ipmitool",
     "ipmi_timeout_s",
     "ipmi_retries",
@@ -172,6 +185,8 @@ impl SiteConfig {
                 "read_retries" => self.read_retries = small()?,
                 "retry_backoff_ms" => self.retry_backoff_ms = int()?,
                 "operation_timeout_ms" => self.operation_timeout_ms = int()?,
+                "power_settle_ms" => self.power_settle_ms = int()?,
+                "bmc_lockout_window_ms" => self.bmc_lockout_window_ms = int()?,
                 "ipmi_timeout_s" => self.ipmi_timeout_s = small()?,
                 "ipmi_retries" => self.ipmi_retries = small()?,
                 "ipmi_command_timeout_ms" => self.ipmi_command_timeout_ms = int()?,
@@ -262,6 +277,16 @@ impl SiteConfig {
     /// The whole-operation timeout.
     pub fn operation_timeout(&self) -> Duration {
         ms(self.operation_timeout_ms)
+    }
+
+    /// How long a power action's result waits for the BMC to settle.
+    pub fn power_settle(&self) -> Duration {
+        ms(self.power_settle_ms)
+    }
+
+    /// How long after a refusal new credentials are tried once more.
+    pub fn bmc_lockout_window(&self) -> Duration {
+        ms(self.bmc_lockout_window_ms)
     }
 
     /// The lease's safety margin.

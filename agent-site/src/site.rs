@@ -13,11 +13,23 @@
 //!   operation timeout. Nothing reaches a BMC without a valid lease.
 //! - Changes (assignment, lease) bump a version on a `watch` channel: the sync loop restarts its
 //!   pollers on a new assignment and resumes them after a renewal.
+//! - A BMC's permits are held until the BMC is done: an operation whose driver gave up on a
+//!   request (or that ran past the operation timeout) keeps them for one more request timeout
+//!   ([`Bmc::busy_until`]), since the BMC is still working on it (issue 31, rule 7).
+//! - Credentials a BMC refused are not sent again (issue 31, rule 9): the refusal is latched per
+//!   node and credential set ([`Site::with_bmc`] fails at once, `BMC_AUTH_FAILED`, naming when),
+//!   until the assignment brings other credentials for it.
+//! - The boot service reports which machine asked for its script ([`Site::note_script_request`]):
+//!   the evidence a network boot happened ([`Site::script_requested`], issue 31 rule 5).
+//! - The power state last reported per node is shared by the sync loop and the power commands
+//!   ([`Site::note_power`]): a reading is reported when it differs from what the control plane
+//!   was last told, whoever told it (issue 31 rule 10).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bc_protocol::commands::bmc::PowerState;
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb;
 use parking_lot::Mutex;
@@ -35,6 +47,35 @@ const HEARTBEATS_KEPT: usize = 64;
 
 /// A driver, or why there is none (a bad address is reported by every operation on it).
 pub type Driver = Result<Arc<dyn Bmc>, BmcError>;
+
+/// What the sync loop and the power commands last reported of a node: power, reachability,
+/// the error's code.
+pub type PowerKey = (PowerState, bool, String);
+
+/// When a BMC refused a set of credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// On the local clock.
+    pub at: Instant,
+    /// On the wall clock (for messages), ms since the Unix epoch.
+    pub wall_ms: i64,
+}
+
+impl Refusal {
+    fn now() -> Self {
+        Self {
+            at: Instant::now(),
+            wall_ms: chrono::Utc::now().timestamp_millis(),
+        }
+    }
+}
+
+/// A time for messages (RFC 3339, seconds).
+pub fn when(ms: i64) -> String {
+    chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| ms.to_string())
+}
 
 /// One BMC of the assignment.
 #[derive(Debug)]
@@ -118,6 +159,12 @@ struct Inner {
     /// fresh semaphore per assignment would let the BMC see twice its limit. An entry goes when
     /// its BMC is in no holder assignment and nothing holds a permit of it.
     limits: HashMap<String, BmcLimit>,
+    /// Credentials refused, by node and whether they are the candidate ones.
+    refused: HashMap<(String, bool), Refusal>,
+    /// The newest script request of each node's machine: when, and from which MAC.
+    script_requests: HashMap<String, (Instant, String)>,
+    /// What was last reported of each node's power.
+    reported: HashMap<String, PowerKey>,
 }
 
 /// The site agent's shared state.
@@ -127,6 +174,8 @@ pub struct Site {
     connector: Arc<dyn Connector>,
     inner: Mutex<Inner>,
     version: watch::Sender<u64>,
+    /// Bumped by every script request of a known machine.
+    scripts: watch::Sender<u64>,
     /// Observations waiting for the session.
     pub reports: Reports,
 }
@@ -169,8 +218,12 @@ impl Site {
                 heartbeats: VecDeque::new(),
                 unreachable: HashSet::new(),
                 limits: HashMap::new(),
+                refused: HashMap::new(),
+                script_requests: HashMap::new(),
+                reported: HashMap::new(),
             }),
             version: watch::channel(0).0,
+            scripts: watch::channel(0).0,
             reports: Reports::default(),
         }
     }
@@ -281,6 +334,16 @@ impl Site {
                 };
                 inner.limits.insert(m.node_id.clone(), limit.clone());
                 let bmc = self.managed(m, prev.map(Arc::as_ref), limit);
+                // Other credentials than the refused ones (a new driver) may be tried.
+                for candidate in [false, true] {
+                    let same = prev
+                        .and_then(|p| p.driver(candidate))
+                        .zip(bmc.driver(candidate));
+                    let kept = matches!(same, Some((Ok(a), Ok(b))) if Arc::ptr_eq(a, b));
+                    if !kept {
+                        inner.refused.remove(&(bmc.node_id.clone(), candidate));
+                    }
+                }
                 bmcs.insert(bmc.node_id.clone(), Arc::new(bmc));
             }
             inner
@@ -294,6 +357,8 @@ impl Site {
         }
         inner.generation += 1;
         inner.unreachable.retain(|n| bmcs.contains_key(n));
+        inner.refused.retain(|(n, _), _| bmcs.contains_key(n));
+        inner.reported.retain(|n, _| bmcs.contains_key(n));
         tracing::info!(
             site_id = %a.site_id,
             lease_held = a.lease_held,
@@ -410,6 +475,109 @@ impl Site {
         self.bump();
     }
 
+    /// The boot service saw the machine of `node_id` ask for its script from `mac`.
+    pub fn note_script_request(&self, node_id: &str, mac: &str) {
+        self.inner
+            .lock()
+            .script_requests
+            .insert(node_id.to_owned(), (Instant::now(), mac.to_owned()));
+        self.scripts.send_modify(|v| *v += 1);
+    }
+
+    /// Waits until the machine of `node_id` asks for its script after `since`, at most until
+    /// `until`; the MAC it asked from.
+    pub async fn script_requested(
+        &self,
+        node_id: &str,
+        since: Instant,
+        until: Instant,
+    ) -> Option<String> {
+        let mut rx = self.scripts.subscribe();
+        loop {
+            let seen = self
+                .inner
+                .lock()
+                .script_requests
+                .get(node_id)
+                .filter(|(t, _)| *t >= since)
+                .map(|(_, mac)| mac.clone());
+            if seen.is_some() {
+                return seen;
+            }
+            match tokio::time::timeout_at(until, rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return None,
+            }
+        }
+    }
+
+    /// The MACs the boot service answers for `node_id` (the machine's boot plan).
+    pub fn boot_macs(&self, node_id: &str) -> Vec<String> {
+        let Some(a) = self.assignment() else {
+            return Vec::new();
+        };
+        let mut macs: Vec<String> = a
+            .boots
+            .iter()
+            .filter(|(_, e)| e.node_id == node_id)
+            .map(|(m, _)| m.clone())
+            .collect();
+        macs.sort();
+        macs
+    }
+
+    /// What was last reported of `node_id`'s power.
+    pub fn reported(&self, node_id: &str) -> Option<PowerKey> {
+        self.inner.lock().reported.get(node_id).cloned()
+    }
+
+    /// Records `key` as reported for `node_id` (the sync loop's report, a power command's
+    /// result).
+    pub fn note_power(&self, node_id: &str, key: PowerKey) {
+        self.inner.lock().reported.insert(node_id.to_owned(), key);
+    }
+
+    /// When the credentials of `node_id` (the candidate ones with `candidate`) were refused.
+    pub fn refusal(&self, node_id: &str, candidate: bool) -> Option<Refusal> {
+        self.inner
+            .lock()
+            .refused
+            .get(&(node_id.to_owned(), candidate))
+            .copied()
+    }
+
+    /// Lets the refused credentials of `node_id` be tried once more (a rotation after the
+    /// lockout window).
+    pub fn forget_refusal(&self, node_id: &str, candidate: bool) {
+        self.inner
+            .lock()
+            .refused
+            .remove(&(node_id.to_owned(), candidate));
+    }
+
+    /// Closes every driver of the assignment (their sessions at the BMCs), each within
+    /// `limit`: the site agent stops.
+    pub async fn close(&self, limit: Duration) {
+        let Some(a) = self.assignment() else {
+            return;
+        };
+        let mut drivers = Vec::new();
+        for b in a.bmcs.values() {
+            for candidate in [false, true] {
+                if let Some(Ok(d)) = b.driver(candidate) {
+                    drivers.push(Arc::clone(d));
+                }
+            }
+        }
+        let mut closing = tokio::task::JoinSet::new();
+        for d in drivers {
+            closing.spawn(async move {
+                let _ = tokio::time::timeout(limit, d.close()).await;
+            });
+        }
+        while closing.join_next().await.is_some() {}
+    }
+
     /// Records a poll's outcome for the status (which BMCs do not answer).
     pub fn note_reachable(&self, node_id: &str, reachable: bool) {
         let mut inner = self.inner.lock();
@@ -471,7 +639,18 @@ impl Site {
                 ));
             }
         };
+        if let Some(r) = self.refusal(node_id, candidate) {
+            return Err(CommandFailure::new(
+                CommandErrorCode::BmcAuthFailed,
+                format!(
+                    "BMC {} refused these credentials at {}: they are not sent again (a BMC locks the account after a few refusals) until new ones arrive (nodes.updateBmcCredentials)",
+                    bmc.address,
+                    when(r.wall_ms)
+                ),
+            ));
+        }
         let limit = self.config.operation_timeout();
+        let linger = self.config.request_timeout();
         let timed_out = || {
             CommandFailure::new(
                 CommandErrorCode::BmcUnreachable,
@@ -485,21 +664,46 @@ impl Site {
         // The lease may have lapsed (or changed hands) while this waited for its turn.
         self.check_lease(epoch).map_err(|e| lease_lost(&e))?;
         // The operation runs in its own task that holds the BMC's permit until its requests are
-        // over, even when this caller stops waiting (a cancelled command, a sync round cut
-        // short): the BMC is still serving those requests, and a permit freed early let a new
-        // operation in beside them (the fault proxy counted one more than the limit). The task
-        // is bounded by the same deadline.
-        let task = tokio::spawn(async move {
+        // over at the BMC, even when this caller stops waiting (a cancelled command, a sync
+        // round cut short) or the driver gave up on a request: the BMC is still serving it, and
+        // a permit freed early let a new operation in beside it (issue 14, issue 31 rule 7).
+        // The task is bounded by the same deadline, plus one request timeout when it ran into
+        // it.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
             let _permit = permit;
-            tokio::time::timeout_at(deadline, op(driver.as_ref())).await
+            let r = tokio::time::timeout_at(deadline, op(driver.as_ref())).await;
+            let cut = r.is_err();
+            let _ = tx.send(r);
+            let busy = if cut {
+                Some(Instant::now() + linger)
+            } else {
+                driver.busy_until()
+            };
+            if let Some(t) = busy {
+                tokio::time::sleep_until(t).await;
+            }
         });
-        match task.await {
-            Ok(Ok(r)) => r.map_err(|e| e.to_failure()),
-            Ok(Err(_)) => Err(timed_out()),
-            Err(e) => Err(CommandFailure::new(
-                CommandErrorCode::BmcError,
-                format!("the operation on BMC {} ended abnormally: {e}", bmc.address),
-            )),
-        }
+        let r = match rx.await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => return Err(timed_out()),
+            Err(e) => {
+                return Err(CommandFailure::new(
+                    CommandErrorCode::BmcError,
+                    format!("the operation on BMC {} ended abnormally: {e}", bmc.address),
+                ));
+            }
+        };
+        r.map_err(|e| {
+            if e.is_auth() {
+                let r = Refusal::now();
+                tracing::warn!(node_id = %node_id, candidate, bmc = %bmc.address, "the BMC refused the credentials: they are not sent again until new ones arrive");
+                self.inner
+                    .lock()
+                    .refused
+                    .insert((node_id.to_owned(), candidate), r);
+            }
+            e.to_failure()
+        })
     }
 }

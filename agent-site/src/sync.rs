@@ -6,10 +6,14 @@
 //! operation timeout and holds only its own BMC's permit and one of the site's (the same
 //! [`crate::limiter`] permits commands take). A supervisor restarts the pollers on every new
 //! assignment; each poller reports its first reading unconditionally (so every BMC is reported
-//! once after an assignment, a reconnect included) and afterwards only a change of power state,
-//! of reachability or of the error's kind. A BMC that stops answering is reported with
-//! `reachable: false`, power `unknown` and the error. While the lease is not valid the pollers
-//! wait, reading nothing; a renewal resumes them.
+//! once after an assignment, a reconnect included) and afterwards whatever differs from what the
+//! control plane was last told of the node — by this loop or by a power command's result
+//! ([`Site::reported`]): power state, reachability or the error's kind (issue 31, rule 10: the
+//! axis is compared with absolute readings, not only with the loop's own previous one). A
+//! reading in transition (`PoweringOn`) is read again, up to [`SETTLE_READS`] times a second
+//! apart, before it is reported. A BMC that stops answering is reported with `reachable:
+//! false`, power `unknown` and the error. While the lease is not valid the pollers wait,
+//! reading nothing; a renewal resumes them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +24,12 @@ use rand::Rng as _;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::site::{Assignment, ManagedBmc, Site};
+use crate::site::{Assignment, ManagedBmc, PowerKey as Key, Site};
 
-/// What decides whether an observation is news: power, reachability, and the error's code.
-type Key = (PowerState, bool, String);
+/// Reads of a power state in transition before the loop reports where it heads.
+pub const SETTLE_READS: u32 = 5;
+/// Between two such reads.
+const SETTLE_PAUSE: Duration = Duration::from_secs(1);
 
 /// `interval` ±10 %.
 pub fn jittered(interval: Duration) -> Duration {
@@ -32,9 +38,19 @@ pub fn jittered(interval: Duration) -> Duration {
 
 /// Reads one BMC's power state as an observation (never fails: a failure is the observation).
 pub async fn observe(site: &Site, a: &Assignment, bmc: &ManagedBmc) -> (PowerObservation, Key) {
-    let r = site
-        .with_bmc(a.epoch, &bmc.node_id, false, |b| b.power_state())
-        .await;
+    let mut reads = 0;
+    let r = loop {
+        let r = site
+            .with_bmc(a.epoch, &bmc.node_id, false, |b| b.power_state())
+            .await;
+        match r {
+            Ok(p) if p.settling && reads < SETTLE_READS => {
+                reads += 1;
+                tokio::time::sleep(SETTLE_PAUSE).await;
+            }
+            r => break r.map(|p| p.power),
+        }
+    };
     let now = chrono::Utc::now().timestamp_millis();
     match r {
         Ok(p) => (
@@ -70,8 +86,8 @@ pub async fn observe(site: &Site, a: &Assignment, bmc: &ManagedBmc) -> (PowerObs
 /// Polls one BMC until aborted.
 async fn poll(site: Arc<Site>, a: Arc<Assignment>, bmc: Arc<ManagedBmc>) {
     let mut changes = site.subscribe();
-    let mut last: Option<Key> = None;
     let mut first = true;
+    let mut first_report = true;
     loop {
         if !first {
             tokio::time::sleep(jittered(a.sync_interval)).await;
@@ -88,14 +104,16 @@ async fn poll(site: Arc<Site>, a: Arc<Assignment>, bmc: Arc<ManagedBmc>) {
             continue;
         }
         site.note_reachable(&bmc.node_id, obs.reachable);
-        if last.as_ref() != Some(&key) {
+        let fresh = first_report;
+        first_report = false;
+        if fresh || site.reported(&bmc.node_id).as_ref() != Some(&key) {
             if obs.reachable {
                 tracing::debug!(node_id = %bmc.node_id, power = %obs.power, "power state");
             } else {
                 tracing::warn!(node_id = %bmc.node_id, error = %obs.error, "BMC not answering");
             }
             site.reports.push(a.epoch, obs);
-            last = Some(key);
+            site.note_power(&bmc.node_id, key);
         }
     }
 }

@@ -70,6 +70,7 @@ async fn power(site: &Site, node: &str, epoch: u64) -> Result<(), CommandErrorCo
             lease_epoch: epoch,
             action: PowerAction::On,
             boot_device: None,
+            network_boot: None,
         },
     )
     .await

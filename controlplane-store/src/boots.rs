@@ -64,11 +64,14 @@ pub struct BootRecord {
     pub work_command_id: Option<String>,
     /// The workflow's last finished step on this boot.
     pub work_step: Option<WorkStep>,
+    /// The `bmc.setBootDevice none` that clears the boot override once the ramdisk joined
+    /// (issue 31), once issued.
+    pub override_command_id: Option<String>,
 }
 
 const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
     expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, work_command_id, \
-    work_step";
+    work_step, override_command_id";
 
 fn boot_from_row(r: &Row<'_>) -> Result<BootRecord, StoreError> {
     Ok(BootRecord {
@@ -90,6 +93,7 @@ fn boot_from_row(r: &Row<'_>) -> Result<BootRecord, StoreError> {
             .get::<Option<String>>(14)?
             .map(|s| parse_enum("work_step", &s))
             .transpose()?,
+        override_command_id: r.get(15)?,
     })
 }
 
@@ -100,8 +104,8 @@ impl Tx<'_> {
         self.db().execute(
             "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
              created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, \
-             work_command_id, work_step) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+             work_command_id, work_step, override_command_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
              ON CONFLICT (node_id) DO UPDATE SET token_id = excluded.token_id, \
              secret_sha256 = excluded.secret_sha256, sealed = excluded.sealed, \
              purpose = excluded.purpose, created_at = excluded.created_at, \
@@ -109,7 +113,7 @@ impl Tx<'_> {
              phase_started_at = excluded.phase_started_at, command_id = excluded.command_id, \
              ended_at = excluded.ended_at, diag_command_id = excluded.diag_command_id, \
              steps_at = excluded.steps_at, work_command_id = excluded.work_command_id, \
-             work_step = excluded.work_step",
+             work_step = excluded.work_step, override_command_id = excluded.override_command_id",
             params![
                 b.node_id,
                 b.token_id,
@@ -125,7 +129,8 @@ impl Tx<'_> {
                 b.diag_command_id,
                 b.steps_at,
                 b.work_command_id,
-                b.work_step.map(WorkStep::as_str)
+                b.work_step.map(WorkStep::as_str),
+                b.override_command_id
             ],
         )?;
         Ok(())
@@ -192,6 +197,7 @@ mod tests {
             steps_at: None,
             work_command_id: None,
             work_step: None,
+            override_command_id: None,
         }
     }
 

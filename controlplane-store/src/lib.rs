@@ -422,6 +422,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M009_WORKFLOWS),
         M::up(migrations::M010_CONTROLLER_LEASE),
         M::up(migrations::M011_REMEDIATION),
+        M::up(migrations::M012_BOOT_OVERRIDE),
     ])
 }
 

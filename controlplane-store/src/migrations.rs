@@ -438,3 +438,9 @@ CREATE INDEX xid_observations_workload ON xid_observations(workload_id, at);
 CREATE INDEX xid_observations_node ON xid_observations(node_id, at);
 CREATE INDEX xid_observations_at ON xid_observations(at);
 "#;
+
+/// Issue 31: the boot override is cleared (`bmc.setBootDevice none`) once the ramdisk joined;
+/// the command that clears it, so it is sent once and the workflow's next step waits for it.
+pub const M012_BOOT_OVERRIDE: &str = r#"
+ALTER TABLE node_boots ADD COLUMN override_command_id TEXT; -- bmc.setBootDevice none after the join
+"#;

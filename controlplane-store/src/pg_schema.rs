@@ -65,6 +65,7 @@ pub(crate) fn migrations() -> Result<Vec<(i64, String)>, StoreError> {
         (9, m::M009_WORKFLOWS.to_owned()),
         (10, m::M010_CONTROLLER_LEASE.to_owned()),
         (11, m::M011_REMEDIATION.to_owned()),
+        (12, m::M012_BOOT_OVERRIDE.to_owned()),
     ])
 }
 
@@ -77,7 +78,7 @@ mod tests {
         let pg = migrations()?;
         assert_eq!(
             pg.len(),
-            11,
+            12,
             "one PostgreSQL migration per SQLite migration"
         );
         let sql: Vec<&str> = pg.iter().map(|(_, s)| s.as_str()).collect();

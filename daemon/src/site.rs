@@ -26,6 +26,8 @@ use crate::process::{self, SessionArgs, SessionError};
 
 /// Outbound messages a session queues at most.
 const OUTBOUND_CAPACITY: usize = 256;
+/// How long each BMC session's deletion may take when the site agent stops.
+const CLOSE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Flags of `bcd site`.
 #[derive(Debug, Clone, clap::Args)]
@@ -172,6 +174,7 @@ async fn run_until(
         bcd_site::boot::serve(addr, service).await?;
     }
     let sync = tokio::spawn(bcd_site::sync::run(Arc::clone(&site), stop.clone()));
+    let closing = Arc::clone(&site);
     let mut hooks = SiteHooks::new(site, status, Systemd(Arc::clone(&notifier)));
     let _ = notifier.ready();
     tracing::info!(state_dir = %site_cfg.state_dir.display(), "site agent starting");
@@ -187,5 +190,7 @@ async fn run_until(
         .await
         .map_err(|e| SessionError::from_lifecycle(e, &site_cfg.state_dir).into());
     sync.abort();
+    // The BMC sessions end with the site agent (a BMC keeps a handful of session slots).
+    closing.close(CLOSE_LIMIT).await;
     outcome
 }

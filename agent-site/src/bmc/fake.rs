@@ -10,7 +10,7 @@ use std::time::Duration;
 use bc_protocol::commands::bmc::{BmcFacts, BootDevice, BootDeviceResult, PowerAction, PowerState};
 use parking_lot::Mutex;
 
-use super::{Bmc, BmcError, BmcFuture, Connector, Endpoint};
+use super::{Bmc, BmcError, BmcFuture, BootOverride, Connector, Endpoint, PowerDone, PowerReading};
 
 #[derive(Debug)]
 struct State {
@@ -50,6 +50,8 @@ impl FakeBmc {
                 boot: BootDeviceResult {
                     device: Some(BootDevice::Disk),
                     persistent: Some(true),
+                    note: None,
+                    transient_faults: 0,
                 },
                 fail: None,
                 delay: Duration::ZERO,
@@ -130,17 +132,28 @@ impl Bmc for FakeBmc {
         }))
     }
 
-    fn power_state(&self) -> BmcFuture<'_, PowerState> {
-        Box::pin(self.op(|s| s.power))
+    fn power_state(&self) -> BmcFuture<'_, PowerReading> {
+        Box::pin(self.op(|s| PowerReading::settled(s.power)))
     }
 
-    fn power(&self, action: PowerAction) -> BmcFuture<'_, ()> {
+    fn power(&self, action: PowerAction, boot: Option<BootOverride>) -> BmcFuture<'_, PowerDone> {
         Box::pin(self.op(move |s| {
+            if let Some(b) = boot {
+                s.actions.push(format!(
+                    "boot {} {}",
+                    b.device.as_str(),
+                    if b.persistent { "persistent" } else { "once" }
+                ));
+            }
             s.actions.push(format!("power {}", action.as_str()));
             s.power = match action {
                 PowerAction::On | PowerAction::Reboot => PowerState::On,
                 PowerAction::Off | PowerAction::SoftOff => PowerState::Off,
             };
+            PowerDone {
+                power: s.power,
+                transient_faults: 0,
+            }
         }))
     }
 
@@ -158,6 +171,8 @@ impl Bmc for FakeBmc {
             s.boot = BootDeviceResult {
                 device: Some(device),
                 persistent: Some(persistent),
+                note: None,
+                transient_faults: 0,
             };
             s.boot.clone()
         }))

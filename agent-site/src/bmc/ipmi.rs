@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use bc_protocol::commands::bmc::{BmcFacts, BootDevice, BootDeviceResult, PowerAction, PowerState};
 
-use super::{Bmc, BmcError, BmcFuture, Endpoint, Secret};
+use super::{Bmc, BmcError, BmcFuture, BootOverride, Endpoint, PowerDone, PowerReading, Secret};
 use crate::address::BmcAddress;
 use crate::config::SiteConfig;
 
@@ -40,6 +40,7 @@ pub struct IpmiBmc {
     answer_timeout_s: u32,
     retries: u32,
     timeout: Duration,
+    settle: Duration,
 }
 
 impl std::fmt::Debug for IpmiBmc {
@@ -69,6 +70,8 @@ pub fn parse_bootparam(stdout: &str) -> BootDeviceResult {
     let mut r = BootDeviceResult {
         device: None,
         persistent: None,
+        note: None,
+        transient_faults: 0,
     };
     for l in stdout.lines() {
         let l = l.trim().trim_start_matches("- ").to_ascii_lowercase();
@@ -78,6 +81,8 @@ pub fn parse_bootparam(stdout: &str) -> BootDeviceResult {
                 r.device = Some(BootDevice::Pxe);
             } else if sel.contains("hard-drive") || sel.contains("hard drive") {
                 r.device = Some(BootDevice::Disk);
+            } else if sel.contains("no override") {
+                r.device = Some(BootDevice::None);
             }
         } else if l.contains("options apply to only next boot") {
             r.persistent = Some(false);
@@ -138,6 +143,7 @@ impl IpmiBmc {
             answer_timeout_s: cfg.ipmi_timeout_s.max(1),
             retries: cfg.ipmi_retries,
             timeout: Duration::from_millis(cfg.ipmi_command_timeout_ms.max(1)),
+            settle: cfg.power_settle(),
         }
     }
 
@@ -249,15 +255,44 @@ impl IpmiBmc {
         })
     }
 
-    async fn do_power(&self, action: PowerAction) -> Result<(), BmcError> {
-        let now = if action == PowerAction::Reboot {
-            self.do_power_state().await?
-        } else {
-            PowerState::Unknown
+    async fn do_power(
+        &self,
+        action: PowerAction,
+        boot: Option<BootOverride>,
+    ) -> Result<PowerDone, BmcError> {
+        let now = self.do_power_state().await?;
+        if let Some(b) = boot {
+            // Right before the power-on or restart that boots it.
+            self.do_boot(b.device, b.persistent).await?;
+        }
+        let r = self
+            .run(&["chassis", "power", power_verb(action, now)])
+            .await;
+        if let Err(e) = r {
+            if boot.is_some_and(|b| b.device != BootDevice::None) {
+                let _ = self.do_boot(BootDevice::None, false).await;
+            }
+            return Err(e);
+        }
+        let expect = match action {
+            PowerAction::On | PowerAction::Reboot => PowerState::On,
+            PowerAction::Off | PowerAction::SoftOff => PowerState::Off,
         };
-        self.run(&["chassis", "power", power_verb(action, now)])
-            .await
-            .map(drop)
+        let until = tokio::time::Instant::now() + self.settle;
+        let mut last = PowerState::Unknown;
+        while tokio::time::Instant::now() < until {
+            if let Ok(p) = self.do_power_state().await {
+                last = p;
+                if p == expect {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        Ok(PowerDone {
+            power: last,
+            transient_faults: 0,
+        })
     }
 
     async fn do_boot(
@@ -268,6 +303,7 @@ impl IpmiBmc {
         let dev = match device {
             BootDevice::Pxe => "pxe",
             BootDevice::Disk => "disk",
+            BootDevice::None => "none",
         };
         let mut args = vec!["chassis", "bootdev", dev];
         if persistent {
@@ -281,6 +317,8 @@ impl IpmiBmc {
                 Ok(BootDeviceResult {
                     device: None,
                     persistent: None,
+                    note: None,
+                    transient_faults: 0,
                 })
             }
         }
@@ -296,12 +334,12 @@ impl Bmc for IpmiBmc {
         Box::pin(self.do_facts())
     }
 
-    fn power_state(&self) -> BmcFuture<'_, PowerState> {
-        Box::pin(self.do_power_state())
+    fn power_state(&self) -> BmcFuture<'_, PowerReading> {
+        Box::pin(async { self.do_power_state().await.map(PowerReading::settled) })
     }
 
-    fn power(&self, action: PowerAction) -> BmcFuture<'_, ()> {
-        Box::pin(self.do_power(action))
+    fn power(&self, action: PowerAction, boot: Option<BootOverride>) -> BmcFuture<'_, PowerDone> {
+        Box::pin(self.do_power(action, boot))
     }
 
     fn set_boot_device(
@@ -335,7 +373,9 @@ mod tests {
             parse_bootparam(once),
             BootDeviceResult {
                 device: Some(BootDevice::Pxe),
-                persistent: Some(false)
+                persistent: Some(false),
+                note: None,
+                transient_faults: 0,
             }
         );
         let disk = "   - Options apply to all future boots\n   - Boot Device Selector : Force Boot from default Hard-Drive\n";
@@ -343,14 +383,18 @@ mod tests {
             parse_bootparam(disk),
             BootDeviceResult {
                 device: Some(BootDevice::Disk),
-                persistent: Some(true)
+                persistent: Some(true),
+                note: None,
+                transient_faults: 0,
             }
         );
         assert_eq!(
             parse_bootparam("nothing"),
             BootDeviceResult {
                 device: None,
-                persistent: None
+                persistent: None,
+                note: None,
+                transient_faults: 0,
             }
         );
     }

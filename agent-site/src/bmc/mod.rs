@@ -14,6 +14,12 @@
 //! saying what it answered; [`BmcError::code`] is the one mapping to the command error codes.
 //! A [`Connector`] turns an endpoint of the assignment into a driver, so tests can hand the site
 //! fakes instead.
+//!
+//! What a driver promises (issue 31; docs/bare-metal.md, "what the site agent does about BMC
+//! behaviour X"): a change is read back before it is called done ([`Bmc::power`] returns the
+//! settled power state, [`Bmc::set_boot_device`] what the BMC holds), a boot override is armed
+//! only with the machine off or right before a restart, and a request it gave up on is counted
+//! at the BMC until [`Bmc::busy_until`].
 
 pub mod ipmi;
 pub mod redfish;
@@ -33,6 +39,7 @@ use std::sync::Arc;
 use bc_protocol::commands::bmc::{BmcFacts, BootDevice, BootDeviceResult, PowerAction, PowerState};
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
 use bc_protocol::pb;
+use tokio::time::Instant;
 
 use crate::address::{AddressError, BmcAddress};
 use crate::config::SiteConfig;
@@ -51,18 +58,73 @@ pub trait Bmc: Send + Sync + fmt::Debug {
     fn facts(&self) -> BmcFuture<'_, BmcFacts>;
 
     /// The system's power state (the power sync loop's read; an idempotent read, retried).
-    fn power_state(&self) -> BmcFuture<'_, PowerState>;
+    fn power_state(&self) -> BmcFuture<'_, PowerReading>;
 
-    /// Acts on the system's power (never retried: a power action is not idempotent).
-    fn power(&self, action: PowerAction) -> BmcFuture<'_, ()>;
+    /// Acts on the system's power and returns the power state read back once the BMC settled.
+    /// With `boot`, that override is armed first, only with the machine off or right before a
+    /// restart (never with a power-off in between: some BMCs forget a one-time override at a
+    /// power-off). A failed action is read back before it is called failed, and retried only
+    /// when the read-back shows it did not take.
+    fn power(&self, action: PowerAction, boot: Option<BootOverride>) -> BmcFuture<'_, PowerDone>;
 
-    /// Sets the device the system boots from next (or from now on, when `persistent`), and
-    /// reads back what the BMC reports.
+    /// Sets the device the system boots from next (or from now on, when `persistent`; no
+    /// override with [`BootDevice::None`]), and reads back what the BMC holds: a change that
+    /// reads back different is [`BmcError::NotApplied`].
     fn set_boot_device(
         &self,
         device: BootDevice,
         persistent: bool,
     ) -> BmcFuture<'_, BootDeviceResult>;
+
+    /// Until when a request this driver gave up on (its timeout passed) may still be running at
+    /// the BMC: the operation's permit is held until then, so the BMC never serves more requests
+    /// than its limit. `None` when there is none.
+    fn busy_until(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Ends what the driver holds open at the BMC (a Redfish session), before it is dropped.
+    fn close(&self) -> BmcFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A power state as read: where a BMC reports a transition (`PoweringOn`), `power` is the state
+/// it is heading to and `settling` is true.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PowerReading {
+    /// The state (or the state it is heading to).
+    pub power: PowerState,
+    /// The BMC reports a transition, not a settled state.
+    pub settling: bool,
+}
+
+impl PowerReading {
+    /// A settled reading.
+    pub fn settled(power: PowerState) -> Self {
+        Self {
+            power,
+            settling: false,
+        }
+    }
+}
+
+/// A boot override armed with a power action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BootOverride {
+    /// The device.
+    pub device: BootDevice,
+    /// `Continuous` rather than `Once`.
+    pub persistent: bool,
+}
+
+/// What a power action came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PowerDone {
+    /// The power state read back once the BMC settled (`Unknown` when it did not answer).
+    pub power: PowerState,
+    /// BMC faults retried on the way.
+    pub transient_faults: u32,
 }
 
 /// A BMC operation that failed. The `address` is [`BmcAddress::display`] (no credentials); the
@@ -102,12 +164,32 @@ pub enum BmcError {
         /// What it answered.
         detail: String,
     },
-    /// The BMC answered with an error: 5xx, a malformed body, an action it refused.
+    /// The BMC answered with an error that may pass: a 5xx, a 429, a malformed body.
     #[error("BMC {address} answered with an error: {detail}")]
     Faulty {
         /// The BMC.
         address: String,
         /// Status and message.
+        detail: String,
+    },
+    /// The BMC refused the request (a 4xx other than 401/403: a value it does not take, an
+    /// action it does not offer); asking again the same way gets the same answer.
+    #[error("BMC {address} refused the request: {detail}")]
+    Refused {
+        /// The BMC.
+        address: String,
+        /// The HTTP status (0 when the refusal was no HTTP answer: a task's end, an action
+        /// the system does not list).
+        status: u16,
+        /// Status, `MessageId` and message.
+        detail: String,
+    },
+    /// The BMC answered a change as done but reads back something else.
+    #[error("BMC {address} did not apply the change: {detail}")]
+    NotApplied {
+        /// The BMC.
+        address: String,
+        /// What was asked, and what reads back.
         detail: String,
     },
     /// The address cannot be used at all.
@@ -125,7 +207,10 @@ impl BmcError {
             Self::NotASystem { .. } | Self::Address(AddressError::NotASystem { .. }) => {
                 CommandErrorCode::BmcNotASystem
             }
-            Self::Faulty { .. } | Self::Address(_) => CommandErrorCode::BmcError,
+            Self::NotApplied { .. } => CommandErrorCode::BmcNotApplied,
+            Self::Faulty { .. } | Self::Refused { .. } | Self::Address(_) => {
+                CommandErrorCode::BmcError
+            }
         }
     }
 
@@ -134,9 +219,15 @@ impl BmcError {
         CommandFailure::new(self.code(), self.to_string())
     }
 
-    /// Whether a read that failed this way may succeed when retried (no answer, or a 5xx).
+    /// Whether a request that failed this way may succeed when retried (no answer, a 5xx, a
+    /// 429).
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Unreachable { .. } | Self::Faulty { .. })
+    }
+
+    /// The BMC refused the credentials.
+    pub fn is_auth(&self) -> bool {
+        matches!(self, Self::AuthFailed { .. })
     }
 }
 
@@ -276,6 +367,21 @@ mod tests {
                     detail: d(),
                 },
                 CommandErrorCode::BmcError,
+            ),
+            (
+                BmcError::Refused {
+                    address: a(),
+                    status: 400,
+                    detail: d(),
+                },
+                CommandErrorCode::BmcError,
+            ),
+            (
+                BmcError::NotApplied {
+                    address: a(),
+                    detail: d(),
+                },
+                CommandErrorCode::BmcNotApplied,
             ),
             (
                 BmcError::Address(AddressError::Scheme("x".into())),

@@ -169,7 +169,13 @@ fn html_unescape(text: &str) -> String {
     while let Some(at) = rest.find('&') {
         out.push_str(&rest[..at]);
         rest = &rest[at..];
-        let Some(end) = rest[..rest.len().min(12)].find(';') else {
+        // An entity is short: its `;` is within the next dozen bytes, cut on a character's
+        // boundary (a BMC's answer may hold any text after an `&`).
+        let mut window = rest.len().min(12);
+        while !rest.is_char_boundary(window) {
+            window -= 1;
+        }
+        let Some(end) = rest[..window].find(';') else {
             out.push('&');
             rest = &rest[1..];
             continue;
@@ -328,6 +334,10 @@ mod tests {
             "service root: HTTP 503: try again in 30 s",
             "ipmitool chassis power on: Unable to establish IPMI v2 / RMCP+ session",
             "dGhpcyBpcyBub3QgdGhlIHBhc3N3b3Jk 0xdeadbeef &amp; \\u0041",
+            // An ampersand with multi-byte characters after it (an excerpt's ellipsis): no
+            // entity, and nothing cut inside a character.
+            "HTTP 400: a & b … «quoted» &é; end",
+            "&ééééééé;",
         ] {
             assert_eq!(s.scrub(text), text);
         }

@@ -117,6 +117,7 @@ pub async fn power_at(
             lease_epoch: epoch,
             action,
             boot_device: None,
+            network_boot: None,
         },
     )
     .await?;

@@ -201,6 +201,7 @@ pub(super) fn facts() -> BmcFacts {
         }],
         power: PowerState::On,
         cert_sha256: Some("ab".repeat(32)),
+        note: None,
     }
 }
 

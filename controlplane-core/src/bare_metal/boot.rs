@@ -135,6 +135,7 @@ pub(crate) fn begin(
         steps_at: None,
         work_command_id: None,
         work_step: None,
+        override_command_id: None,
     };
     tx.put_boot(&rec)?;
     Ok(rec)

@@ -96,6 +96,7 @@ pub(super) fn bed(profile_gpus: Option<u32>) -> Result<Bed, Box<dyn std::error::
             }],
             power: PowerState::Off,
             cert_sha256: None,
+            note: None,
         };
         tx.put_bmc(&BmcRecord {
             node_id: node.clone(),

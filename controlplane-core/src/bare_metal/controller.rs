@@ -21,7 +21,9 @@
 //! picks what to look at.
 
 use bc_protocol::commands::CommandArgs;
-use bc_protocol::commands::bmc::{BootDevice, PowerAction, PowerArgs};
+use bc_protocol::commands::bmc::{
+    BootDevice, BootDeviceArgs, NetworkBootCheck, PowerAction, PowerArgs,
+};
 use bc_protocol::{Power, ProvisionState};
 use cpl_store::{BootRecord, NodeRecord, Tx, duration_ms, now_ms};
 
@@ -218,17 +220,46 @@ impl BareMetal {
                     } else {
                         PowerAction::On
                     };
+                    // The network boot is confirmed by the site's boot service (issue 31,
+                    // rule 5); the command lasts as long as its power-ons with PXE may.
+                    let check = NetworkBootCheck {
+                        within_ms: u64::try_from(duration_ms(bm.cfg.network_boot_timeout))
+                            .unwrap_or(u64::MAX),
+                        attempts: bm.cfg.network_boot_attempts.max(1),
+                    };
                     let args = CommandArgs::BmcPower(PowerArgs {
                         node_id: b.node_id.clone(),
                         lease_epoch: epoch,
                         action,
                         boot_device: Some(BootDevice::Pxe),
+                        network_boot: Some(check),
                     });
-                    let rec = bmc::queue(tx, &h, &b.node_id, args, timeout, OWNER)?;
+                    let per_try = duration_ms(bm.cfg.network_boot_timeout).saturating_add(timeout);
+                    let lasts = per_try.saturating_mul(i64::from(check.attempts));
+                    let rec = bmc::queue(tx, &h, &b.node_id, args, lasts, OWNER)?;
                     bmc::mark_expected(tx, &b.node_id, Power::On)?;
                     b.command_id = Some(rec.id);
                     tx.put_boot(&b)?;
                     return Ok(Some(Action::Boot { site, holder: h }));
+                }
+                // The ramdisk joined: the boot override goes (issue 31, rule 4; a BMC may hold
+                // it as Continuous, or it was the persistent last resort of the network boot),
+                // before the workflow sends anything else to the BMC.
+                if b.used_at.is_some() {
+                    match b.override_command_id.as_deref() {
+                        None => {
+                            if let Some((h, epoch)) = &holder {
+                                let rec = clear_override(tx, &b.node_id, h, *epoch, timeout)?;
+                                b.override_command_id = Some(rec.id);
+                                tx.put_boot(&b)?;
+                                return Ok(Some(Action::Dispatch { node: h.clone() }));
+                            }
+                        }
+                        Some(id) if tx.command(id)?.is_some_and(|c| !c.state.is_final()) => {
+                            return Ok(None);
+                        }
+                        Some(_) => {}
+                    }
                 }
                 let pool = pool_of(tx, &node)?;
                 let live = bm.sessions.live_epoch(&b.node_id).is_some();
@@ -246,6 +277,24 @@ impl BareMetal {
             })
             .await
     }
+}
+
+/// Queues `bmc.setBootDevice none` for `node_id`'s BMC on holder `h` (lease `epoch`): the boot
+/// override goes, read back by the site agent.
+fn clear_override(
+    tx: &Tx<'_>,
+    node_id: &str,
+    h: &str,
+    epoch: u64,
+    timeout: i64,
+) -> Result<cpl_store::CommandRecord, OpError> {
+    let args = CommandArgs::BmcSetBootDevice(BootDeviceArgs {
+        node_id: node_id.to_owned(),
+        lease_epoch: epoch,
+        device: BootDevice::None,
+        persistent: false,
+    });
+    bmc::queue(tx, h, node_id, args, timeout, OWNER)
 }
 
 /// The nodes in a ramdisk state whose boot has not begun (or ended).
@@ -294,15 +343,26 @@ fn end_boot(
     if off && holder.is_none() {
         return Ok(None);
     }
+    let mut queued = None;
+    // A boot that ends before its override was cleared (it never joined, or left the ramdisk
+    // at once): cleared now, so a later power-on by hand does not boot the network.
+    if b.command_id.is_some()
+        && b.override_command_id.is_none()
+        && let Some((h, epoch)) = &holder
+    {
+        let rec = clear_override(tx, &b.node_id, h, *epoch, timeout)?;
+        b.override_command_id = Some(rec.id);
+        queued = Some(h.clone());
+    }
     b.ended_at = Some(now);
     tx.put_boot(&b)?;
-    let mut queued = None;
     if off && let Some((h, epoch)) = &holder {
         let args = CommandArgs::BmcPower(PowerArgs {
             node_id: b.node_id.clone(),
             lease_epoch: *epoch,
             action: PowerAction::Off,
             boot_device: None,
+            network_boot: None,
         });
         bmc::queue(tx, h, &b.node_id, args, timeout, OWNER)?;
         queued = Some(h.clone());

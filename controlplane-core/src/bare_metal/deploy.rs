@@ -181,6 +181,7 @@ fn next(tx: &Tx<'_>, t: &mut Turn<'_>) -> Result<Option<String>, OpError> {
                 lease_epoch: epoch,
                 action: PowerAction::Reboot,
                 boot_device: None,
+                network_boot: None,
             })
         }),
         _ => Ok(None),

@@ -109,8 +109,15 @@ pub struct BareMetalConfig {
     /// How long an enrollment may wait for its verification, queue time (no site agent holding
     /// the lease) included (`--bmc-verify-deadline`, 5 min).
     pub verify_deadline: Duration,
-    /// Deadline of one `bmc.*` command (2 min: a BMC may be slow, the agent retries reads).
+    /// Deadline of one `bmc.*` command (5 min: a BMC may answer in a minute, run a change as a
+    /// task, and the agent retries what it did not take).
     pub command_timeout: Duration,
+    /// How long after a power-on with PXE the machine may take to ask the site's boot service
+    /// for its script (`--network-boot-timeout`, 5 min; issue 31 rule 5).
+    pub network_boot_timeout: Duration,
+    /// Power-ons with PXE before a machine that never asks for its script fails (the last with
+    /// a persistent override).
+    pub network_boot_attempts: u32,
     /// The site agent's power sync period (`--power-sync-interval`, 60 s).
     pub power_sync_interval: Duration,
     /// Requests in flight per BMC (`--max-requests-per-bmc`, 4) and per site (64) the site agent
@@ -125,7 +132,9 @@ impl Default for BareMetalConfig {
             lease_ttl: Duration::from_secs(15),
             grace: Duration::from_secs(40),
             verify_deadline: Duration::from_secs(300),
-            command_timeout: Duration::from_secs(120),
+            command_timeout: Duration::from_secs(300),
+            network_boot_timeout: Duration::from_secs(300),
+            network_boot_attempts: 3,
             power_sync_interval: Duration::from_secs(60),
             max_requests_per_bmc: 4,
             max_requests_per_site: 64,

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bc_protocol::commands::CommandArgs;
 use bc_protocol::commands::bmc::{BootDevice, BootDeviceArgs, PowerAction, PowerArgs, VerifyArgs};
+use bc_protocol::commands::{CommandArgs, CommandErrorCode};
 use bc_protocol::pb::PowerReport;
 use bc_protocol::{ConditionStatus, Power};
 use cpl_store::{CommandRecord, Tx, duration_ms, now_ms};
@@ -127,6 +127,7 @@ impl BareMetal {
                     lease_epoch: epoch,
                     action: req.action,
                     boot_device: None,
+                    network_boot: None,
                 });
                 queue(tx, &holder, &req.node_id, args, timeout, &actor)
             })
@@ -348,12 +349,20 @@ pub fn apply_power_report(
             } else {
                 o.error.clone()
             };
+            // A refused password is not an unreachable BMC: the operator gives new credentials
+            // (the site agent no longer sends the refused ones).
+            let refused = o.error_code == CommandErrorCode::BmcAuthFailed.as_str();
+            let reason = if refused {
+                "CredentialsRejected"
+            } else {
+                "BmcUnreachable"
+            };
             apply(
                 &mut edit,
                 &ConditionUpdate {
                     type_: BMC_REACHABLE.to_owned(),
                     status: ConditionStatus::False,
-                    reason: "BmcUnreachable".to_owned(),
+                    reason: reason.to_owned(),
                     message: why.clone(),
                     owner: OWNER.to_owned(),
                     gpus: Vec::new(),
@@ -362,7 +371,11 @@ pub fn apply_power_report(
             set_power(
                 &mut edit,
                 Power::Unknown,
-                &format!("the BMC did not answer: {why}"),
+                &if refused {
+                    format!("the BMC refused the credentials: {why}")
+                } else {
+                    format!("the BMC did not answer: {why}")
+                },
             );
             b.last_error = Some(why);
         }

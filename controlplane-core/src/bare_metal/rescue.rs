@@ -152,6 +152,7 @@ pub fn unrescue(
         lease_epoch: epoch,
         action: PowerAction::Reboot,
         boot_device: Some(BootDevice::Disk),
+        network_boot: None,
     });
     super::bmc::queue(tx, &holder, &req.node_id, args, timeout_ms, OWNER)?;
     Ok((edit.save(tx)?, holder))

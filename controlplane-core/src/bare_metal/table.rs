@@ -101,9 +101,10 @@ pub fn on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
 }
 
 /// A failed power-on of a pending boot fails the node at once with what the BMC answered (the
-/// condition its workflow names), instead of waiting for the deadline; a `LEASE_LOST` only
-/// clears it, so the next pass powers the machine on through the new holder. A ramdisk that
-/// joined already came up, whatever the command says late.
+/// condition its workflow names: reason `NetworkBootNotRequested` when the machine never asked
+/// the site's boot service for its script, `PowerOnFailed` otherwise), instead of waiting for
+/// the deadline; a `LEASE_LOST` only clears it, so the next pass powers the machine on through
+/// the new holder. A ramdisk that joined already came up, whatever the command says late.
 pub fn on_power_on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
     if cmd.state == CommandState::Succeeded {
         return Ok(());
@@ -131,18 +132,32 @@ pub fn on_power_on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError
     let Some(r) = ramdisk(state).filter(|_| state == b.purpose) else {
         return Ok(());
     };
-    let why = format!(
-        "the BMC did not power the machine on into the ramdisk: {} {}: {code}: {}",
-        cmd.name,
-        cmd.state.as_str(),
-        cmd.error_message.as_deref().unwrap_or("")
-    );
+    let (reason, why) = if code == CommandErrorCode::NetworkBootNotRequested.as_str() {
+        (
+            "NetworkBootNotRequested",
+            format!(
+                "the machine was powered on with PXE but never asked for its script ({}): {}",
+                cmd.name,
+                cmd.error_message.as_deref().unwrap_or("")
+            ),
+        )
+    } else {
+        (
+            "PowerOnFailed",
+            format!(
+                "the BMC did not power the machine on into the ramdisk: {} {}: {code}: {}",
+                cmd.name,
+                cmd.state.as_str(),
+                cmd.error_message.as_deref().unwrap_or("")
+            ),
+        )
+    };
     crate::conditions::apply_owned(
         &mut edit,
         OWNER,
         r.power_on_condition,
         ConditionStatus::False,
-        "PowerOnFailed",
+        reason,
         why.clone(),
     );
     apply_transition(&mut edit, ProvisionState::Failed, &why)?;

@@ -96,7 +96,12 @@ pub fn on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
         None,
         Some(cmd.state.as_str().to_owned()),
         match cmd.state {
-            CommandState::Succeeded => format!("{} ({}) succeeded", cmd.name, cmd.id),
+            CommandState::Succeeded => format!(
+                "{} ({}) succeeded{}",
+                cmd.name,
+                cmd.id,
+                success_detail(cmd.result.as_ref())
+            ),
             _ => format!(
                 "{} ({}) {}: {code}: {message}",
                 cmd.name,
@@ -113,6 +118,7 @@ pub fn on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
             verify_result(tx, &mut edit, bmc, cmd, &code, &message)?
         }
         Ok(CommandArgs::BmcPower(a)) if cmd.state == CommandState::Succeeded => {
+            // The state after the action, as the BMC read once it settled.
             if let Some(r) = cmd
                 .result
                 .as_ref()
@@ -134,6 +140,47 @@ pub fn on_final(tx: &Tx<'_>, cmd: &CommandRecord) -> Result<(), OpError> {
     }
     edit.save(tx)?;
     Ok(())
+}
+
+/// What a successful `bmc.*` result adds to its event: the BMC faults retried on the way (a
+/// flaky BMC, issue 31 rule 13), the network boot confirmed, what the BMC holds where it
+/// differs from what was asked.
+fn success_detail(result: Option<&serde_json::Value>) -> String {
+    let Some(r) = result else {
+        return String::new();
+    };
+    let mut parts = Vec::new();
+    if let Some(n) = r.get("transientFaults").and_then(serde_json::Value::as_u64)
+        && n > 0
+    {
+        parts.push(format!(
+            "after retrying {n} transient BMC fault(s) (no answer or a 5xx): a flaky BMC"
+        ));
+    }
+    if let Some(b) = r.get("networkBoot") {
+        parts.push(format!(
+            "the machine asked the boot service for its script from {} after power-on {}{}",
+            b.get("mac")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("?"),
+            b.get("attempt")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(1),
+            if b.get("persistent").and_then(serde_json::Value::as_bool) == Some(true) {
+                " (with a persistent override)"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(n) = r.get("note").and_then(serde_json::Value::as_str) {
+        parts.push(n.to_owned());
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join("; "))
+    }
 }
 
 /// A verification's result on an `enrolling` node.
@@ -338,12 +385,19 @@ fn rotation_result(
     if cmd.state == CommandState::Succeeded {
         bmc.credentials = candidate;
         bmc.last_error = None;
+        let note = cmd
+            .result
+            .as_ref()
+            .and_then(|r| r.get("note"))
+            .and_then(serde_json::Value::as_str)
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
         edit.event(
             "bmcCredentials",
             Some("rotating".into()),
             Some("rotated".into()),
             format!(
-                "the BMC accepted the new credentials ({}); they replace the old ones",
+                "the BMC accepted the new credentials ({}){note}; they replace the old ones",
                 cmd.id
             ),
         );

@@ -67,6 +67,8 @@ pub enum BootVerb {
     Pxe,
     /// The local disk.
     Disk,
+    /// No override: the firmware's own boot order.
+    None,
 }
 
 impl From<BootVerb> for BootDevice {
@@ -74,6 +76,7 @@ impl From<BootVerb> for BootDevice {
         match v {
             BootVerb::Pxe => BootDevice::Pxe,
             BootVerb::Disk => BootDevice::Disk,
+            BootVerb::None => BootDevice::None,
         }
     }
 }

@@ -177,6 +177,11 @@ pub struct ServeArgs {
     /// power sync together (sent in the site assignment; BMC session tables are small).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), default_value_t = 4)]
     pub max_requests_per_bmc: u32,
+    /// How long after a power-on with PXE a machine may take to ask the site's boot service for
+    /// its script before it is powered on again (three power-ons, the last with a persistent
+    /// boot override; then it fails NetworkBootNotRequested).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    pub network_boot_timeout: Duration,
 }
 
 /// A size: bytes, or a number with `K`, `M`, `G` or `T` (powers of 1024; `KiB`, `MiB`, ... and a
@@ -250,6 +255,7 @@ impl ServeArgs {
         cfg.bare_metal.verify_deadline = self.bmc_verify_deadline;
         cfg.bare_metal.power_sync_interval = self.power_sync_interval;
         cfg.bare_metal.max_requests_per_bmc = self.max_requests_per_bmc;
+        cfg.bare_metal.network_boot_timeout = self.network_boot_timeout;
         cfg.postgres = self.postgres()?;
         cfg.controller_lease_ttl = self.controller_lease_ttl;
         Ok(cfg)

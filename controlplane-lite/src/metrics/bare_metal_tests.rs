@@ -60,6 +60,7 @@ fn boot(node: &str, purpose: ProvisionState, started: i64) -> BootRecord {
         steps_at: None,
         work_command_id: None,
         work_step: None,
+        override_command_id: None,
     }
 }
 

@@ -103,6 +103,7 @@ mod tests {
             lease_epoch: 3,
             action: PowerAction::On,
             boot_device: Some(BootDevice::Pxe),
+            network_boot: None,
         });
         assert_eq!(power.name(), CommandName::BmcPower);
         assert_eq!(

@@ -48,14 +48,19 @@ pub enum BootDevice {
     Pxe,
     /// The local disk (Redfish `Hdd`; IPMI `chassis bootdev disk`).
     Disk,
+    /// No override: the firmware's own boot order (Redfish `BootSourceOverrideEnabled:
+    /// Disabled`; IPMI `chassis bootdev none`). What the control plane sets once a ramdisk
+    /// joined (issue 31, rule 4).
+    None,
 }
 
 impl BootDevice {
-    /// The JSON spelling (`pxe`, `disk`).
+    /// The JSON spelling (`pxe`, `disk`, `none`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pxe => "pxe",
             Self::Disk => "disk",
+            Self::None => "none",
         }
     }
 }
@@ -140,6 +145,10 @@ pub struct BmcFacts {
     /// at enrollment and pinned afterwards.
     #[serde(default)]
     pub cert_sha256: Option<String>,
+    /// How the credentials got through when it took more than one try (a rotation tried again
+    /// after a lockout window: when it was refused, when it was tried again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// The args of `bmc.power` (camelCase JSON; unknown keys are refused).
@@ -156,15 +165,60 @@ pub struct PowerArgs {
     /// reboot, into the network boot), so the two cannot run in the wrong order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_device: Option<BootDevice>,
+    /// With `boot_device: pxe`: the network boot is confirmed by the machine asking the site's
+    /// boot service for its script, and the power-on is repeated when it does not (issue 31,
+    /// rule 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_boot: Option<NetworkBootCheck>,
+}
+
+/// How a network boot is confirmed: the site agent's boot service must see one of the
+/// machine's MACs ask for its script within `within_ms` of each power-on with PXE; after
+/// `attempts` power-ons (the last with a persistent override) without one, the command fails
+/// with `NETWORK_BOOT_NOT_REQUESTED`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkBootCheck {
+    /// How long after a power-on the script request may come, ms.
+    pub within_ms: u64,
+    /// Power-ons with PXE at most (at least 1).
+    pub attempts: u32,
 }
 
 /// The result of `bmc.power` (camelCase JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PowerResult {
-    /// The power state read back after the action (a BMC may apply it later: `unknown` or the
-    /// old state is possible; the power sync loop reports the change when it happens).
+    /// The power state read back after the action, once the BMC settled (a BMC that reports
+    /// `PoweringOn` is asked again until it says `On`, within a bound; `unknown` when it never
+    /// answered).
     pub power: PowerState,
+    /// The network boot the site's boot service saw, when the command asked for one to be
+    /// confirmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_boot: Option<NetworkBootSeen>,
+    /// BMC faults (no answer, 5xx) the operation retried before it succeeded: a flaky BMC.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transient_faults: u32,
+}
+
+/// A confirmed network boot: which of the machine's MACs asked the boot service for its
+/// script, and on which power-on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkBootSeen {
+    /// The MAC in the script request (lowercase `aa:bb:…`).
+    pub mac: String,
+    /// The power-on (1-based) after which it came.
+    pub attempt: u32,
+    /// The override of that power-on was persistent (the last resort): clear it after the
+    /// ramdisk joined.
+    pub persistent: bool,
+}
+
+/// serde's `skip_serializing_if` for a zero count.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The args of `bmc.setBootDevice` (camelCase JSON; unknown keys are refused).
@@ -193,4 +247,11 @@ pub struct BootDeviceResult {
     /// Whether the BMC reports the override as persistent; `None` where it cannot be read back.
     #[serde(default)]
     pub persistent: Option<bool>,
+    /// What the BMC holds differs from what was asked in a way the site agent accepted (a
+    /// one-time override stored as `Continuous`): what was asked and what reads back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// BMC faults (no answer, 5xx) the operation retried before it succeeded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transient_faults: u32,
 }

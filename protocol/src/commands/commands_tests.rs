@@ -383,8 +383,8 @@ fn command_args_parse() -> TestResult {
 #[test]
 fn bmc_commands_keep_their_json() -> TestResult {
     use super::bmc::{
-        BmcFacts, BmcNic, BootDevice, BootDeviceArgs, PowerAction, PowerArgs, PowerState,
-        VerifyArgs,
+        BmcFacts, BmcNic, BootDevice, BootDeviceArgs, BootDeviceResult, NetworkBootCheck,
+        NetworkBootSeen, PowerAction, PowerArgs, PowerResult, PowerState, VerifyArgs,
     };
     /// `value` serializes to exactly `expect` and parses back to itself.
     fn pins<T>(value: &T, expect: serde_json::Value) -> TestResult
@@ -401,8 +401,53 @@ fn bmc_commands_keep_their_json() -> TestResult {
             lease_epoch: 3,
             action: PowerAction::SoftOff,
             boot_device: None,
+            network_boot: None,
         },
         json!({"nodeId": "node_a", "leaseEpoch": 3, "action": "softOff"}),
+    )?;
+    pins(
+        &PowerArgs {
+            node_id: "node_a".into(),
+            lease_epoch: 3,
+            action: PowerAction::On,
+            boot_device: Some(BootDevice::Pxe),
+            network_boot: Some(NetworkBootCheck {
+                within_ms: 300_000,
+                attempts: 3,
+            }),
+        },
+        json!({"nodeId": "node_a", "leaseEpoch": 3, "action": "on", "bootDevice": "pxe",
+               "networkBoot": {"withinMs": 300_000, "attempts": 3}}),
+    )?;
+    pins(
+        &PowerResult {
+            power: PowerState::On,
+            network_boot: Some(NetworkBootSeen {
+                mac: "52:54:00:00:00:01".into(),
+                attempt: 2,
+                persistent: false,
+            }),
+            transient_faults: 1,
+        },
+        json!({"power": "on", "networkBoot": {"mac": "52:54:00:00:00:01", "attempt": 2,
+               "persistent": false}, "transientFaults": 1}),
+    )?;
+    pins(
+        &PowerResult {
+            power: PowerState::Off,
+            network_boot: None,
+            transient_faults: 0,
+        },
+        json!({"power": "off"}),
+    )?;
+    pins(
+        &BootDeviceResult {
+            device: Some(BootDevice::None),
+            persistent: Some(false),
+            note: None,
+            transient_faults: 0,
+        },
+        json!({"device": "none", "persistent": false}),
     )?;
     pins(
         &BootDeviceArgs {
@@ -435,6 +480,7 @@ fn bmc_commands_keep_their_json() -> TestResult {
             }],
             power: PowerState::Off,
             cert_sha256: None,
+            note: None,
         },
         json!({"systemPath": "/redfish/v1/Systems/1",
                "uuid": "0b2d3c3e-0000-4000-8000-000000000001", "serial": "SER1",
@@ -450,5 +496,10 @@ fn bmc_commands_keep_their_json() -> TestResult {
         assert_eq!(name.as_str(), text);
     }
     assert_eq!(CommandErrorCode::LeaseLost.as_str(), "LEASE_LOST");
+    assert_eq!(
+        CommandErrorCode::NetworkBootNotRequested.as_str(),
+        "NETWORK_BOOT_NOT_REQUESTED"
+    );
+    assert_eq!(CommandErrorCode::BmcNotApplied.as_str(), "BMC_NOT_APPLIED");
     Ok(())
 }

@@ -98,6 +98,12 @@ crate::string_enum! {
         BmcNotASystem => "BMC_NOT_A_SYSTEM",
         /// `bmc.*`: the BMC answered with an error (5xx, a malformed body, an action it refused).
         BmcError => "BMC_ERROR",
+        /// `bmc.*`: the BMC answered a change as done but reads back something else (the message
+        /// names what was asked and what reads back).
+        BmcNotApplied => "BMC_NOT_APPLIED",
+        /// `bmc.power` into a network boot: the machine never asked the site's boot service for
+        /// its script, however often it was powered on with PXE.
+        NetworkBootNotRequested => "NETWORK_BOOT_NOT_REQUESTED",
         /// `disk.clean`: the machine's disks could not be listed at all (no `/sys/block`);
         /// a disk that fails is reported in the result, not here.
         CleanFailed => "CLEAN_FAILED",

@@ -7,7 +7,8 @@
 use bc_protocol::pb::gateway_client::GatewayClient;
 use bc_protocol::pb::join_client::JoinClient;
 use bc_protocol::pb::{
-    AgentMessage, GatewayMessage, HardwareIdentity, Hello, JoinRequest, UploadChunk, UploadResult,
+    AgentMessage, AgentMode, GatewayMessage, HardwareIdentity, Hello, JoinRequest, UploadChunk,
+    UploadResult,
 };
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -41,16 +42,22 @@ pub struct Session {
 impl FakeAgent {
     /// A fake agent for `cp`.
     pub fn new(cp: &ControlPlane) -> Self {
+        let ca_pem = std::fs::read_to_string(cp.dir.join("ca.crt")).expect("ca.crt");
+        Self::at(&cp.gateway_url, &ca_pem)
+    }
+
+    /// A fake agent for the gateway at `url` whose CA is `ca_pem` (from a thread that holds no
+    /// `ControlPlane`).
+    pub fn at(url: &str, ca_pem: &str) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let ca_pem = std::fs::read_to_string(cp.dir.join("ca.crt")).expect("ca.crt");
         Self {
             rt,
-            url: cp.gateway_url.clone(),
-            ca_pem,
+            url: url.to_owned(),
+            ca_pem: ca_pem.to_owned(),
         }
     }
 
@@ -79,6 +86,24 @@ impl FakeAgent {
         trusted: bool,
         digests: &[&str],
     ) -> Result<Joined, tonic::Status> {
+        self.join_as(
+            AgentMode::Unspecified,
+            token,
+            hardware_key,
+            trusted,
+            digests,
+        )
+    }
+
+    /// [`FakeAgent::join`] in `mode` (a ramdisk joins with its boot token in mode `RAMDISK`).
+    pub fn join_as(
+        &self,
+        mode: AgentMode,
+        token: &str,
+        hardware_key: &str,
+        trusted: bool,
+        digests: &[&str],
+    ) -> Result<Joined, tonic::Status> {
         self.rt.block_on(async {
             let key =
                 rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key");
@@ -98,7 +123,7 @@ impl FakeAgent {
                 }),
                 agent_version: "fake".into(),
                 hostname: "fake-agent".into(),
-                ..Default::default()
+                mode: mode as i32,
             };
             let resp = JoinClient::new(self.channel(None).await)
                 .join(req)
@@ -115,6 +140,11 @@ impl FakeAgent {
 
     /// Opens a session as `j` and says Hello; the gateway's messages are drained into `rx`.
     pub fn session(&self, j: &Joined) -> Session {
+        self.session_as(j, AgentMode::Unspecified)
+    }
+
+    /// [`FakeAgent::session`], saying Hello in `mode`.
+    pub fn session_as(&self, j: &Joined, mode: AgentMode) -> Session {
         self.rt.block_on(async {
             let (tx, out) = mpsc::channel::<AgentMessage>(1024);
             let hello = AgentMessage {
@@ -123,6 +153,7 @@ impl FakeAgent {
                     node_id: j.node_id.clone(),
                     boot_id: "fake-boot".into(),
                     agent_version: "fake".into(),
+                    mode: mode as i32,
                     ..Default::default()
                 })),
             };

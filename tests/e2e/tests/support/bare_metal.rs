@@ -32,6 +32,18 @@ impl SiteAgent {
         token: &str,
         extra: &[&str],
     ) -> Self {
+        Self::start_env(cp, dir, name, token, extra, &[])
+    }
+
+    /// [`SiteAgent::start_with`], with `BCD_SITE_*` settings (or any variable) in `env`.
+    pub fn start_env(
+        cp: &ControlPlane,
+        dir: &Path,
+        name: &str,
+        token: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let (_, bcd) = bins();
         let base = dir.join(name);
         let kernel = base.join("root/proc/sys/kernel");
@@ -52,6 +64,7 @@ impl SiteAgent {
             .env_remove("NOTIFY_SOCKET")
             .env("BCD_LOG", "debug")
             .env("BCD_SITE_LEASE_MARGIN_MS", "1000")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -71,6 +84,22 @@ impl SiteAgent {
             let v: Value = serde_json::from_str(&text).ok()?;
             v["nodeId"].as_str().map(str::to_owned)
         })
+    }
+
+    /// SIGTERM, and the exit status once it exited (at most `WAIT`).
+    pub fn sigterm(&mut self) -> Option<std::process::ExitStatus> {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).ok()?),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let until = std::time::Instant::now() + WAIT;
+        while std::time::Instant::now() < until {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 
     /// SIGKILL.
