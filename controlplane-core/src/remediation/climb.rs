@@ -396,6 +396,8 @@ fn act(
                 lease_epoch: epoch,
                 action: PowerAction::Reboot,
                 boot_device: None,
+                // A power cycle boots the installed OS: no network boot to confirm.
+                network_boot: None,
             });
             let timeout = duration_ms(ctx.cfg.bmc_timeout);
             let c = crate::bare_metal::bmc::queue(tx, &holder, &node.id, args, timeout, OWNER)?;
