@@ -13,13 +13,9 @@ use crate::error::OpError;
 use crate::placer::{self, AllocationRequest};
 
 fn hosts(w: &World, n: usize) -> Res<Vec<String>> {
-    (0..n)
-        .map(|i| {
-            let id = format!("node_{i:02}");
-            w.host(&id, 8)?;
-            Ok(id)
-        })
-        .collect()
+    let ids: Vec<String> = (0..n).map(|i| format!("node_{i:02}")).collect();
+    w.hosts(&ids, 8)?;
+    Ok(ids)
 }
 
 fn paused_condition(w: &World) -> Res<Option<bc_protocol::Condition>> {
@@ -244,9 +240,7 @@ async fn thirty_percent_of_a_thousand_nodes_failing_at_once_starts_no_more_than_
         .chain(nodes.iter().skip(2).step_by(10))
         .collect();
     assert_eq!(failing.len(), 300);
-    for n in &failing {
-        w.xid(n, 48, &bus(0))?;
-    }
+    w.xids(&failing, 48, &bus(0))?;
     let mut started = 0;
     for _ in 0..5 {
         started += w.pass(now_ms()).await.started;

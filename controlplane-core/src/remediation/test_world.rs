@@ -100,6 +100,21 @@ impl World {
         Ok(n)
     }
 
+    /// `host` for every id, in one write transaction: on PostgreSQL each commit waits for its
+    /// WAL flush, and a thousand of them took minutes.
+    pub fn hosts(&self, ids: &[String], gpus: usize) -> TestResult {
+        let pool = self.pool.clone();
+        self.store.write_blocking(|tx| {
+            for id in ids {
+                crate::test_utils::node(tx, id, Some(&pool))?;
+                crate::test_utils::ready_host(tx, id, gpus)?;
+            }
+            Ok(())
+        })?;
+        self.live.0.lock().extend(ids.iter().cloned());
+        Ok(())
+    }
+
     pub fn node(&self, id: &str) -> Res<NodeRecord> {
         Ok(self
             .store
@@ -160,6 +175,22 @@ impl World {
                 apply(&mut edit, &u);
             }
             edit.save(tx).map(|_| ())
+        })?;
+        Ok(())
+    }
+
+    /// `xid` on every node of `ids`, in one write transaction (see `hosts`).
+    pub fn xids(&self, ids: &[&String], n: u64, bus: &str) -> TestResult {
+        let event = xid_event(n, Some(bus));
+        self.store.write_blocking(|tx| {
+            for id in ids {
+                let mut edit = Edit::report(tx, id, "Health")?;
+                if let Some(u) = crate::health::xid_update(&edit.node.conditions, &event) {
+                    apply(&mut edit, &u);
+                }
+                edit.save(tx)?;
+            }
+            Ok(())
         })?;
         Ok(())
     }
