@@ -109,7 +109,7 @@ impl World {
                 crate::test_utils::node(tx, id, Some(&pool))?;
                 crate::test_utils::ready_host(tx, id, gpus)?;
             }
-            Ok(())
+            Ok::<(), cpl_store::StoreError>(())
         })?;
         self.live.0.lock().extend(ids.iter().cloned());
         Ok(())
@@ -190,7 +190,7 @@ impl World {
                 }
                 edit.save(tx)?;
             }
-            Ok(())
+            Ok::<(), crate::OpError>(())
         })?;
         Ok(())
     }
