@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use cpl_store::{DrainPolicy, FaultKind, RemediationMode, RemediationPolicy, RemediationStep};
+use cpl_store::{
+    DrainPolicy, FaultKind, NodeRecord, Pool, RemediationMode, RemediationPolicy, RemediationStep,
+    Tx,
+};
 
 use crate::error::OpError;
 
@@ -87,6 +90,22 @@ pub struct Policy {
 
 fn ms(seconds: u64) -> i64 {
     i64::try_from(seconds.saturating_mul(1000)).unwrap_or(i64::MAX)
+}
+
+/// The pool of `node` and its policy, or `None` when the node has no pool (or it vanished) or
+/// the pool's remediation is `off`: the gate every remediation decision starts with.
+pub fn of_node(tx: &Tx<'_>, node: &NodeRecord) -> Result<Option<(Pool, Policy)>, OpError> {
+    let Some(pool) = node
+        .pool_id
+        .as_deref()
+        .map(|p| tx.pool(p))
+        .transpose()?
+        .flatten()
+    else {
+        return Ok(None);
+    };
+    let policy = Policy::of(Some(&pool.remediation));
+    Ok((policy.mode != RemediationMode::Off).then_some((pool, policy)))
 }
 
 impl Policy {

@@ -10,7 +10,6 @@ use super::breaker::{self, HOUR_MS, Load};
 use super::climb::{self, Dispatch};
 use super::fault::{self, describe};
 use super::finish::give_up;
-use super::policy::Policy;
 use super::{Ctx, OWNER};
 use crate::error::OpError;
 
@@ -49,19 +48,9 @@ pub(crate) fn start(tx: &Tx<'_>, node_id: &str, ctx: &Ctx, now: i64) -> Result<S
     {
         return Ok(Started::Nothing);
     }
-    let Some(pool) = node
-        .pool_id
-        .as_deref()
-        .map(|p| tx.pool(p))
-        .transpose()?
-        .flatten()
-    else {
+    let Some((pool, policy)) = super::policy::of_node(tx, &node)? else {
         return Ok(Started::Nothing);
     };
-    let policy = Policy::of(Some(&pool.remediation));
-    if policy.mode == RemediationMode::Off {
-        return Ok(Started::Nothing);
-    }
     let has_bmc = tx.bmc(node_id)?.is_some_and(|b| b.verified_at.is_some());
     let Some(fault) = fault::of(&node, &policy, has_bmc, now) else {
         return Ok(Started::Nothing);

@@ -19,10 +19,9 @@ use std::collections::BTreeSet;
 
 use bc_protocol::ConditionStatus;
 use bc_protocol::commands::xid::{XidClass, XidEvent};
-use cpl_store::{NewEvent, NodeRecord, RemediationMode, Store, Tx, WorkloadFault, XidObservation};
+use cpl_store::{NewEvent, NodeRecord, Store, Tx, WorkloadFault, XidObservation};
 
 use super::fault::REPEATED_WORKLOAD_XID;
-use super::policy::Policy;
 use crate::conditions::{ConditionUpdate, apply};
 use crate::edit::Edit;
 use crate::error::OpError;
@@ -96,19 +95,9 @@ pub fn observe(tx: &Tx<'_>, node_id: &str, event: &XidEvent, now: i64) -> Result
     let Some(node) = tx.node(node_id)? else {
         return Ok(Verdict::Ignored);
     };
-    let Some(pool) = node
-        .pool_id
-        .as_deref()
-        .map(|p| tx.pool(p))
-        .transpose()?
-        .flatten()
-    else {
+    let Some((_, policy)) = super::policy::of_node(tx, &node)? else {
         return Ok(Verdict::Ignored);
     };
-    let policy = Policy::of(Some(&pool.remediation));
-    if policy.mode == RemediationMode::Off {
-        return Ok(Verdict::Ignored);
-    }
     let gpu = event.pci_bus_id.as_deref().map(canonical_bus_id);
     let atom = event
         .uuid
