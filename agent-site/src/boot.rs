@@ -4,9 +4,10 @@
 //! # Background
 //! The site's DHCP points PXE clients here (a proxy-DHCP example is in
 //! `packaging/dnsmasq-bcd-pxe.conf`; QEMU's own iPXE takes the URL as its bootfile). iPXE then
-//! requests `GET /boot.ipxe?mac=${net0/mac}` (it URL-encodes the colons) and runs the script it
-//! gets. Every request may come through NAT, so the MAC in the query, not the source address,
-//! names the machine.
+//! requests `GET /boot.ipxe?mac=${netX/mac}` (the NIC that booted; `${net0/mac}` would be the
+//! first NIC whichever booted; iPXE URL-encodes the colons) and runs the script it gets. Every
+//! request may come through NAT, so the MAC in the query, not the source address, names the
+//! machine.
 //!
 //! # Design
 //! The answer comes from the lease holder's assignment ([`crate::site::Site::boot_entry`]),
@@ -306,7 +307,7 @@ async fn boot_ipxe(
     }
     let Some(mac) = q.mac.as_deref().and_then(normalize_mac) else {
         s.metrics.request(Outcome::Invalid);
-        tracing::warn!(mac = ?q.mac, "boot request without a usable MAC (boot.ipxe?mac=${{net0/mac}})");
+        tracing::warn!(mac = ?q.mac, "boot request without a usable MAC (boot.ipxe?mac=${{netX/mac}})");
         return (
             StatusCode::BAD_REQUEST,
             "boot.ipxe?mac=<aa:bb:cc:dd:ee:ff>\n",

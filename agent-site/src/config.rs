@@ -78,7 +78,7 @@ pub struct SiteConfig {
     pub lease_margin_ms: u64,
     /// Where the boot service (iPXE scripts, the ramdisk's kernel and initramfs; issue 15)
     /// listens, e.g. `0.0.0.0:8080`. Unset: no boot service. The site's DHCP points PXE clients
-    /// at `http://<this>/boot.ipxe?mac=${net0/mac}`.
+    /// at `http://<this>/boot.ipxe?mac=${netX/mac}`.
     pub boot_listen: Option<std::net::SocketAddr>,
     /// The ramdisk's kernel (`packaging/ramdisk/` builds it beside the initramfs). Needed with
     /// `boot_listen`.

@@ -11,7 +11,10 @@
 //!   `SerialNumber`/`Model` from the config); the caller starts the process.
 //! - [`machines`]: an HTTP endpoint for the emulator's external notifier that starts a QEMU
 //!   machine (the system's SMBIOS UUID and serial, its MAC, PXE) when the BMC is asked to power
-//!   it on with PXE, and stops it on a power-off.
+//!   it on with PXE, and stops it on a power-off; a machine may have several NICs and boot from
+//!   any of them.
+//! - [`firmware`]: SeaBIOS or UEFI (Debian's OVMF, a variable store per machine); the NICs'
+//!   iPXE ROMs (Debian's `ipxe-qemu`) serve both.
 //!
 //! It depends on no other crate of the workspace: the control plane's CLI and the tests both use
 //! it.
@@ -20,6 +23,7 @@
 //! One QEMU per machine under TCG (10–30 s a boot on two cores); a machine has no OS on its disk,
 //! so a boot from disk is not emulated.
 
+pub mod firmware;
 pub mod machines;
 pub mod sushy;
 

@@ -8,8 +8,10 @@
 //! - a pending `On`/`ForceOn` with boot device `Pxe` starts the machine's QEMU, which PXE-boots
 //!   with its own iPXE ROM from `bootfile` (the site agent's boot service, reached at 10.0.2.2,
 //!   the host's loopback as the guest sees it), with the machine's SMBIOS UUID and serial and its
-//!   MAC on a virtio NIC; a pending `On` with any other boot device starts nothing (there is no
-//!   disk to boot);
+//!   MAC on a virtio NIC, under SeaBIOS or UEFI ([`crate::firmware`]); a machine with more NICs
+//!   boots from the one [`Machine::boot_nic`] places among them (each NIC on its own QEMU user
+//!   network; only the booting one's DHCP names the bootfile); a pending `On` with any other
+//!   boot device starts nothing (there is no disk to boot);
 //! - a pending `Off` (the fake driver stores `ForceOff` and `GracefulShutdown` as `Off`) stops
 //!   it; a restart (`power_state` already `Off`, `On` pending, the VM still running) stops it
 //!   and starts it again (PXE only);
@@ -27,6 +29,8 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde_json::Value;
+
+use crate::firmware::Firmware;
 
 /// Why the machines cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -49,8 +53,15 @@ pub struct Machine {
     pub uuid: String,
     /// SMBIOS system serial as the guest reads it (may differ from what the BMC reports).
     pub serial: String,
-    /// The virtio NIC's MAC.
+    /// The MAC of the virtio NIC it network-boots from.
     pub mac: String,
+    /// Its other NICs' MACs, in PCI order (none: one NIC). iPXE's `${net0/mac}` is the first
+    /// NIC's whichever booted; `${netX/mac}` the booting one's.
+    pub other_nics: Vec<String>,
+    /// Where the booting NIC sits among all of them (0: first; past the end: last).
+    pub boot_nic: usize,
+    /// SeaBIOS or OVMF.
+    pub firmware: Firmware,
     /// Never boot, whatever the BMC is asked.
     pub ignore: bool,
     /// A host port forwarded to the guest's SSH port (QEMU user network's
@@ -154,20 +165,31 @@ impl Ctx {
             "n",
             "-smbios",
         ])
-        .arg(format!("type=1,serial={},uuid={}", m.serial, m.uuid))
-        .arg("-netdev")
-        .arg(netdev(m, &self.bootfile))
-        .arg("-device")
-        .arg(format!("virtio-net-pci,netdev=n0,mac={}", m.mac))
-        .arg("-drive")
-        .arg(format!("file={},if=none,id=d0,format=raw", disk.display()))
-        // NVMe: the ramdisk reads its SMART / Health Information log (commissioning's
-        // diskHealth step); its serial names the machine.
-        .arg("-device")
-        .arg(format!("nvme,drive=d0,serial=NVME-{}", m.name))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
+        .arg(format!("type=1,serial={},uuid={}", m.serial, m.uuid));
+        if let Firmware::Uefi(ovmf) = &m.firmware {
+            let vars = Machines::uefi_vars(&self.dir, &m.name);
+            ovmf.machine_vars(&vars).map_err(std::io::Error::other)?;
+            cmd.arg("-drive")
+                .arg(format!(
+                    "if=pflash,format=raw,unit=0,readonly=on,file={}",
+                    ovmf.code.display()
+                ))
+                .arg("-drive")
+                .arg(format!(
+                    "if=pflash,format=raw,unit=1,file={}",
+                    vars.display()
+                ));
+        }
+        cmd.args(nic_args(m, &self.bootfile))
+            .arg("-drive")
+            .arg(format!("file={},if=none,id=d0,format=raw", disk.display()))
+            // NVMe: the ramdisk reads its SMART / Health Information log (commissioning's
+            // diskHealth step); its serial names the machine.
+            .arg("-device")
+            .arg(format!("nvme,drive=d0,serial=NVME-{}", m.name))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
         tracing::info!(machine = %m.name, uuid = %m.uuid, command = ?cmd, "machine powered on: starting QEMU");
         cmd.spawn()
     }
@@ -230,19 +252,34 @@ impl Ctx {
     }
 }
 
-/// The `-netdev` of `m`: QEMU's user network with the boot file, and the SSH forward if any.
-fn netdev(m: &Machine, bootfile: &str) -> String {
-    let mut s = format!("user,id=n0,bootfile={bootfile}");
-    if let Some(port) = m.ssh_port {
-        s.push_str(&format!(",hostfwd=tcp:127.0.0.1:{port}-:22"));
+/// The `-netdev`/`-device` pairs of `m`'s NICs in PCI order: each on its own QEMU user network;
+/// the booting one's DHCP names `bootfile`, it is the firmware's first boot entry
+/// (`bootindex=1`) and carries the SSH forward if any.
+fn nic_args(m: &Machine, bootfile: &str) -> Vec<String> {
+    let mut macs: Vec<&str> = m.other_nics.iter().map(String::as_str).collect();
+    let at = m.boot_nic.min(macs.len());
+    macs.insert(at, &m.mac);
+    let mut args = Vec::new();
+    for (i, mac) in macs.iter().enumerate() {
+        let mut netdev = format!("user,id=n{i}");
+        let mut device = format!("virtio-net-pci,netdev=n{i},mac={mac}");
+        if i == at {
+            netdev.push_str(&format!(",bootfile={bootfile}"));
+            if let Some(port) = m.ssh_port {
+                netdev.push_str(&format!(",hostfwd=tcp:127.0.0.1:{port}-:22"));
+            }
+            device.push_str(",bootindex=1");
+        }
+        args.extend(["-netdev".to_owned(), netdev, "-device".to_owned(), device]);
     }
-    s
+    args
 }
 
 impl Machines {
     /// Listens for the emulator's notifications (on its own small runtime) and runs `qemu`
     /// (`qemu-system-x86_64`) for the machines; `bootfile` is QEMU's DHCP bootfile (e.g.
-    /// `http://10.0.2.2:<port>/boot.ipxe?mac=${net0/mac}`, which iPXE expands); consoles and
+    /// `http://10.0.2.2:<port>/boot.ipxe?mac=${netX/mac}`, which iPXE expands: `netX` is the NIC
+    /// that booted, `net0` the first whichever booted); consoles and
     /// disks go to `dir`.
     ///
     /// Errors: the runtime or the loopback listener cannot be made.
@@ -319,6 +356,12 @@ impl Machines {
         }
     }
 
+    /// The machine's UEFI variable store (its NVRAM), copied from OVMF's template at its first
+    /// UEFI boot in the directory given to [`Machines::start`].
+    pub fn uefi_vars(dir: &Path, name: &str) -> PathBuf {
+        dir.join(format!("{name}.vars.fd"))
+    }
+
     /// The machine's disk: a 64 MiB raw file on its NVMe controller, made at its first boot
     /// in the directory given to [`Machines::start`].
     pub fn disk(dir: &Path, name: &str) -> PathBuf {
@@ -373,5 +416,67 @@ impl Drop for Machines {
             let _ = vm.child.kill();
             let _ = vm.child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn machine(other_nics: &[&str], boot_nic: usize) -> Machine {
+        Machine {
+            name: "m".into(),
+            uuid: "u".into(),
+            serial: "s".into(),
+            mac: "00:1b:21:00:00:03".into(),
+            other_nics: other_nics.iter().map(|s| (*s).to_owned()).collect(),
+            boot_nic,
+            firmware: Firmware::Bios,
+            ignore: false,
+            ssh_port: Some(2222),
+        }
+    }
+
+    #[test]
+    fn the_booting_nic_sits_where_asked_and_alone_names_the_bootfile() {
+        let m = machine(
+            &[
+                "00:1b:21:00:00:01",
+                "00:1b:21:00:00:02",
+                "00:1b:21:00:00:04",
+            ],
+            2,
+        );
+        let args = nic_args(&m, "http://10.0.2.2:1/boot.ipxe?mac=${netX/mac}");
+        let devices: Vec<&str> = args
+            .chunks(2)
+            .filter(|p| p[0] == "-device")
+            .map(|p| p[1].as_str())
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                "virtio-net-pci,netdev=n0,mac=00:1b:21:00:00:01",
+                "virtio-net-pci,netdev=n1,mac=00:1b:21:00:00:02",
+                "virtio-net-pci,netdev=n2,mac=00:1b:21:00:00:03,bootindex=1",
+                "virtio-net-pci,netdev=n3,mac=00:1b:21:00:00:04",
+            ]
+        );
+        let netdevs: Vec<&str> = args
+            .chunks(2)
+            .filter(|p| p[0] == "-netdev")
+            .map(|p| p[1].as_str())
+            .collect();
+        assert_eq!(netdevs[0], "user,id=n0");
+        assert_eq!(
+            netdevs[2],
+            "user,id=n2,bootfile=http://10.0.2.2:1/boot.ipxe?mac=${netX/mac},hostfwd=tcp:127.0.0.1:2222-:22"
+        );
+        assert_eq!(netdevs[3], "user,id=n3");
+        // Past the end: last; one NIC: it.
+        let last = nic_args(&machine(&["00:1b:21:00:00:01"], 9), "f");
+        assert!(last[3].ends_with("mac=00:1b:21:00:00:01") && last[7].ends_with("bootindex=1"));
+        assert_eq!(nic_args(&machine(&[], 0), "f").len(), 4);
     }
 }

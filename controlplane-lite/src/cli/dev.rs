@@ -53,6 +53,10 @@ pub struct DevArgs {
     /// (`packaging/ramdisk/build.sh --out DIR`).
     #[arg(long, default_value = "target/ramdisk")]
     pub ramdisk: PathBuf,
+    /// The --metal machines' firmware: `bios` (SeaBIOS) or `uefi` (OVMF, Debian's `ovmf`
+    /// package, or BC_OVMF_CODE and BC_OVMF_VARS); both network-boot with `ipxe-qemu`'s ROMs.
+    #[arg(long, default_value = "bios", value_name = "bios|uefi")]
+    pub firmware: bc_metal_sim::firmware::FirmwareKind,
 }
 
 pub(crate) fn find_bcd(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {

@@ -5,8 +5,8 @@
 //!
 //! Needs sushy-emulator (PyPI sushy-tools; `BC_SUSHY_EMULATOR` or PATH), `qemu-system-x86_64`
 //! with Debian's `ipxe-qemu` ROMs (`BC_QEMU` or PATH), and the ramdisk image
-//! (`packaging/ramdisk/build.sh`, `--ramdisk DIR`): whatever is missing is named, with how to get
-//! it, before anything starts.
+//! (`packaging/ramdisk/build.sh`, `--ramdisk DIR`), and with `--firmware uefi` Debian's `ovmf`:
+//! whatever is missing is named, with how to get it, before anything starts.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bc_metal_sim::find_program as program;
+use bc_metal_sim::firmware::Firmware;
 use bc_metal_sim::machines::{Machine, Machines};
 use bc_metal_sim::sushy::{EmulatorConfig, FakeSystem, LAUNCHER, htpasswd_script, venv_python};
 use bc_protocol::{PoolAgent, PoolKind, ProvisionState, SiteKind};
@@ -41,6 +42,8 @@ struct Tools {
     kernel: PathBuf,
     initrd: PathBuf,
     bcd: PathBuf,
+    /// `--firmware`, with OVMF found for `uefi`.
+    firmware: Firmware,
 }
 
 fn find_tools(args: &DevArgs) -> anyhow::Result<Tools> {
@@ -68,17 +71,22 @@ fn find_tools(args: &DevArgs) -> anyhow::Result<Tools> {
             dir.display()
         ));
     }
+    let firmware = Firmware::of(args.firmware);
+    if let Err(e) = &firmware {
+        missing.push(format!("--firmware {}: {e}", args.firmware));
+    }
     let bcd = find_bcd(args.bcd.clone());
     if let Err(e) = &bcd {
         missing.push(format!("{e:#}"));
     }
-    match (sushy, qemu, bcd) {
-        (Some(sushy), Some(qemu), Ok(bcd)) if missing.is_empty() => Ok(Tools {
+    match (sushy, qemu, bcd, firmware) {
+        (Some(sushy), Some(qemu), Ok(bcd), Ok(firmware)) if missing.is_empty() => Ok(Tools {
             sushy,
             qemu,
             kernel,
             initrd,
             bcd,
+            firmware,
         }),
         _ => bail!(
             "bcctl dev --metal needs what is missing here:\n  - {}",
@@ -94,8 +102,9 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 /// Machine `i` (1-based): its SMBIOS UUID and serial, and a universally administered MAC (a
-/// locally administered one is no identifier by the hardware key's rules).
-fn machine(i: u32) -> Machine {
+/// locally administered one is no identifier by the hardware key's rules), booting with
+/// `firmware`.
+fn machine(i: u32, firmware: &Firmware) -> Machine {
     Machine {
         name: format!("metal-{i}"),
         uuid: format!("5f2e0c4e-1c9a-4a51-9a43-{i:012}"),
@@ -106,6 +115,9 @@ fn machine(i: u32) -> Machine {
             (i >> 8) & 0xff,
             i & 0xff
         ),
+        other_nics: Vec::new(),
+        boot_nic: 0,
+        firmware: firmware.clone(),
         ignore: false,
         ssh_port: None,
     }
@@ -277,11 +289,11 @@ pub async fn run(args: &DevArgs, n: u32) -> anyhow::Result<()> {
     );
     println!("state:         {}", base.display());
 
-    let machines: Vec<Machine> = (1..=n).map(machine).collect();
+    let machines: Vec<Machine> = (1..=n).map(|i| machine(i, &tools.firmware)).collect();
     let harness = Machines::start(
         &tools.qemu,
         machines.clone(),
-        &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
+        &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{netX/mac}}"),
         &base,
     )?;
     let (mut emulator, bmc_base) =

@@ -169,6 +169,24 @@ pub fn tools_or_skip(test: &str) -> Option<VmTools> {
     }
 }
 
+/// UEFI for a machine ([`bc_metal_sim::firmware`]: Debian's `ovmf`, or `BC_OVMF_CODE` and
+/// `BC_OVMF_VARS`), or — outside CI — `None` after saying loudly why the test cannot run;
+/// under `CI=true` a missing OVMF fails the test.
+pub fn uefi_or_skip(test: &str) -> Option<bc_metal_sim::firmware::Firmware> {
+    use bc_metal_sim::firmware::{Firmware, FirmwareKind};
+    match Firmware::of(FirmwareKind::Uefi) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{test}: cannot boot a UEFI machine: {e} (.ci/run installs it)"
+            );
+            eprintln!("!!! {test}: SKIPPED, cannot boot a UEFI machine: {e} (.ci/run installs it)");
+            None
+        }
+    }
+}
+
 /// Builds `bcd` (only that binary) into this test's target dir and returns its path.
 pub fn build_bcd() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

@@ -1,7 +1,8 @@
 //! `bcctl dev --metal N` (issue 15): the control plane embedded, a real `bcd site` with its boot
 //! service, sushy-emulator's BMCs and N QEMU machines booting the ramdisk image over iPXE, all
-//! enrolled and followed to `ready`; and without its tools, a refusal that names each one
-//! missing and how to get it, before anything starts.
+//! enrolled and followed to `ready`; and without its tools (UEFI firmware included, with
+//! `--firmware uefi`), a refusal that names each one missing and how to get it, before anything
+//! starts.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
@@ -14,12 +15,22 @@ fn without_its_tools_dev_metal_names_what_is_missing() {
     let (bcctl, _) = ramdisk::bins();
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(bcctl)
-        .args(["dev", "--metal", "1", "--once", "--ramdisk"])
+        .args([
+            "dev",
+            "--metal",
+            "1",
+            "--once",
+            "--firmware",
+            "uefi",
+            "--ramdisk",
+        ])
         .arg(tmp.path().join("no-image"))
         .arg("--state-dir")
         .arg(tmp.path().join("state"))
         .env_remove("BC_SUSHY_EMULATOR")
         .env_remove("BC_QEMU")
+        .env("BC_OVMF_CODE", tmp.path().join("no-OVMF_CODE.fd"))
+        .env("BC_OVMF_VARS", tmp.path().join("no-OVMF_VARS.fd"))
         .env("PATH", tmp.path())
         .output()
         .unwrap();
@@ -30,6 +41,9 @@ fn without_its_tools_dev_metal_names_what_is_missing() {
         "qemu-system-x86_64",
         "the ramdisk image",
         "build.sh",
+        "--firmware uefi",
+        "no-OVMF_CODE.fd",
+        "ovmf",
     ] {
         assert!(err.contains(what), "{what} not named: {err}");
     }

@@ -4,11 +4,15 @@
 //! boots the ramdisk built by `packaging/ramdisk/build.sh`; the ramdisk joins with its one-time
 //! boot token and reports; the control plane inspects and commissions it.
 //! - Scenario 1: the right machine → `ready`, its inventory showing the VM's SMBIOS serial, UUID
-//!   and MAC, `hardwareKeyTrusted`, and the machine powered off by the site agent.
+//!   and MAC, `hardwareKeyTrusted`, and the machine powered off by the site agent. It boots
+//!   under UEFI (OVMF and iPXE's EFI driver; `bootMode: uefi` in its inventory) — with SeaBIOS,
+//!   loudly, where OVMF is missing (a failure under `CI=true`).
 //! - A replay of the first boot's token (read from the kernel command line on the console) is
 //!   refused and changes nothing.
 //! - Scenario 2: the VM's SMBIOS serial differs from the BMC's → `failed`, `HardwareMismatch`
-//!   naming the serial, no second node.
+//!   naming the serial, no second node. The machine has four NICs and boots from its third: the
+//!   script is asked for with that NIC's MAC, the kernel line names it (`BOOTIF`), the ramdisk
+//!   takes its DHCP lease there first.
 //! - Scenario 3: the machine never boots (the harness ignores the power-on) → the pool's
 //!   inspection deadline fails it, saying so.
 //! - A pool with `powerOffWhenReady: false` keeps its machine in the ramdisk once `ready`: the
@@ -30,7 +34,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bc_e2e::{eventually, ramdisk};
-use bc_metal_sim::machines::Happened;
+use bc_metal_sim::firmware::Firmware;
+use bc_metal_sim::machines::{Happened, Machine};
 use metal::{
     enroll, kept_in_the_ramdisk, machine, moves, system, until_state, until_state_marking,
 };
@@ -42,8 +47,24 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let Some(tools) = ramdisk::tools_or_skip("metal_vm") else {
         return;
     };
-    let a = machine("a", 1, "SER-A-0001", false);
-    let b = machine("b", 2, "SER-B-OTHER", false);
+    // Machine a boots under UEFI (OVMF, iPXE's EFI driver); without OVMF it boots with SeaBIOS
+    // after saying so loudly (a failure under CI=true).
+    let uefi = bc_e2e::vm::uefi_or_skip("metal_vm (machine a under UEFI)");
+    let a = Machine {
+        firmware: uefi.clone().unwrap_or(Firmware::Bios),
+        ..machine("a", 1, "SER-A-0001", false)
+    };
+    // Machine b has four NICs and boots from its third (issue 31, rule 12): its script is asked
+    // for with that NIC's MAC, its kernel line names it (BOOTIF), the ramdisk asks DHCP there.
+    let b = Machine {
+        other_nics: vec![
+            "00:1b:21:aa:b2:01".into(),
+            "00:1b:21:aa:b2:02".into(),
+            "00:1b:21:aa:b2:04".into(),
+        ],
+        boot_nic: 2,
+        ..machine("b", 2, "SER-B-OTHER", false)
+    };
     let c = machine("c", 3, "SER-C-0003", true);
     let d = machine("d", 4, "SER-D-0004", false);
     let systems = [
@@ -238,6 +259,9 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let rec = store.read_blocking(|r| r.node(&a_id)).unwrap().unwrap();
     let doc: Value = serde_json::from_str(rec.inventory_json.as_deref().unwrap()).unwrap();
     assert_eq!(doc["system"]["serial"], a.serial, "{doc:#}");
+    // The ramdisk saw the firmware it was booted by.
+    let mode = if uefi.is_some() { "uefi" } else { "bios" };
+    assert_eq!(doc["bootMode"], mode, "{doc:#}");
     assert_eq!(
         doc["system"]["uuid"].as_str().map(str::to_ascii_lowercase),
         Some(a.uuid.clone())
@@ -360,6 +384,7 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         .unwrap()
         .len();
     assert_eq!(nodes_after, nodes_before + 1, "only b's own node is new");
+    booted_from_the_third_nic(&b, &rig);
     eventually(WAIT, "machine b powered off", || {
         (!machines.running(&b.uuid)).then_some(())
     });
@@ -394,4 +419,42 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
         "the site agent logged a boot token"
     );
     assert!(!serve.contains(secret), "bcctl serve logged a boot token");
+}
+
+/// Machine `b` booted from its third NIC (issue 31, rule 12): the site's boot service was asked
+/// for the script with that NIC's MAC, never the first's (iPXE's `${net0/mac}`); the kernel line
+/// named it (`BOOTIF=01-<mac>`); and the ramdisk asked DHCP on the NIC `BOOTIF` names first and
+/// took its lease there (its `network` log line on the console).
+fn booted_from_the_third_nic(b: &Machine, rig: &metal::Rig) {
+    let log = rig.agent.log_text();
+    let first = &b.other_nics[0];
+    let requests: Vec<&str> = log.lines().filter(|l| l.contains("boot request")).collect();
+    assert!(
+        requests.iter().any(|l| l.contains(&b.mac)),
+        "no boot request with the booting NIC's MAC {}:\n{}",
+        b.mac,
+        requests.join("\n")
+    );
+    assert!(
+        !requests.iter().any(|l| l.contains(first.as_str())),
+        "a boot request named the first NIC {first}:\n{}",
+        requests.join("\n")
+    );
+    let console = rig.machines.consoles(&b.uuid).concat();
+    let bootif = format!("BOOTIF=01-{}", b.mac.replace(':', "-"));
+    assert!(
+        console.contains(&bootif),
+        "the kernel line lacks {bootif}:\n{console}"
+    );
+    let story = console
+        .lines()
+        .find_map(|l| l.split_once("DHCP order: ").map(|(_, s)| s))
+        .unwrap_or_else(|| panic!("no DHCP order on the console:\n{console}"));
+    let (boot_nic, _) = story
+        .split_once(" (BOOTIF)")
+        .unwrap_or_else(|| panic!("the BOOTIF NIC is not asked first: {story}"));
+    assert!(
+        !boot_nic.contains(',') && story.contains(&format!("lease on {boot_nic}")),
+        "{story}"
+    );
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bc_e2e::ramdisk::Image;
 use bc_e2e::vm::VmTools;
 use bc_e2e::{ControlPlane, eventually};
+use bc_metal_sim::firmware::Firmware;
 use bc_metal_sim::machines::{Machine, Machines};
 use bcd_site::test_utils::free_tcp_port;
 use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
@@ -48,7 +49,7 @@ impl Rig {
         let machines = Machines::start(
             &tools.qemu,
             machines,
-            &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{net0/mac}}"),
+            &format!("http://10.0.2.2:{boot_port}/boot.ipxe?mac=${{netX/mac}}"),
             dir,
         )
         .expect("the machines' notifier");
@@ -147,9 +148,19 @@ pub fn machine(name: &str, i: u32, serial: &str, ignore: bool) -> Machine {
         uuid: format!("5f2e0c4e-1c9a-4a51-9a43-0000000000{i:02}"),
         serial: serial.into(),
         mac: format!("00:1b:21:aa:bb:{i:02x}"),
+        other_nics: Vec::new(),
+        boot_nic: 0,
+        firmware: Firmware::Bios,
         ignore,
         ssh_port: None,
     }
+}
+
+/// `m`'s NICs' MACs in PCI order (the booting one where [`Machine::boot_nic`] puts it).
+pub fn nics(m: &Machine) -> Vec<String> {
+    let mut all = m.other_nics.clone();
+    all.insert(m.boot_nic.min(all.len()), m.mac.clone());
+    all
 }
 
 pub fn system(m: &Machine, bmc_serial: &str) -> FakeSystem {
@@ -157,7 +168,8 @@ pub fn system(m: &Machine, bmc_serial: &str) -> FakeSystem {
         uuid: m.uuid.clone(),
         name: m.name.clone(),
         on: false,
-        macs: vec![m.mac.to_ascii_uppercase()],
+        // Every NIC, in PCI order, as a BMC lists them.
+        macs: nics(m).iter().map(|m| m.to_ascii_uppercase()).collect(),
         serial: Some(bmc_serial.into()),
     }
 }
