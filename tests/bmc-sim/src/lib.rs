@@ -21,7 +21,8 @@
 //!   firmware would (a one-time override is consumed; a network boot fetches the boot script
 //!   from the site's boot service with the NIC's MAC, as iPXE would, when the test names one);
 //! - plays each behaviour of [`Behaviour`], changeable while it runs, and scripted [`Fault`]s
-//!   (an error status or a dropped connection before or after the change is made, a delay);
+//!   (an error status or a dropped connection before or after the change is made, a delay),
+//!   and a busy spell ([`BmcSim::busy`]: 503 or 429 with `Retry-After` to everything);
 //! - records every request ([`Recorded`]), what booted ([`Booted`]) and its counters
 //!   ([`Counters`]: requests in flight — counted until the simulated BMC is done with a request,
 //!   even when the client gave up on it —, sessions, failed logins, requests sent while a task
@@ -117,6 +118,13 @@ impl BmcSim {
         let mut st = self.shared.st.lock();
         st.password = password.to_owned();
         st.sessions.clear();
+    }
+
+    /// Busy for `d` from now on: every request is answered `status` (503 or 429) with
+    /// `Retry-After: retry_after_s`, and nothing is done; [`BmcSim::requests`] records each
+    /// with when it came.
+    pub fn busy(&self, d: Duration, status: u16, retry_after_s: u64) {
+        self.shared.st.lock().busy = Some((std::time::Instant::now() + d, status, retry_after_s));
     }
 
     /// Ends every open session (they expired): the next request with one gets a 401.

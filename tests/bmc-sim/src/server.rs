@@ -253,6 +253,21 @@ fn internal_error() -> Resp {
 
 async fn answer(sh: &Arc<Shared>, r: &Req) -> (&'static str, Out) {
     let path = r.bare_path().trim_end_matches('/').to_owned();
+    // A busy BMC answers everything the same, before it looks at the credentials.
+    let busy = sh.st.lock().busy_now();
+    if let Some((status, retry_after)) = busy {
+        return (
+            "none",
+            Out::Resp(
+                Resp::error(
+                    status,
+                    "Base.1.8.ServiceTemporarilyUnavailable",
+                    "The service is temporarily unavailable.  Retry in the number of seconds in the Retry-After header.",
+                )
+                .header("retry-after", retry_after.to_string()),
+            ),
+        );
+    }
     let scripted = sh.st.lock().take_fault(&r.method, &path);
     let before = |k: Option<FaultKind>| match k {
         Some(FaultKind::StatusBefore(c)) => Some(Out::Resp(Resp::error(

@@ -286,6 +286,8 @@ pub(crate) struct State {
     pub boots: Vec<Booted>,
     pub net_boot: Option<(String, String)>,
     pub on_script: Option<Arc<dyn Fn(String) + Send + Sync>>,
+    /// Busy until then: every request is answered with this status and `Retry-After` (s).
+    pub busy: Option<(Instant, u16, u64)>,
 }
 
 impl std::fmt::Debug for State {
@@ -326,6 +328,7 @@ impl State {
             boots: Vec::new(),
             net_boot: None,
             on_script: None,
+            busy: None,
         }
     }
 
@@ -392,6 +395,20 @@ impl State {
             self.faults.remove(i);
         }
         Some(kind)
+    }
+
+    /// The busy answer's status and `Retry-After` (s) while the BMC is busy.
+    pub fn busy_now(&mut self) -> Option<(u16, u64)> {
+        match self.busy {
+            Some((until, status, retry_after)) if Instant::now() < until => {
+                Some((status, retry_after))
+            }
+            Some(_) => {
+                self.busy = None;
+                None
+            }
+            None => None,
+        }
     }
 
     /// The every-n-th failure for this request, if it is one.

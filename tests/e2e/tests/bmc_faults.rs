@@ -120,6 +120,50 @@ fn transient_faults_are_read_back_and_a_failed_power_on_disarms_the_override() {
     assert!(broken.boots().is_empty());
 }
 
+/// Rule 8, a BMC that says it is busy: for 8 s every request is answered 503 with
+/// `Retry-After: 5`. A power-on sent into the spell is not failed by it (the driver waits a busy
+/// answer out: 1 s, doubling, at least 15 s over its retries — the ordinary backoff's 3 s would
+/// give up inside the spell), nothing is done twice, and the BMC got few requests meanwhile, sync
+/// reads included. The `Retry-After` value itself is not read (docs/bare-metal.md: nv-redfish
+/// hands no headers of a failed answer).
+#[test]
+fn a_busy_bmc_is_waited_out_not_hammered() {
+    let systems = [FakeSystem::numbered(47)];
+    let Some(mut rig) = Rig::start("bmc busy e2e", &systems, &[], &[]) else {
+        return;
+    };
+    let sim = rig.sim(&systems[0], Behaviour::default());
+    let a = rig.enroll("busy", &sim.address(), false);
+    rig.verified(&a);
+    let before = sim.requests().len();
+    sim.busy(Duration::from_secs(8), 503, 5);
+    let c = rig.power(&a, "on");
+    assert_eq!(c["state"], "succeeded", "{c}");
+    assert_eq!(c["result"]["power"], "on", "{c}");
+    assert_eq!(rig.real_power(&systems[0]), "On");
+    let after: Vec<_> = sim.requests().split_off(before);
+    let busy: Vec<_> = after.iter().filter(|r| r.status == 503).collect();
+    let resets = after
+        .iter()
+        .filter(|r| {
+            r.method == "POST" && r.path.ends_with("ComputerSystem.Reset") && r.status != 503
+        })
+        .count();
+    assert_eq!(resets, 1, "one reset reached the BMC: {after:#?}");
+    assert!(!busy.is_empty(), "the spell was seen: {after:#?}");
+    // Two retry chains at most (the command's, the power sync's), four requests each within
+    // 8 s at 1 s, 2 s, 4 s; the ordinary backoff sends five per chain in about 3 s, and the sync
+    // starts its next chain a second after one gives up.
+    assert!(
+        busy.len() <= 10,
+        "{} requests answered busy within the spell: {:#?}",
+        busy.len(),
+        busy.iter()
+            .map(|r| (r.at.duration_since(busy[0].at), &r.method, &r.path))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// Rule 9: a password the BMC refused is not sent again (no polling with it), the node says
 /// `CredentialsRejected`; the operator's new password gets through even while the account is
 /// locked: it is tried again once the lockout window passed.

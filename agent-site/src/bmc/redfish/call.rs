@@ -6,6 +6,13 @@
 //! - No answer, a 5xx or a 429 is retried up to `retries` times with exponential backoff and
 //!   ±50 % jitter. A change is retried only after reading back that it did not take: what the
 //!   BMC did is the result, not what it answered (issue 31, rules 1, 8 and 13).
+//! - A BMC that says it is busy (503 or 429) is given longer: [`BUSY_BACKOFF`] before the first
+//!   retry, doubling, never less (jitter only adds, up to 50 %), at most [`MAX_BACKOFF`] a wait —
+//!   with the default 4 retries a request waits out at least 15 s of "busy" before it fails. Its
+//!   `Retry-After` is not read: nv-redfish (0.22.1, the newest) hands a failed answer's status and
+//!   body but not its headers, and its own retry policy, whose classifier sees them, only exists
+//!   on a client it builds itself — one that cannot carry the BMC's certificate verifier
+//!   ([`crate::bmc::tls`]). A login answered busy waits the same way ([`super::session`]).
 //! - A request that ran into its timeout is not retried at once: the BMC may still be working on
 //!   it, and it counts as in flight for one more request timeout ([`crate::bmc::Bmc::
 //!   busy_until`]; rule 7).
@@ -23,6 +30,8 @@ use nv_redfish::core::{ModificationResponse, NavProperty, ODataId, Raw, RepairEr
 use nv_redfish::quirks::CompatBmc;
 use rand::Rng as _;
 use serde_json::Value;
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::map::{What, bmc_said, chain};
@@ -33,6 +42,26 @@ use crate::bmc::BmcError;
 pub(super) type Sent<'c, T> = Pin<Box<dyn Future<Output = Result<T, CompatErr>> + Send + 'c>>;
 /// A read-back: did the change take?
 pub(super) type Check<'a> = Pin<Box<dyn Future<Output = Result<bool, BmcError>> + Send + 'a>>;
+
+/// The first wait before retrying an answer that says the BMC is busy (503, 429); doubled per
+/// retry.
+pub(super) const BUSY_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait before one retry of a busy answer.
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Whether `e` is an answer saying the BMC is busy: 503 Service Unavailable or 429 Too Many
+/// Requests.
+pub(super) fn busy(e: &CompatErr) -> bool {
+    matches!(e, RepairError::Transport(HttpError::InvalidResponse { status, .. }) if matches!(status.as_u16(), 429 | 503))
+}
+
+/// The wait before retry `attempt` (0-based) of a busy answer, before jitter: [`BUSY_BACKOFF`]
+/// doubled per attempt, at most [`MAX_BACKOFF`].
+pub(super) fn busy_wait(attempt: u32) -> Duration {
+    BUSY_BACKOFF
+        .saturating_mul(2u32.saturating_pow(attempt))
+        .min(MAX_BACKOFF)
+}
 
 /// Whether `e` is a request that ran into its timeout (the BMC may still be working on it).
 pub(super) fn timed_out(e: &CompatErr) -> bool {
@@ -124,13 +153,19 @@ impl RedfishBmc {
         }
     }
 
-    /// Waits before retry `attempt` (0-based): the backoff doubled per attempt, ±50 % jitter.
-    pub(super) async fn pause(&self, attempt: u32) {
-        let base = self
-            .policy
-            .backoff
-            .saturating_mul(2u32.saturating_pow(attempt));
-        let factor = rand::rng().random_range(0.5..1.5);
+    /// Waits before retry `attempt` (0-based): the backoff doubled per attempt, ±50 % jitter;
+    /// after a busy answer ([`busy`]) [`busy_wait`], plus up to 50 %.
+    pub(super) async fn pause(&self, attempt: u32, busy: bool) {
+        let (base, factor) = if busy {
+            (busy_wait(attempt), rand::rng().random_range(1.0..1.5))
+        } else {
+            (
+                self.policy
+                    .backoff
+                    .saturating_mul(2u32.saturating_pow(attempt)),
+                rand::rng().random_range(0.5..1.5),
+            )
+        };
         tokio::time::sleep(base.mul_f64(factor)).await;
     }
 
@@ -160,7 +195,7 @@ impl RedfishBmc {
                     match CompatBmc::classify(Arc::clone(&self.http)).await {
                         Ok(c) => return Ok(c),
                         Err(e) => {
-                            let slow = timed_out(&e);
+                            let (slow, busy) = (timed_out(&e), busy(&e));
                             let e = self.classify(e, What::Root);
                             if slow {
                                 self.abandon();
@@ -169,7 +204,7 @@ impl RedfishBmc {
                                 return Err(e);
                             }
                             self.fault();
-                            self.pause(attempt).await;
+                            self.pause(attempt, busy).await;
                             attempt += 1;
                         }
                     }
@@ -196,7 +231,7 @@ impl RedfishBmc {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
-            let slow = timed_out(&e);
+            let (slow, busy) = (timed_out(&e), busy(&e));
             let e = self.classify(e, what);
             if e.is_auth() && !relogged && self.session_expired().await {
                 relogged = true;
@@ -210,8 +245,8 @@ impl RedfishBmc {
                 return Err(e);
             }
             self.fault();
-            tracing::debug!(bmc = %self.address, error = %e, attempt, "retrying a request");
-            self.pause(attempt).await;
+            tracing::debug!(bmc = %self.address, error = %e, attempt, busy, "retrying a request");
+            self.pause(attempt, busy).await;
             attempt += 1;
         }
     }
@@ -268,7 +303,7 @@ impl RedfishBmc {
                     Err(e) => e,
                 }
             };
-            let slow = timed_out(&e);
+            let (slow, busy) = (timed_out(&e), busy(&e));
             let e = self.classify(e, what);
             if e.is_auth() && !relogged && self.session_expired().await {
                 relogged = true;
@@ -296,7 +331,7 @@ impl RedfishBmc {
                 return Err(e);
             }
             tracing::info!(bmc = %self.address, error = %e, attempt, "{} did not take: sending it again", what.as_str());
-            self.pause(attempt).await;
+            self.pause(attempt, busy).await;
             attempt += 1;
         }
     }
@@ -330,5 +365,35 @@ impl RedfishBmc {
             })
             .await
             .cloned()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn answered(code: u16) -> CompatErr {
+        RepairError::Transport(HttpError::InvalidResponse {
+            url: url::Url::parse("http://127.0.0.1/redfish/v1").unwrap(),
+            status: reqwest::StatusCode::from_u16(code).unwrap(),
+            text: String::new(),
+        })
+    }
+
+    #[test]
+    fn only_503_and_429_say_busy_and_their_waits_double_to_a_cap() {
+        assert!(busy(&answered(503)));
+        assert!(busy(&answered(429)));
+        assert!(!busy(&answered(500)));
+        assert!(!busy(&answered(404)));
+        let waits: Vec<u64> = (0..7).map(|a| busy_wait(a).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(busy_wait(u32::MAX), MAX_BACKOFF);
+        // The default 4 retries wait out at least 15 s of a busy BMC.
+        assert_eq!(
+            (0..4).map(busy_wait).sum::<Duration>(),
+            Duration::from_secs(15)
+        );
     }
 }

@@ -4,11 +4,10 @@
 //! deleted when the driver closes or goes. A BMC without sessions is spoken to with Basic
 //! credentials, as before.
 //!
-//! A login answered 503 or 429 (every slot taken: BMCs keep four or five) or not answered is
-//! tried again after a pause (1 s, doubling), at most `retries` times; a 401 is the credentials'
-//! refusal.
-
-use std::time::Duration;
+//! A login answered 503 or 429 (every slot taken: BMCs keep four or five) is tried again after
+//! a busy answer's pause ([`super::call::busy_wait`]: 1 s, doubling, up to 30 s, plus up to 50 %),
+//! one not answered or answered another 5xx after the usual backoff, at most `retries` times; a
+//! 401 is the credentials' refusal.
 
 use nv_redfish::bmc_http::BmcCredentials;
 use nv_redfish::bmc_http::reqwest::BmcError as HttpError;
@@ -18,9 +17,6 @@ use serde_json::json;
 use super::map::What;
 use super::{Http, RedfishBmc};
 use crate::bmc::BmcError;
-
-/// First wait before another login when every session slot is taken.
-const LOGIN_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Where the driver stands with its BMC's sessions.
 #[derive(Debug)]
@@ -57,12 +53,13 @@ impl RedfishBmc {
             {
                 Ok(r) => break r,
                 Err(e) => {
+                    let busy = super::call::busy(&e);
                     let e = self.classify(e, What::Root);
                     if !e.is_transient() || attempt >= self.policy.retries {
                         return Err(e);
                     }
                     self.fault();
-                    self.pause(attempt).await;
+                    self.pause(attempt, busy).await;
                     attempt += 1;
                 }
             }
@@ -97,14 +94,16 @@ impl RedfishBmc {
                     *st = State::Basic;
                     return Ok(());
                 }
-                Err(e) => self.classify(e, What::Session),
+                Err(e) => e,
             };
+            let busy = super::call::busy(&e);
+            let e = self.classify(e, What::Session);
             if !e.is_transient() || attempt >= self.policy.retries {
                 return Err(e);
             }
             self.fault();
-            tracing::info!(bmc = %self.address, error = %e, attempt, "no session slot at the BMC: trying again after a pause");
-            tokio::time::sleep(LOGIN_BACKOFF.saturating_mul(2u32.saturating_pow(attempt))).await;
+            tracing::info!(bmc = %self.address, error = %e, attempt, "no session at the BMC yet: trying again after a pause");
+            self.pause(attempt, busy).await;
             attempt += 1;
         }
     }
