@@ -157,6 +157,17 @@ impl Rig {
         self.seen.events(&self.cp, id)
     }
 
+    /// Waits (at most `WAIT`) until one of node `id`'s events has a message containing `text`;
+    /// returns that event. Events of a command's result may land after the state they led to.
+    pub fn until_event(&mut self, id: &str, text: &str) -> Value {
+        let (cp, seen) = (&self.cp, &mut self.seen);
+        eventually(WAIT, &format!("an event of {id} saying {text:?}"), || {
+            seen.events(cp, id)
+                .into_iter()
+                .find(|e| e["message"].as_str().is_some_and(|m| m.contains(text)))
+        })
+    }
+
     /// Waits (at most `WAIT`) until `f` of node `id` gives `Some`.
     pub fn until<T>(&mut self, id: &str, what: &str, mut f: impl FnMut(&Value) -> Option<T>) -> T {
         let (cp, seen) = (&self.cp, &mut self.seen);
