@@ -250,7 +250,11 @@ fn a_gpu_that_survives_its_ladder_is_given_up_on_with_maintenance_on() {
     };
     let n = cp.node(&id);
     assert_eq!(n["maintenance"], true, "{n}");
-    // NodeDetail has no maintenanceReason: the reason is the maintenance event's message.
+    // nodes.get says why (maintenanceReason), the same text as the maintenance event's message.
+    let reason = n["maintenanceReason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let ev = cp.ok("nodes.events", json!({"nodeId": id}));
     let why = ev["events"]
         .as_array()
@@ -264,6 +268,14 @@ fn a_gpu_that_survives_its_ladder_is_given_up_on_with_maintenance_on() {
     assert!(
         why.contains("resetGpu") && why.contains(rem["fault"]["condition"].as_str().unwrap()),
         "{why}"
+    );
+    assert_eq!(reason, why, "nodes.get's maintenanceReason: {n}");
+    let (ok, out, err) = cp.bcctl(&["nodes", "get", &id]);
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("maintenanceReason:") && l.contains("resetGpu")),
+        "bcctl nodes get shows the reason:\n{out}"
     );
     let c = condition(&n, "Remediated").unwrap();
     assert_eq!(
