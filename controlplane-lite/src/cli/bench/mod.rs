@@ -6,6 +6,7 @@
 
 mod chart;
 mod harness;
+mod remediation;
 mod scenarios;
 
 use std::path::PathBuf;
@@ -17,7 +18,8 @@ use serde_json::{Value, json};
 
 use super::Output;
 use harness::Harness;
-use scenarios::{fanout, join_storm, remediation, restart, rollout, steady};
+use remediation::remediation;
+use scenarios::{fanout, join_storm, restart, rollout, steady};
 
 /// What to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
