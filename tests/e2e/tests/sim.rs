@@ -138,6 +138,9 @@ fn thirty_percent_of_a_simulated_fleet_failing_at_once_trips_the_breaker_at_its_
         "only the nodes in remediation are cordoned: {v}"
     );
     assert_eq!(v["cordonedWithoutRemediation"], 0, "{v}");
+    // The same, as `bcctl serve`'s /metrics says it.
+    assert_eq!(v["metricsRemediationsActive"], 4.0, "{v}");
+    assert_eq!(v["metricsBreakerTrips"], 1.0, "{v}");
     assert!(
         v["commandsToFaulted"].as_u64().unwrap_or(0) >= 4,
         "the remediated nodes were sent their steps: {v}"

@@ -214,5 +214,42 @@ pub(super) async fn remediation(
         "commandsToHealthy".into(),
         stats["commandsToHealthy"].clone(),
     );
+    scrape_remediation_metrics(h, out).await;
     Ok(())
+}
+
+/// The remediation series of the first replica's `/metrics` (the controller runs there with
+/// one replica): remediations active and succeeded, breaker trips, steps taken.
+async fn scrape_remediation_metrics(h: &Harness, out: &mut serde_json::Map<String, Value>) {
+    let Some(url) = h.serves.first().map(|s| s.metrics_url.clone()) else {
+        return;
+    };
+    let body = match reqwest::get(&url).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(e) => {
+            out.insert("metricsError".into(), json!(e.to_string()));
+            return;
+        }
+    };
+    let value = |name: &str| super::scenarios::metric_value(&body, name);
+    out.insert(
+        "metricsRemediationsActive".into(),
+        json!(value("bcctl_remediations{mode=\"auto\",state=\"active\"}")),
+    );
+    out.insert(
+        "metricsRemediationsSucceeded".into(),
+        json!(value(
+            "bcctl_remediations{mode=\"auto\",state=\"succeeded\"}"
+        )),
+    );
+    out.insert(
+        "metricsBreakerTrips".into(),
+        json!(value("bcctl_remediation_breaker_trips")),
+    );
+    let steps: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("bcctl_remediation_steps{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b);
+    out.insert("metricsRemediationSteps".into(), json!(steps));
 }
