@@ -78,6 +78,11 @@ pub struct NodeDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failed_from: Option<ProvisionState>,
     pub maintenance: bool,
+    /// Why the node is in maintenance, from whoever turned it on: a failed workflow's error, a
+    /// remediation that gave up (the fault and every step tried), an operator's
+    /// `nodes.setMaintenance` reason. Absent when maintenance is off or no reason was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maintenance_reason: Option<String>,
     pub cordoned: bool,
     pub connectivity: Connectivity,
     pub conditions: Vec<Condition>,
@@ -121,6 +126,8 @@ impl NodeDetail {
             provision_state: node.provision_state,
             failed_from: node.failed_from,
             maintenance: node.maintenance,
+            // A reason left behind by an earlier maintenance says nothing about the node now.
+            maintenance_reason: node.maintenance_reason.clone().filter(|_| node.maintenance),
             cordoned: node.cordoned,
             connectivity: node.connectivity,
             conditions: node.conditions.clone(),

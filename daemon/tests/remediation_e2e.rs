@@ -195,6 +195,61 @@ fn an_xid_a_reset_fixes_is_healed_without_anyone_the_allocation_evicted_and_the_
     );
 }
 
+/// Under drain `wait` the allocation on the sick GPU is kept past the grace: the remediation
+/// says why it waits (`bcctl remediations get`), sends no command, and the node stays cordoned;
+/// once its owner releases the allocation, the reset runs and the node is given back.
+#[test]
+fn under_wait_the_allocation_is_kept_the_status_says_why_and_its_release_lets_the_reset_run() {
+    if !fake_nvml::fixture_present() {
+        return;
+    }
+    let gpus = fake_nvml::FakeNode::new(&fake_nvml::h100_node());
+    let tmp = tempfile::tempdir().unwrap();
+    let (cp, _agent, id, pool_id) = fleet(
+        tmp.path(),
+        &gpus,
+        &json!({"mode": "auto", "drain": "wait", "drainGraceSeconds": 1}),
+    );
+    let alloc = cp.ok(
+        "allocations.create",
+        json!({"poolId": pool_id, "gpus": 8, "workloadId": "job-w"}),
+    );
+    gpus.update(|v| v["gpus"][2]["xidEvents"] = json!([62]));
+    // Past the 1 s grace, still waiting, and saying so.
+    let rem = eventually(WAIT, "waiting past the drain grace", || {
+        remediation_of(&cp, &id).filter(|r| {
+            r["waiting"]
+                .as_str()
+                .is_some_and(|w| w.contains("drain policy is wait"))
+        })
+    });
+    assert_eq!(rem["state"], "active", "{rem}");
+    assert!(
+        rem["waiting"]
+            .as_str()
+            .unwrap()
+            .contains(alloc["id"].as_str().unwrap()),
+        "the status names the allocation it waits for: {rem}"
+    );
+    assert!(rem["commandId"].is_null(), "no step acted yet: {rem}");
+    let a = cp.ok("allocations.get", json!({"allocationId": alloc["id"]}));
+    assert!(a["releasedAt"].is_null(), "the allocation is kept: {a}");
+    let n = cp.node(&id);
+    assert_eq!(n["cordoned"], true, "cordoned while it waits: {n}");
+    let listed = cp.ok("commands.list", json!({"nodeId": id}));
+    assert!(
+        !listed.to_string().contains("gpu.reset"),
+        "no reset while the allocation holds the GPU: {listed}"
+    );
+    // The owner releases it: the reset runs, is verified, and the node comes back.
+    cp.ok("allocations.release", json!({"allocationId": alloc["id"]}));
+    let rem = eventually(WAIT, "the remediation succeeds", || {
+        remediation_of(&cp, &id).filter(|r| r["state"] == "succeeded")
+    });
+    assert_eq!(rem["tried"][0]["step"], "resetGpu", "{rem}");
+    assert_eq!(cp.node(&id)["cordoned"], false);
+}
+
 #[test]
 fn a_gpu_that_survives_its_ladder_is_given_up_on_with_maintenance_on() {
     if !fake_nvml::fixture_present() {
@@ -250,7 +305,11 @@ fn a_gpu_that_survives_its_ladder_is_given_up_on_with_maintenance_on() {
     };
     let n = cp.node(&id);
     assert_eq!(n["maintenance"], true, "{n}");
-    // NodeDetail has no maintenanceReason: the reason is the maintenance event's message.
+    // nodes.get says why (maintenanceReason), the same text as the maintenance event's message.
+    let reason = n["maintenanceReason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let ev = cp.ok("nodes.events", json!({"nodeId": id}));
     let why = ev["events"]
         .as_array()
@@ -264,6 +323,14 @@ fn a_gpu_that_survives_its_ladder_is_given_up_on_with_maintenance_on() {
     assert!(
         why.contains("resetGpu") && why.contains(rem["fault"]["condition"].as_str().unwrap()),
         "{why}"
+    );
+    assert_eq!(reason, why, "nodes.get's maintenanceReason: {n}");
+    let (ok, out, err) = cp.bcctl(&["nodes", "get", &id]);
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("maintenanceReason:") && l.contains("resetGpu")),
+        "bcctl nodes get shows the reason:\n{out}"
     );
     let c = condition(&n, "Remediated").unwrap();
     assert_eq!(

@@ -122,6 +122,10 @@ async fn a_fault_nothing_fixes_climbs_the_ladder_and_is_given_up_with_maintenanc
     let n = w.node("node_a")?;
     assert!(n.maintenance, "maintenance on");
     let why = n.maintenance_reason.clone().unwrap_or_default();
+    // The API view carries the reason beside the axis (`nodes.get`, `bcctl nodes get`).
+    let detail = serde_json::to_value(crate::detail::NodeDetail::new(&n, None))?;
+    assert_eq!(detail["maintenance"], true);
+    assert_eq!(detail["maintenanceReason"].as_str(), Some(why.as_str()));
     for part in [
         "XidCritical Xid48",
         &gpu,

@@ -467,3 +467,71 @@ fn diag_nvml_takes_the_pools_nvlink_expectation() -> Result<(), Box<dyn std::err
     assert_eq!(a["expectedGpus"]["count"], 2, "{a}");
     Ok(())
 }
+
+/// Issue 33: the operator verbs of health remediation are in the document schemathesis reads
+/// (`tests/e2e/tests/schemathesis.rs` generates requests for every operation in it), with the
+/// shapes their answers are checked against, and `nodes.get` declares `maintenanceReason`.
+#[test]
+fn the_openapi_document_has_the_remediation_verbs_and_their_shapes()
+-> Result<(), Box<dyn std::error::Error>> {
+    let doc = serde_json::to_value(openapi::document())?;
+    let schemas = &doc["components"]["schemas"];
+    let schema_of = |r: &serde_json::Value| -> String {
+        r["content"]["application/json"]["schema"]["$ref"]
+            .as_str()
+            .unwrap_or_default()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for (method, request, answer) in [
+        ("pools.setRemediation", "PoolRemediationRequest", "Pool"),
+        (
+            "pools.resumeRemediation",
+            "ResumeRemediationRequest",
+            "Pool",
+        ),
+        (
+            "nodes.setRemediation",
+            "SetRemediationRequest",
+            "NodeDetail",
+        ),
+        (
+            "remediations.list",
+            "RemediationListRequest",
+            "RemediationList",
+        ),
+        ("remediations.get", "RemediationRef", "RemediationView"),
+    ] {
+        let op = &doc["paths"][format!("/v1/{method}")]["post"];
+        assert_eq!(op["operationId"], method);
+        assert_eq!(schema_of(&op["requestBody"]), request, "{method}");
+        assert_eq!(schema_of(&op["responses"]["200"]), answer, "{method}");
+    }
+    let policy = &schemas["RemediationPolicy"]["properties"];
+    for field in [
+        "mode",
+        "ladders",
+        "maxConcurrent",
+        "maxConcurrentPercent",
+        "maxPerHour",
+        "drainGraceSeconds",
+        "drain",
+    ] {
+        assert!(policy.get(field).is_some(), "RemediationPolicy.{field}");
+    }
+    let view = &schemas["RemediationView"]["properties"];
+    for field in [
+        "nodeId", "fault", "step", "since", "attempts", "nextStep", "waiting",
+    ] {
+        assert!(view.get(field).is_some(), "RemediationView.{field}");
+    }
+    assert!(
+        schemas["NodeDetail"]["properties"]
+            .get("maintenanceReason")
+            .is_some(),
+        "NodeDetail.maintenanceReason"
+    );
+    Ok(())
+}

@@ -10,7 +10,13 @@
 //! Figures the control plane cannot see (join errors, heartbeat ack latency) are written as JSON
 //! to `--stats` every second ([`stats::Snapshot`]); SIGUSR1 clears the latency samples so a
 //! benchmark can measure one window.
+//!
+//! `--fault-xid N --fault-fraction F` makes the first `round(F × nodes)` nodes fail: once faults
+//! start (`--fault-after`, or SIGUSR2), each reports XID N on its first GPU through the same
+//! `xid` Event the agent's XID watch sends, and answers `diag.nvml` and `gpu.reset` as a machine
+//! with that fault would ([`fault`]). The stats count the commands each share received.
 
+pub mod fault;
 mod node;
 pub mod stats;
 
@@ -48,6 +54,29 @@ pub struct SimArgs {
     /// Ceiling of the reconnect backoff.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub backoff_cap: Duration,
+    /// XID the faulted nodes report on their first GPU once faults start (48: a reset heals it;
+    /// 79: fallen off the bus, a reboot's). Without it no node faults.
+    #[arg(long)]
+    pub fault_xid: Option<u64>,
+    /// Share of the nodes that fault, 0 to 1: the first `round(F × nodes)` (hostnames
+    /// `sim-<run>-00000` on).
+    #[arg(long, default_value_t = 0.3, value_parser = fault::parse_fraction)]
+    pub fault_fraction: f64,
+    /// When faults start, from the simulator's start. SIGUSR2 starts them at once; without
+    /// this flag only SIGUSR2 does.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub fault_after: Option<Duration>,
+}
+
+impl SimArgs {
+    /// How many nodes fault (none without `--fault-xid`).
+    pub fn faulted_nodes(&self) -> usize {
+        if self.fault_xid.is_some() {
+            fault::faulted_count(self.fault_fraction, self.nodes)
+        } else {
+            0
+        }
+    }
 }
 
 /// `--control-plane`'s value parser: one URL of the list, trimmed and checked.
@@ -116,19 +145,41 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
     // Goodbye, so a benchmark sees the control plane's view of vanished agents. The sender stays
     // alive until then.
     let (_never_stop, stop) = tokio::sync::watch::channel(false);
+    let (start_faults, faults) = tokio::sync::watch::channel(false);
+    let faulted = args.faulted_nodes();
+    if faulted > 0 {
+        tracing::info!(faulted, xid = ?args.fault_xid, after = ?args.fault_after, "fault injection armed (SIGUSR2 starts it)");
+    }
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..args.nodes {
-        let machine = node::SimMachine::new(&run_id, i, args.gpus, Arc::clone(&stats));
+        let fault = args.fault_xid.filter(|_| i < faulted);
+        let machine = node::SimMachine::new(&run_id, i, args.gpus, fault, Arc::clone(&stats));
         tasks.spawn(node::run(
             machine,
             Arc::clone(&args),
             Arc::clone(&stats),
+            faults.clone(),
             stop.clone(),
         ));
     }
+    let begin_faults = || {
+        if !*start_faults.borrow() {
+            stats.faults_started_at_ms.store(
+                chrono::Utc::now().timestamp_millis(),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            tracing::info!(faulted, "faults start");
+            start_faults.send_replace(true);
+        }
+    };
+    let fault_timer = tokio::time::sleep(args.fault_after.unwrap_or(Duration::ZERO));
+    tokio::pin!(fault_timer);
+    let mut timer_armed = args.fault_after.is_some();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(SimError::Signal)?;
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .map_err(SimError::Signal)?;
+    let mut usr2 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
         .map_err(SimError::Signal)?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -136,6 +187,11 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             _ = usr1.recv() => stats.clear_latencies(),
+            _ = usr2.recv() => begin_faults(),
+            _ = &mut fault_timer, if timer_armed => {
+                timer_armed = false;
+                begin_faults();
+            }
             _ = tick.tick() => {
                 // A stats file that cannot be written this second (a full disk) is not a reason
                 // to drop thousands of sessions; the next tick tries again.
@@ -154,7 +210,7 @@ fn write_stats(args: &SimArgs, stats: &stats::Stats) -> Result<(), SimError> {
     let Some(path) = &args.stats else {
         return Ok(());
     };
-    let snap = stats.snapshot(args.nodes);
+    let snap = stats.snapshot(args.nodes, args.faulted_nodes());
     let text = serde_json::to_vec(&snap).unwrap_or_default();
     bc_sys::atomic::write(path, &text, 0o644).map_err(|source| SimError::Stats {
         path: path.clone(),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bc_protocol::commands::{CommandErrorCode, CommandFailure};
-use bc_protocol::pb::{self, HardwareIdentity, Inventory, SpecStatus};
+use bc_protocol::pb::{self, HardwareIdentity, Inventory, SpecStatus, agent_message};
 use bc_protocol::{CommandName, Mode};
 use bcd_core::executor::{CommandRun, Executor};
 use bcd_core::identity::MemoryIdentity;
@@ -22,12 +22,18 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
 use super::SimArgs;
+use super::fault::{self, NodeFault, SimGpu};
 use super::stats::Stats;
 
 /// Outbound messages a simulated session queues at most.
 const OUTBOUND_CAPACITY: usize = 16;
 /// Heartbeats whose acknowledgement is awaited for the latency figure; older ones are dropped.
 const IN_FLIGHT: usize = 16;
+
+/// The simulated GPUs' product name.
+const GPU_NAME: &str = "NVIDIA H100 80GB HBM3 (simulated)";
+/// The simulated driver version.
+const DRIVER: &str = "550.54.15";
 
 /// A simulated machine: its synthetic hardware, and the generation it last "converged".
 #[derive(Debug)]
@@ -36,6 +42,9 @@ pub struct SimMachine {
     boot_id: String,
     hardware: HardwareIdentity,
     inventory_json: Vec<u8>,
+    gpus: Vec<SimGpu>,
+    /// The injected fault of a node among `--fault-fraction` (`None`: a healthy node).
+    fault: Option<NodeFault>,
     observed_generation: AtomicU64,
     stats: Arc<Stats>,
 }
@@ -45,8 +54,9 @@ fn sha_hex(s: &str) -> String {
 }
 
 impl SimMachine {
-    /// Node `i` of simulator run `run_id`: a hardware key no other node has, `gpus` fake H100s.
-    pub fn new(run_id: &str, i: usize, gpus: usize, stats: Arc<Stats>) -> Self {
+    /// Node `i` of simulator run `run_id`: a hardware key no other node has, `gpus` fake H100s,
+    /// and `fault` (an XID number) to report on its first GPU once faults start.
+    pub fn new(run_id: &str, i: usize, gpus: usize, fault: Option<u64>, stats: Arc<Stats>) -> Self {
         let hostname = format!("sim-{run_id}-{i:05}");
         let serial = format!("SIM{run_id}{i:06}");
         let ids = [
@@ -58,6 +68,12 @@ impl SimMachine {
             trusted: true,
             identifier_digests: ids.iter().map(|s| sha_hex(s)).collect(),
         };
+        let sim_gpus: Vec<SimGpu> = (0..gpus)
+            .map(|g| SimGpu {
+                uuid: format!("GPU-{}", &sha_hex(&format!("{serial}/{g}"))[..32]),
+                pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + g * 0x10),
+            })
+            .collect();
         let inv = bc_protocol::inventory::Inventory {
             schema_version: bc_protocol::inventory::SCHEMA_VERSION,
             hostname: Some(hostname.clone()),
@@ -67,13 +83,14 @@ impl SimMachine {
                 serial: Some(serial.clone()),
                 ..Default::default()
             }),
-            gpus: (0..gpus)
+            gpus: sim_gpus
+                .iter()
                 .map(|g| bc_protocol::inventory::Gpu {
-                    uuid: Some(format!("GPU-{}", &sha_hex(&format!("{serial}/{g}"))[..32])),
-                    name: Some("NVIDIA H100 80GB HBM3 (simulated)".to_owned()),
-                    pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + g * 0x10),
+                    uuid: Some(g.uuid.clone()),
+                    name: Some(GPU_NAME.to_owned()),
+                    pci_bus_id: g.pci_bus_id.clone(),
                     memory_bytes: Some(85_520_809_984),
-                    driver_version: Some("550.54.15".to_owned()),
+                    driver_version: Some(DRIVER.to_owned()),
                     source: "nvml".to_owned(),
                     ..Default::default()
                 })
@@ -85,6 +102,8 @@ impl SimMachine {
             hostname,
             hardware,
             inventory_json: serde_json::to_vec(&inv).unwrap_or_default(),
+            gpus: sim_gpus,
+            fault: fault.map(NodeFault::new),
             observed_generation: AtomicU64::new(0),
             stats,
         }
@@ -120,16 +139,31 @@ impl Machine for SimMachine {
         })
     }
 
-    /// `inventory.refresh` as the agent serves it; every other command succeeds at once with
-    /// `{}`: there is nothing to diagnose, reset, collect or reboot on synthetic hardware.
+    /// `inventory.refresh` as the agent serves it; `diag.nvml` and `gpu.reset` as a machine
+    /// with the node's injected fault (or none) answers them ([`fault`]); `logs.collect` and
+    /// `node.reboot` succeed at once with `{}`: there is nothing to collect or reboot on
+    /// synthetic hardware (the boot id never changes).
     async fn run_command(&self, run: &CommandRun) -> Result<Value, CommandFailure> {
         self.stats.commands_answered.fetch_add(1, Ordering::Relaxed);
+        // Counted by whether the node is one of the faulted share, from the start: a command to
+        // a node that was never going to fault is a false one.
+        let counter = if self.fault.is_some() {
+            &self.stats.commands_to_faulted
+        } else {
+            &self.stats.commands_to_healthy
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         match run.name {
             CommandName::InventoryRefresh => bcd_core::handlers::inventory_refresh(self, run).await,
-            CommandName::DiagNvml
-            | CommandName::GpuReset
-            | CommandName::LogsCollect
-            | CommandName::NodeReboot => Ok(json!({})),
+            CommandName::DiagNvml => Ok(serde_json::to_value(fault::diag(
+                &self.gpus,
+                GPU_NAME,
+                DRIVER,
+                self.fault.as_ref(),
+            ))
+            .unwrap_or_default()),
+            CommandName::GpuReset => fault::reset(&self.gpus, &run.args, self.fault.as_ref()),
+            CommandName::LogsCollect | CommandName::NodeReboot => Ok(json!({})),
             CommandName::BmcVerify
             | CommandName::BmcPower
             | CommandName::BmcSetBootDevice
@@ -151,6 +185,8 @@ impl Machine for SimMachine {
 struct SimHooks {
     machine: Arc<SimMachine>,
     stats: Arc<Stats>,
+    /// Turns `true` when faults start (`--fault-after`, SIGUSR2).
+    faults: watch::Receiver<bool>,
     /// (seq, sent at) of heartbeats not yet acknowledged, oldest first.
     in_flight: VecDeque<(u64, tokio::time::Instant)>,
 }
@@ -168,6 +204,21 @@ impl SessionHooks for SimHooks {
             reason: "Converged".to_owned(),
             message: "simulated node".to_owned(),
         })
+    }
+
+    /// A faulted node's XID, once, when faults start (or at its next session, if none is open
+    /// then), as the agent's XID watch sends one.
+    async fn next_report(&mut self) -> agent_message::Msg {
+        let pending = self.machine.fault.as_ref().is_none_or(NodeFault::reported)
+            || self.machine.gpus.is_empty();
+        if pending || self.faults.wait_for(|on| *on).await.is_err() {
+            return std::future::pending().await;
+        }
+        let (Some(f), Some(gpu)) = (self.machine.fault.as_ref(), self.machine.gpus.first()) else {
+            return std::future::pending().await;
+        };
+        self.stats.faults_injected.fetch_add(1, Ordering::Relaxed);
+        agent_message::Msg::Event(crate::agent::hooks::xid_event(&f.report(gpu)))
     }
 }
 
@@ -233,6 +284,7 @@ pub async fn run(
     machine: SimMachine,
     args: Arc<SimArgs>,
     stats: Arc<Stats>,
+    faults: watch::Receiver<bool>,
     stop: watch::Receiver<bool>,
 ) {
     let machine = Arc::new(machine);
@@ -255,6 +307,7 @@ pub async fn run(
     let mut hooks = SimHooks {
         machine,
         stats,
+        faults,
         in_flight: VecDeque::new(),
     };
     if let Err(e) = bcd_core::lifecycle::run(&lifecycle, &mut hooks, stop).await {

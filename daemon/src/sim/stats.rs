@@ -1,6 +1,6 @@
 //! Counters shared by all simulated nodes, and the JSON snapshot `bcd sim --stats` writes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -16,6 +16,13 @@ pub struct Stats {
     pub heartbeats_acked: AtomicU64,
     pub specs_converged: AtomicU64,
     pub commands_answered: AtomicU64,
+    /// Commands to nodes of the `--fault-fraction` share, and to the others.
+    pub commands_to_faulted: AtomicU64,
+    pub commands_to_healthy: AtomicU64,
+    /// XIDs injected (reported on a session).
+    pub faults_injected: AtomicU64,
+    /// When faults started (Unix ms; 0: not yet).
+    pub faults_started_at_ms: AtomicI64,
     /// Heartbeat ack latencies since the last clear, microseconds.
     latencies_us: Mutex<Vec<u32>>,
 }
@@ -34,6 +41,17 @@ pub struct Snapshot {
     pub heartbeats_acked: u64,
     pub specs_converged: u64,
     pub commands_answered: u64,
+    /// Commands received by the nodes of the faulted share (`--fault-fraction`), from the start.
+    pub commands_to_faulted: u64,
+    /// Commands received by the other nodes: a remediation that touches one is a false one.
+    pub commands_to_healthy: u64,
+    /// Nodes of the faulted share that reported their XID.
+    pub faults_injected: u64,
+    /// Nodes of the faulted share (`round(fraction × nodes)`).
+    pub faulted_nodes: u64,
+    /// When faults started (Unix ms; absent: not yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faults_started_at_ms: Option<i64>,
     /// Heartbeat acks in the current latency window.
     pub latency_samples: u64,
     /// Send of a Heartbeat to receipt of its HeartbeatAck, milliseconds.
@@ -69,7 +87,7 @@ impl Stats {
     }
 
     /// The counters now and the percentiles of the current window.
-    pub fn snapshot(&self, nodes: usize) -> Snapshot {
+    pub fn snapshot(&self, nodes: usize, faulted_nodes: usize) -> Snapshot {
         let mut lat = self.latencies_us.lock().clone();
         lat.sort_unstable();
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -83,6 +101,12 @@ impl Stats {
             heartbeats_acked: g(&self.heartbeats_acked),
             specs_converged: g(&self.specs_converged),
             commands_answered: g(&self.commands_answered),
+            commands_to_faulted: g(&self.commands_to_faulted),
+            commands_to_healthy: g(&self.commands_to_healthy),
+            faults_injected: g(&self.faults_injected),
+            faulted_nodes: faulted_nodes as u64,
+            faults_started_at_ms: Some(self.faults_started_at_ms.load(Ordering::Relaxed))
+                .filter(|t| *t > 0),
             latency_samples: lat.len() as u64,
             heartbeat_ack_p50_ms: pct(&lat, 0.50),
             heartbeat_ack_p99_ms: pct(&lat, 0.99),
@@ -102,13 +126,13 @@ mod tests {
         for ms in 1..=100 {
             s.latency(Duration::from_millis(ms));
         }
-        let snap = s.snapshot(3);
+        let snap = s.snapshot(3, 0);
         assert_eq!(snap.latency_samples, 100);
         assert!((snap.heartbeat_ack_p50_ms - 51.0).abs() < 1.01);
         assert!((snap.heartbeat_ack_p99_ms - 99.0).abs() < 1.01);
         assert_eq!(snap.heartbeats_acked, 100);
         s.clear_latencies();
-        let snap = s.snapshot(3);
+        let snap = s.snapshot(3, 0);
         assert_eq!(snap.latency_samples, 0);
         assert_eq!(snap.heartbeats_acked, 100);
     }

@@ -63,3 +63,86 @@ fn fifty_simulated_agents_join_and_survive_a_control_plane_restart() {
         v["sim"]
     );
 }
+
+/// `bcctl bench remediation` over `bcd sim --fault-xid`: 100 simulated nodes in a pool whose
+/// remediation is `auto` (N = 4, P = 10 %), 30 of them report XID 79 at once. The breaker trips
+/// at its limit, no more than 4 remediations start, and nothing touches a node that never
+/// faulted. Timing figures are printed, never asserted.
+#[test]
+fn thirty_percent_of_a_simulated_fleet_failing_at_once_trips_the_breaker_at_its_limit() {
+    let (bcctl, bcd) = bins();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bcctl)
+        .args([
+            "bench",
+            "remediation",
+            "--nodes",
+            "100",
+            "--fault-xid",
+            "79",
+            "--fault-fraction",
+            "0.3",
+            "--remediation-max-concurrent",
+            "4",
+            "--remediation-max-percent",
+            "10",
+            "--window",
+            "3s",
+            "-o",
+            "json",
+            "--timeout",
+            "90s",
+        ])
+        .arg("--bcd")
+        .arg(bcd)
+        .arg("--state-dir")
+        .arg(dir.path())
+        .output()
+        .expect("running bcctl bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "bcctl bench failed:\n{stdout}\n{stderr}\n--- sim.log ---\n{}\n--- serve.log ---\n{}",
+        std::fs::read_to_string(dir.path().join("sim-0.log")).unwrap_or_default(),
+        std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
+    );
+    let v: Value = serde_json::from_str(&stdout).expect("bench -o json prints JSON");
+    println!("{}", serde_json::to_string_pretty(&v).unwrap());
+    assert_eq!(v["scenario"], "remediation");
+    assert_eq!(v["faultedNodes"], 30);
+    assert_eq!(
+        v["faultsInjected"], 30,
+        "every faulted node reported its XID"
+    );
+    assert_eq!(v["xidsRecorded"], 30, "Health recorded each one: {v}");
+    assert_eq!(v["breakerTripped"], true, "{v}");
+    assert_eq!(v["remediationLimit"], 4);
+    assert_eq!(
+        v["remediationsStarted"], 4,
+        "the breaker let exactly its limit start: {v}"
+    );
+    assert!(
+        v["breakerMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("the limit is 4")),
+        "{v}"
+    );
+    assert_eq!(v["falseRemediations"], 0, "{v}");
+    assert_eq!(
+        v["commandsToHealthy"], 0,
+        "no command reached a healthy node: {v}"
+    );
+    assert_eq!(
+        v["cordoned"], 4,
+        "only the nodes in remediation are cordoned: {v}"
+    );
+    assert_eq!(v["cordonedWithoutRemediation"], 0, "{v}");
+    // The same, as `bcctl serve`'s /metrics says it.
+    assert_eq!(v["metricsRemediationsActive"], 4.0, "{v}");
+    assert_eq!(v["metricsBreakerTrips"], 1.0, "{v}");
+    assert!(
+        v["commandsToFaulted"].as_u64().unwrap_or(0) >= 4,
+        "the remediated nodes were sent their steps: {v}"
+    );
+}

@@ -47,6 +47,8 @@ pub(super) struct Harness {
     pub(super) sims: Vec<Child>,
     /// How many simulators [`Harness::start_sim`] starts.
     pub(super) sim_count: usize,
+    /// Extra `bcd sim` flags (the remediation scenario's fault injection).
+    pub(super) sim_extra: Vec<String>,
     pub(super) ca_pin: String,
     pub(super) api_token: String,
     pub(super) token: String,
@@ -173,6 +175,7 @@ impl Harness {
             serves,
             sims: Vec::new(),
             sim_count: sim_count.max(1),
+            sim_extra: Vec::new(),
             ca_pin: String::new(),
             api_token: String::new(),
             token,
@@ -281,6 +284,7 @@ impl Harness {
                 .args(["--ca-pin", &self.ca_pin])
                 .args(["--join-token", &self.token])
                 .args(["--nodes", &nodes.to_string()])
+                .args(&self.sim_extra)
                 .arg("--stats")
                 .arg(self.dir.join(format!("sim-stats-{i}.json")))
                 .env("BCD_LOG", "warn")
@@ -335,6 +339,12 @@ impl Harness {
             })
             .collect();
         merge_stats(&all)
+    }
+
+    /// Nodes of the simulators' faulted share (their stats' `faultedNodes`, summed).
+    pub(super) fn sim_faulted(&self) -> usize {
+        let n = self.sim_stats()["faultedNodes"].as_u64().unwrap_or(0);
+        usize::try_from(n).unwrap_or(usize::MAX)
     }
 
     pub(super) fn counts(&self, since_ms: i64) -> anyhow::Result<Counts> {
@@ -417,6 +427,10 @@ pub(super) fn merge_stats(all: &[Value]) -> Value {
                 "heartbeatsAcked",
                 "specsConverged",
                 "commandsAnswered",
+                "commandsToFaulted",
+                "commandsToHealthy",
+                "faultsInjected",
+                "faultedNodes",
                 "latencySamples",
             ] {
                 let sum: u64 = all

@@ -6,6 +6,7 @@
 
 mod chart;
 mod harness;
+mod remediation;
 mod scenarios;
 
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use serde_json::{Value, json};
 
 use super::Output;
 use harness::Harness;
+use remediation::remediation;
 use scenarios::{fanout, join_storm, restart, rollout, steady};
 
 /// What to measure.
@@ -33,6 +35,10 @@ pub enum Scenario {
     /// `kill -9` of the control plane and a restart: time until all reconnected; nodes wrongly
     /// marked unreachable.
     Restart,
+    /// `--fault-fraction` of the nodes report `--fault-xid` at once in a pool whose remediation
+    /// is `auto`: time until the circuit breaker trips, remediations started against its limit,
+    /// false remediations and commands to healthy nodes.
+    Remediation,
     /// Runs nothing: draws `--chart` from earlier `restart -o json` results given with `--input`.
     Chart,
 }
@@ -86,6 +92,19 @@ pub struct BenchArgs {
     /// `chart` only: results of `bcctl bench restart -o json` to draw, one pair of curves each.
     #[arg(long)]
     pub input: Vec<PathBuf>,
+    /// `remediation` only: the XID the faulted nodes report (`bcd sim --fault-xid`; 79, fallen
+    /// off the bus, calls for a reboot a simulated node cannot do, so its remediations stay open).
+    #[arg(long, default_value_t = 79)]
+    pub fault_xid: u64,
+    /// `remediation` only: the share of the nodes that fault (`bcd sim --fault-fraction`).
+    #[arg(long, default_value_t = 0.3)]
+    pub fault_fraction: f64,
+    /// `remediation` only: the pool's `maxConcurrent` (N).
+    #[arg(long, default_value_t = 4)]
+    pub remediation_max_concurrent: u32,
+    /// `remediation` only: the pool's `maxConcurrentPercent` (P).
+    #[arg(long, default_value_t = 10)]
+    pub remediation_max_percent: u32,
 }
 
 /// `bcctl bench chart --input A.json [--input B.json] --chart out.png`.
@@ -248,6 +267,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let sims = check_nofile(args.nodes, args.replicas)?;
     let mut h = Harness::start(&args, sims).await?;
+    if args.scenario == Scenario::Remediation {
+        h.sim_extra = vec![
+            "--fault-xid".into(),
+            args.fault_xid.to_string(),
+            "--fault-fraction".into(),
+            args.fault_fraction.to_string(),
+        ];
+    }
     let rss_base = h.serve_usage().map_or(0, |(_, r)| r);
     let mut out = serde_json::Map::new();
     let scenario = clap::ValueEnum::to_possible_value(&args.scenario)
@@ -271,6 +298,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Scenario::Fanout => fanout(&mut h, &args, &mut out).await?,
             Scenario::Rollout => rollout(&mut h, &args, &mut out).await?,
             Scenario::Restart => restart(&mut h, &args, &mut out).await?,
+            Scenario::Remediation => remediation(&mut h, &args, &mut out).await?,
             Scenario::Chart => {}
         }
         anyhow::Ok(())
@@ -339,6 +367,10 @@ pub async fn dev_sim(dev: &super::dev::DevArgs, nodes: usize) -> anyhow::Result<
         chart: None,
         font: None,
         input: Vec::new(),
+        fault_xid: 79,
+        fault_fraction: 0.0,
+        remediation_max_concurrent: 4,
+        remediation_max_percent: 10,
     };
     let mut h = Harness::start(&args, sims).await?;
     println!(

@@ -199,7 +199,7 @@ async fn scrape_metrics(h: &Harness, out: &mut serde_json::Map<String, Value>) {
 }
 
 /// The value of the sample `name` (with its labels, if any) in a Prometheus text exposition.
-fn metric_value(body: &str, name: &str) -> Option<f64> {
+pub(super) fn metric_value(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
