@@ -59,6 +59,7 @@ pub mod commission;
 pub mod controller;
 pub mod credentials;
 pub mod deploy;
+pub mod deploy_identity;
 pub mod enroll;
 pub mod inspect;
 pub mod lease;
