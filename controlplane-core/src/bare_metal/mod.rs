@@ -66,6 +66,7 @@ pub mod lease;
 pub mod power;
 pub mod release;
 pub mod rescue;
+pub mod scrub;
 pub mod site_detail;
 pub mod site_pass;
 pub mod table;
@@ -86,6 +87,8 @@ mod deploy_tests;
 mod duplicate_tests;
 #[cfg(test)]
 mod release_tests;
+#[cfg(test)]
+mod scrub_tests;
 #[cfg(test)]
 mod takeover_tests;
 
