@@ -422,7 +422,7 @@ pub fn join(
             }
         )));
     }
-    if let Some(refused) = bare_metal_refusal(tx, &node, f)? {
+    if let Some(refused) = crate::bare_metal::deploy_identity::join_token_refusal(tx, &node, f)? {
         return Ok(JoinOutcome::Refused(refused));
     }
     if connected(&node.id) {
@@ -445,56 +445,6 @@ pub fn join(
         tx.spend_token(&tok.id)?;
     }
     rejoin_in_place(tx, &node.id, f, trusted, &tok.id, &how).map(JoinOutcome::Joined)
-}
-
-/// Issue 30.1: a node enrolled through a BMC is never re-joined in place by a join token while
-/// its sessions come from its ramdisk's boot token, nor once a deploy issued its deployed
-/// system an identity of its own ([`crate::bare_metal::deploy_identity`]). Only a `deployed`
-/// node that no deploy wrote (enrolled with `--deployed`) still re-joins with one. A node agent
-/// that shows the machine's identifiers (they are no secret: a MAC, a serial) must not take its
-/// identity, its commands and its logs, nor hold a session that makes the next ramdisk's join
-/// fail. The refusal, with the asker's address, is a `joinRefused` event on the node (no version
-/// change); no token is spent. `None` when the rule does not apply.
-fn bare_metal_refusal(
-    tx: &Tx<'_>,
-    node: &NodeRecord,
-    f: &JoinFacts,
-) -> Result<Option<Refused>, JoinError> {
-    if tx.bmc(&node.id)?.is_none() {
-        return Ok(None);
-    }
-    let deploy_issued = tx.deploy_identity(&node.id)?.is_some();
-    if node.provision_state == ProvisionState::Deployed && !deploy_issued {
-        return Ok(None);
-    }
-    let state = node.provision_state;
-    let only = if deploy_issued {
-        "only its ramdisk's boot token or the identity its deploy issued joins it"
-    } else {
-        "only its ramdisk's boot token joins it"
-    };
-    let mut edit = Edit::report(tx, &node.id, "JoinService")?;
-    edit.event(
-        "joinRefused",
-        None,
-        None,
-        format!(
-            "a {} agent from {} showed this machine's identifiers with a join token; node {} is enrolled through its BMC and {state}, so {only}",
-            f.mode,
-            f.peer.as_deref().unwrap_or("an unknown address"),
-            node.id
-        ),
-    );
-    edit.save(tx)?;
-    Ok(Some(Refused {
-        node_id: node.id.clone(),
-        message: format!(
-            "BARE_METAL_NODE: this machine is node {}, enrolled through its BMC and {state}; a join token cannot re-join it in place (its ramdisk joins with the boot token of its boot; its deployed system's agent with the identity its deploy wrote onto the config drive, {})",
-            node.id,
-            crate::bare_metal::deploy_identity::CONFIG_DRIVE_FILE
-        ),
-        kind: RefusalKind::BareMetal,
-    }))
 }
 
 /// A new node where the token's placement puts it. Its key is trusted only if no other node

@@ -14,8 +14,8 @@
 //!   session of it is live. It is good for many joins while the node stays deployed: the
 //!   deployed system must come back after `rescue` ends its identity. Releasing or retiring the
 //!   node drops it; the next deploy replaces it.
-//! - A node that has one is never re-joined by a pool join token (`crate::join`'s bare-metal
-//!   rule), in any state.
+//! - A node that has one is never re-joined by a pool join token, in any state
+//!   ([`join_token_refusal`], which `crate::join` asks before any re-join in place).
 //!
 //! # Limitations
 //! Until the write is over the token is in the queued command's stored arguments in clear (as
@@ -24,11 +24,12 @@
 //! which no deploy wrote, re-joins with a pool join token as before).
 
 use bc_protocol::{Mode, ProvisionState};
-use cpl_store::{DeployIdentity, Tx, random_lowercase};
+use cpl_store::{DeployIdentity, NodeRecord, Tx, random_lowercase};
 use sha2::{Digest, Sha256};
 
+use crate::edit::Edit;
 use crate::error::OpError;
-use crate::join::{JoinError, JoinFacts, JoinOutcome};
+use crate::join::{JoinError, JoinFacts, JoinOutcome, RefusalKind, Refused};
 
 /// Every deploy identity token starts with this.
 pub const DEPLOY_TOKEN_PREFIX: &str = "deploy_";
@@ -157,4 +158,53 @@ pub(crate) fn join(
         "the deployed system joined with the identity its deploy issued",
     )
     .map(JoinOutcome::Joined)
+}
+
+/// Issue 30.1: a node enrolled through a BMC is never re-joined in place by a join token while
+/// its sessions come from its ramdisk's boot token, nor once a deploy issued its deployed
+/// system an identity of its own ([`crate::bare_metal::deploy_identity`]). Only a `deployed`
+/// node that no deploy wrote (enrolled with `--deployed`) still re-joins with one. A node agent
+/// that shows the machine's identifiers (they are no secret: a MAC, a serial) must not take its
+/// identity, its commands and its logs, nor hold a session that makes the next ramdisk's join
+/// fail. The refusal, with the asker's address, is a `joinRefused` event on the node (no version
+/// change); no token is spent. `None` when the rule does not apply.
+pub(crate) fn join_token_refusal(
+    tx: &Tx<'_>,
+    node: &NodeRecord,
+    f: &JoinFacts,
+) -> Result<Option<Refused>, JoinError> {
+    if tx.bmc(&node.id)?.is_none() {
+        return Ok(None);
+    }
+    let deploy_issued = tx.deploy_identity(&node.id)?.is_some();
+    if node.provision_state == ProvisionState::Deployed && !deploy_issued {
+        return Ok(None);
+    }
+    let state = node.provision_state;
+    let only = if deploy_issued {
+        "only its ramdisk's boot token or the identity its deploy issued joins it"
+    } else {
+        "only its ramdisk's boot token joins it"
+    };
+    let mut edit = Edit::report(tx, &node.id, "JoinService")?;
+    edit.event(
+        "joinRefused",
+        None,
+        None,
+        format!(
+            "a {} agent from {} showed this machine's identifiers with a join token; node {} is enrolled through its BMC and {state}, so {only}",
+            f.mode,
+            f.peer.as_deref().unwrap_or("an unknown address"),
+            node.id
+        ),
+    );
+    edit.save(tx)?;
+    Ok(Some(Refused {
+        node_id: node.id.clone(),
+        message: format!(
+            "BARE_METAL_NODE: this machine is node {}, enrolled through its BMC and {state}; a join token cannot re-join it in place (its ramdisk joins with the boot token of its boot; its deployed system's agent with the identity its deploy wrote onto the config drive, {})",
+            node.id, CONFIG_DRIVE_FILE
+        ),
+        kind: RefusalKind::BareMetal,
+    }))
 }
