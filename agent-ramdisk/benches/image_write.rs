@@ -144,6 +144,7 @@ fn main() {
         root_device: None,
         config_drive: None,
         instance_id: None,
+        deploy_token: None,
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (rss_before, hwm_before) = (status_kib("VmRSS:"), status_kib("VmHWM:"));

@@ -138,6 +138,8 @@ impl Core {
                 Ok(vec![Effect::Recorded])
             }
             AgentReport::CommandUpdate(u) => {
+                // Nothing a BMC echoed reaches the store, whatever the site agent did (30.5).
+                let u = self.bare_metal.scrub_update(node_id, u).await;
                 let Some(c) = self.commands.update(node_id, u).await else {
                     return Ok(vec![Effect::Ignored(
                         "no command of this node took the update".to_owned(),
@@ -175,6 +177,7 @@ impl Core {
                 Ok(Vec::new())
             }
             AgentReport::Power(r) => {
+                let r = self.bare_metal.scrub_power(r).await;
                 let observations = r.observations.len();
                 Ok(vec![match self.bare_metal.power_report(node_id, r).await {
                     ReportOutcome::Applied(changed) => {

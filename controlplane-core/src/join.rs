@@ -15,8 +15,10 @@
 //!   node's identifier digests) or, matched by identifiers only, once an operator approved the
 //!   request (`nodes.approveRejoin`): until then the join answers [`JoinOutcome::AwaitingApproval`]
 //!   and records the request with an event; the agent keeps retrying with its token;
-//! - a node enrolled through a BMC only once it is `deployed` (issue 30.1): before, its sessions
-//!   come from its ramdisk's boot token alone ([`RefusalKind::BareMetal`]).
+//! - a node enrolled through a BMC never (issue 30.1, [`RefusalKind::BareMetal`]): its sessions
+//!   come from its ramdisk's boot token, and once deployed from the identity its deploy issued
+//!   (`crate::bare_metal::deploy_identity`); only a `deployed` node that no deploy wrote
+//!   (enrolled with `--deployed`) still re-joins with a join token.
 
 use bc_protocol::{Adapter, ProvisionState, Trust};
 use cpl_store::{
@@ -172,6 +174,9 @@ pub enum JoinError {
     /// The ramdisk's boot token is refused (issue 15).
     #[error(transparent)]
     Boot(crate::bare_metal::boot::BootRefusal),
+    /// A deploy identity is refused (issue 30.1).
+    #[error(transparent)]
+    Deploy(crate::bare_metal::deploy_identity::DeployRefusal),
     /// The store failed.
     #[error(transparent)]
     Failed(#[from] OpError),
@@ -355,6 +360,9 @@ pub fn join(
     if crate::bare_metal::boot::is_ramdisk_join(f) {
         return crate::bare_metal::boot::join(tx, f, connected);
     }
+    if crate::bare_metal::deploy_identity::is_deploy_join(f) {
+        return crate::bare_metal::deploy_identity::join(tx, f, connected);
+    }
     let now = cpl_store::now_ms();
     let tok = tx.authenticate_token(&f.token)?.map_err(JoinError::Token)?;
     // Revoked, expired or used up. Only an operator's approval of this very machine and token
@@ -414,7 +422,7 @@ pub fn join(
             }
         )));
     }
-    if let Some(refused) = bare_metal_refusal(tx, &node, f)? {
+    if let Some(refused) = crate::bare_metal::deploy_identity::join_token_refusal(tx, &node, f)? {
         return Ok(JoinOutcome::Refused(refused));
     }
     if connected(&node.id) {
@@ -437,45 +445,6 @@ pub fn join(
         tx.spend_token(&tok.id)?;
     }
     rejoin_in_place(tx, &node.id, f, trusted, &tok.id, &how).map(JoinOutcome::Joined)
-}
-
-/// Issue 30.1: a node enrolled through a BMC is re-joined in place by a join token only once it
-/// is `deployed` (its deployed system's agent joins on its own, docs/bare-metal.md). In every
-/// other state its sessions come from its ramdisk's boot token alone: a node agent that shows
-/// the machine's identifiers (they are no secret: a MAC, a serial) must not take its identity,
-/// its commands and its logs, nor hold a session that makes the next ramdisk's join fail. The
-/// refusal, with the asker's address, is a `joinRefused` event on the node (no version change);
-/// no token is spent. `None` when the rule does not apply.
-fn bare_metal_refusal(
-    tx: &Tx<'_>,
-    node: &NodeRecord,
-    f: &JoinFacts,
-) -> Result<Option<Refused>, JoinError> {
-    if node.provision_state == ProvisionState::Deployed || tx.bmc(&node.id)?.is_none() {
-        return Ok(None);
-    }
-    let state = node.provision_state;
-    let mut edit = Edit::report(tx, &node.id, "JoinService")?;
-    edit.event(
-        "joinRefused",
-        None,
-        None,
-        format!(
-            "a {} agent from {} showed this machine's identifiers with a join token; node {} is enrolled through its BMC and {state}, so only its ramdisk's boot token joins it",
-            f.mode,
-            f.peer.as_deref().unwrap_or("an unknown address"),
-            node.id
-        ),
-    );
-    edit.save(tx)?;
-    Ok(Some(Refused {
-        node_id: node.id.clone(),
-        message: format!(
-            "BARE_METAL_NODE: this machine is node {}, enrolled through its BMC and {state}; a join token cannot re-join it in place (its ramdisk joins with the boot token of its boot; its deployed system's agent joins once it is deployed)",
-            node.id
-        ),
-        kind: RefusalKind::BareMetal,
-    }))
 }
 
 /// A new node where the token's placement puts it. Its key is trusted only if no other node

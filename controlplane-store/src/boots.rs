@@ -67,11 +67,14 @@ pub struct BootRecord {
     /// The `bmc.setBootDevice none` that clears the boot override once the ramdisk joined
     /// (issue 31), once issued.
     pub override_command_id: Option<String>,
+    /// Ramdisk joins with this boot's token whose machine did not show the BMC's identifiers
+    /// (issue 30.2): evidence counted while the boot stays open.
+    pub mismatches: u64,
 }
 
 const BOOT_COLUMNS: &str = "node_id, token_id, secret_sha256, sealed, purpose, created_at, \
     expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, work_command_id, \
-    work_step, override_command_id";
+    work_step, override_command_id, mismatches";
 
 fn boot_from_row(r: &Row<'_>) -> Result<BootRecord, StoreError> {
     Ok(BootRecord {
@@ -94,6 +97,7 @@ fn boot_from_row(r: &Row<'_>) -> Result<BootRecord, StoreError> {
             .map(|s| parse_enum("work_step", &s))
             .transpose()?,
         override_command_id: r.get(15)?,
+        mismatches: u64::try_from(r.get::<i64>(16)?).unwrap_or(0),
     })
 }
 
@@ -104,8 +108,8 @@ impl Tx<'_> {
         self.db().execute(
             "INSERT INTO node_boots (node_id, token_id, secret_sha256, sealed, purpose, \
              created_at, expires_at, used_at, phase_started_at, command_id, ended_at, diag_command_id, steps_at, \
-             work_command_id, work_step, override_command_id) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
+             work_command_id, work_step, override_command_id, mismatches) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) \
              ON CONFLICT (node_id) DO UPDATE SET token_id = excluded.token_id, \
              secret_sha256 = excluded.secret_sha256, sealed = excluded.sealed, \
              purpose = excluded.purpose, created_at = excluded.created_at, \
@@ -113,7 +117,8 @@ impl Tx<'_> {
              phase_started_at = excluded.phase_started_at, command_id = excluded.command_id, \
              ended_at = excluded.ended_at, diag_command_id = excluded.diag_command_id, \
              steps_at = excluded.steps_at, work_command_id = excluded.work_command_id, \
-             work_step = excluded.work_step, override_command_id = excluded.override_command_id",
+             work_step = excluded.work_step, override_command_id = excluded.override_command_id, \
+             mismatches = excluded.mismatches",
             params![
                 b.node_id,
                 b.token_id,
@@ -130,7 +135,8 @@ impl Tx<'_> {
                 b.steps_at,
                 b.work_command_id,
                 b.work_step.map(WorkStep::as_str),
-                b.override_command_id
+                b.override_command_id,
+                i64::try_from(b.mismatches).unwrap_or(i64::MAX)
             ],
         )?;
         Ok(())
@@ -198,6 +204,7 @@ mod tests {
             work_command_id: None,
             work_step: None,
             override_command_id: None,
+            mismatches: 0,
         }
     }
 

@@ -44,6 +44,7 @@ mod boots;
 mod commands;
 mod controller_lease;
 pub(crate) mod db;
+mod deploy_identities;
 mod events;
 mod firmware;
 mod fleet;
@@ -81,6 +82,7 @@ pub use bench::BenchCounts;
 pub use boots::{BootRecord, WorkStep};
 pub use commands::{CommandRecord, CommandState};
 pub use controller_lease::{CONTROLLERS_LEASE, ControllerLease};
+pub use deploy_identities::DeployIdentity;
 pub use events::{NewEvent, NodeEvent};
 pub use fleet::{BareMetalCounts, FleetCounts};
 pub use leases::DedicatedRootLease;
@@ -423,6 +425,7 @@ fn migrations() -> Migrations<'static> {
         M::up(migrations::M010_CONTROLLER_LEASE),
         M::up(migrations::M011_REMEDIATION),
         M::up(migrations::M012_BOOT_OVERRIDE),
+        M::up(migrations::M013_BOOT_EVIDENCE_AND_DEPLOY_IDENTITY),
     ])
 }
 

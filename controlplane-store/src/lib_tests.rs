@@ -104,8 +104,8 @@ fn migration_4_indexes_existing_identifiers_and_skips_junk_rows() -> Result<(), 
     // Every later migration runs too (5: trusted keys, rejoin requests; 6: session_broken, pool
     // acceptance; 7: bare metal; 8: ramdisk boots; 9: the workflows after ready; 10: the
     // controllers' lease; 11: remediation; 12: the boot
-    // override's clearing).
-    assert_eq!(version, 12, "every migration ran");
+    // override's clearing; 13: mismatches on boots, deploy identities).
+    assert_eq!(version, 13, "every migration ran");
     Ok(())
 }
 
@@ -231,8 +231,9 @@ fn migration_5_demotes_duplicate_trusted_keys_and_then_refuses_them() -> Result<
         .lock()
         .query_row("PRAGMA user_version", [], |r| r.get(0))?;
     // Migrations 6 (session_broken, pool acceptance), 7 (bare metal) and 8 (ramdisk boots) run
-    // after it, and the later ones (up to 12: remediation, the boot override's clearing).
-    assert_eq!(version, 12);
+    // after it, and the later ones (up to 13: remediation, the boot override's clearing, boot
+    // mismatches and deploy identities).
+    assert_eq!(version, 13);
     Ok(())
 }
 

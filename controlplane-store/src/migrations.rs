@@ -444,3 +444,19 @@ CREATE INDEX xid_observations_at ON xid_observations(at);
 pub const M012_BOOT_OVERRIDE: &str = r#"
 ALTER TABLE node_boots ADD COLUMN override_command_id TEXT; -- bmc.setBootDevice none after the join
 "#;
+
+/// Issue 30: a ramdisk join whose identifiers differ from the BMC's is counted on its boot
+/// (evidence, not a verdict: the node fails only after several, or at the deadline); and the
+/// identity a deploy issues to the system it wrote (`deploy_<id>.<secret>`, hashed here; the
+/// deployed system's agent joins with it, and no pool join token re-joins a node that has one).
+pub const M013_BOOT_EVIDENCE_AND_DEPLOY_IDENTITY: &str = r#"
+ALTER TABLE node_boots ADD COLUMN mismatches BIGINT NOT NULL DEFAULT 0; -- ramdisk joins that differed
+CREATE TABLE deploy_identities (
+    node_id       TEXT PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+    token_id      TEXT NOT NULL UNIQUE,
+    secret_sha256 TEXT NOT NULL,
+    created_at    BIGINT NOT NULL,
+    last_used_at  BIGINT,             -- the deployed system's last join with it
+    uses          BIGINT NOT NULL DEFAULT 0
+);
+"#;

@@ -66,6 +66,7 @@ pub(crate) fn migrations() -> Result<Vec<(i64, String)>, StoreError> {
         (10, m::M010_CONTROLLER_LEASE.to_owned()),
         (11, m::M011_REMEDIATION.to_owned()),
         (12, m::M012_BOOT_OVERRIDE.to_owned()),
+        (13, m::M013_BOOT_EVIDENCE_AND_DEPLOY_IDENTITY.to_owned()),
     ])
 }
 
@@ -78,7 +79,7 @@ mod tests {
         let pg = migrations()?;
         assert_eq!(
             pg.len(),
-            12,
+            13,
             "one PostgreSQL migration per SQLite migration"
         );
         let sql: Vec<&str> = pg.iter().map(|(_, s)| s.as_str()).collect();

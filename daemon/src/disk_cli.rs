@@ -231,6 +231,7 @@ fn write_args(w: &WriteCli) -> Result<ImageWriteArgs, DiskCliError> {
         root_device: None,
         config_drive,
         instance_id: None,
+        deploy_token: None,
     };
     // The checks image.write's command applies to its args (URL, digest, config drive limits).
     bc_protocol::commands::check_args(

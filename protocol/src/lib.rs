@@ -33,6 +33,7 @@ pub mod kinds;
 pub mod limits;
 #[cfg(feature = "openapi")]
 mod schema;
+pub mod scrub;
 pub mod spec;
 pub mod types;
 

@@ -38,7 +38,13 @@ pub struct Drive {
     pub drive: ConfigDrive,
     /// `instance-id` of `meta-data`.
     pub instance_id: String,
+    /// The deployed system's identity, written as [`JOIN_TOKEN_FILE`] (issue 30.1).
+    pub deploy_token: Option<String>,
 }
+
+/// The file that holds the deploy's identity for the deployed system's `bcd agent
+/// --join-token-file` (the control plane's `deploy_identity::CONFIG_DRIVE_FILE`).
+pub const JOIN_TOKEN_FILE: &str = "bcd-join-token";
 
 /// What went wrong writing the config drive.
 #[derive(Debug, thiserror::Error)]
@@ -271,10 +277,14 @@ fn format(mut region: Region<'_>, d: &Drive) -> Result<(), ConfigDriveError> {
     .map_err(io_err("formatting vfat"))?;
     let fs = fatfs::FileSystem::new(&mut region, fatfs::FsOptions::new())
         .map_err(io_err("opening the new vfat"))?;
-    for (name, text) in [
+    let mut files = vec![
         ("meta-data", meta_data(d)),
         ("user-data", user_data(&d.drive)),
-    ] {
+    ];
+    if let Some(t) = &d.deploy_token {
+        files.push((JOIN_TOKEN_FILE, format!("{}\n", t.trim())));
+    }
+    for (name, text) in files {
         let mut f = fs
             .root_dir()
             .create_file(name)
@@ -350,6 +360,7 @@ mod tests {
                 user_data: None,
             },
             instance_id: "i-1".into(),
+            deploy_token: None,
         };
         assert_eq!(
             meta_data(&d),

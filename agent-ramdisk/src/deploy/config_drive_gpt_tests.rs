@@ -67,6 +67,7 @@ fn drive() -> Drive {
             user_data: None,
         },
         instance_id: "i-1".into(),
+        deploy_token: None,
     }
 }
 

@@ -79,6 +79,7 @@ async fn the_config_drive_is_a_cidata_vfat_in_a_new_partition_of_a_gpt_moved_to_
         user_data: None,
     });
     a.instance_id = Some("node_7-deploy-1".into());
+    a.deploy_token = Some("deploy_abc.secret".into());
     let r = super::image_write(&HostRoot::new(root.path()), a)
         .await
         .unwrap();
@@ -147,4 +148,8 @@ async fn the_config_drive_is_a_cidata_vfat_in_a_new_partition_of_a_gpt_moved_to_
         "{user}"
     );
     assert!(user.contains("hostname: \"node-7\""), "{user}");
+    assert_eq!(
+        read_file(&fs, super::config_drive::JOIN_TOKEN_FILE),
+        "deploy_abc.secret\n"
+    );
 }

@@ -220,6 +220,7 @@ pub async fn image_write_on(
                 .instance_id
                 .clone()
                 .unwrap_or_else(|| config_drive::default_instance_id(&c.hostname, &sha256)),
+            deploy_token: args.deploy_token.clone(),
             drive: c,
         }),
     };

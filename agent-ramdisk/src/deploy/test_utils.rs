@@ -157,6 +157,7 @@ pub(crate) fn args(url: String, sha256: String, compression: Compression) -> Ima
         root_device: None,
         config_drive: None,
         instance_id: None,
+        deploy_token: None,
     }
 }
 

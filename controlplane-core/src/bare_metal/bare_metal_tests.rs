@@ -144,7 +144,7 @@ impl World {
         Ok(())
     }
 
-    fn enroll(&self, password: &str) -> Result<String, OpError> {
+    pub(super) fn enroll(&self, password: &str) -> Result<String, OpError> {
         self.enroll_as(password, false)
     }
 
@@ -179,7 +179,10 @@ impl World {
             .ok_or("node vanished")?)
     }
 
-    fn events(&self, id: &str) -> Result<Vec<cpl_store::NodeEvent>, cpl_store::StoreError> {
+    pub(super) fn events(
+        &self,
+        id: &str,
+    ) -> Result<Vec<cpl_store::NodeEvent>, cpl_store::StoreError> {
         self.store.read_blocking(|r| r.events(id))
     }
 }
@@ -215,7 +218,7 @@ pub(super) fn succeeded(id: &str, result: serde_json::Value) -> CommandUpdate {
     }
 }
 
-fn failed(id: &str, code: &str, message: &str) -> CommandUpdate {
+pub(super) fn failed(id: &str, code: &str, message: &str) -> CommandUpdate {
     CommandUpdate {
         id: id.into(),
         state: bc_protocol::pb::CommandState::Failed as i32,
@@ -656,7 +659,7 @@ async fn a_machine_enrolled_as_deployed_keeps_its_os_and_is_never_booted() -> Te
 }
 
 /// The verbs' and reports' core over the world's store, sessions and bare-metal service.
-fn core_of(w: &World) -> crate::verbs::Core {
+pub(super) fn core_of(w: &World) -> crate::verbs::Core {
     crate::verbs::Core {
         store: w.store.clone(),
         commands: w.bm.commands.clone(),

@@ -13,12 +13,17 @@
 //!   digests matching what the BMC reported at verification ([`mismatches`]). A match is a
 //!   re-join in place: the node's `identityGeneration` goes up, so whatever certificate an
 //!   earlier boot (or an installed OS) held dies, and the ramdisk's key and certificate live in
-//!   its memory only. A mismatch spends the token, fails the node with a `HardwareMismatch`
-//!   condition naming what differed, and is answered with a refusal: nobody's machine is taken
-//!   over by a mis-cabled port.
+//!   its memory only. A mismatch is refused and recorded (a `HardwareMismatch` condition naming
+//!   what differed and who asked, counted on the boot) but is evidence, not a verdict: anyone
+//!   who knows a MAC can fetch the script, so the token stays good for the real machine, and
+//!   only the [`MISMATCHES_BEFORE_FAILURE`]th mismatch (or the state's deadline) fails the node.
+//!   Nobody's machine is taken over by a mis-cabled port, and nobody fails one with a MAC alone.
 //!
 //! # Limitations
-//! One boot per node at a time. A machine that reboots inside the ramdisk after its join finds
+//! Every mismatch counts, wherever it came from: the control plane sees the join's address but
+//! not the address that fetched the script (the site's boot service sees that), so it cannot
+//! tell a mismatch from the booting machine from one from a bystander. One boot per node at a
+//! time. A machine that reboots inside the ramdisk after its join finds
 //! its token spent: it is served `exit` and the state's deadline fails the node.
 
 use std::time::Duration;
@@ -42,6 +47,9 @@ pub const BOOT_TOKEN_PREFIX: &str = "boot_";
 pub const HARDWARE_MISMATCH: &str = "HardwareMismatch";
 /// The owner of the ramdisk workflow's events and conditions.
 pub const OWNER: &str = "BareMetalWorkflow";
+/// Ramdisk joins with one boot's token whose machine shows other identifiers than its BMC
+/// reported before the node fails (issue 30.2); fewer leave the boot open until its deadline.
+pub const MISMATCHES_BEFORE_FAILURE: u64 = 3;
 
 /// What the ramdisk's kernel command line needs besides its token: where to join and which CA
 /// to trust.
@@ -136,6 +144,7 @@ pub(crate) fn begin(
         work_command_id: None,
         work_step: None,
         override_command_id: None,
+        mismatches: 0,
     };
     tx.put_boot(&rec)?;
     Ok(rec)
@@ -357,36 +366,12 @@ pub(crate) fn join(
     let bmc = tx
         .bmc(&node_id)?
         .ok_or_else(|| OpError::Internal(format!("node {node_id} has a boot but no BMC record")))?;
-    boot.used_at = Some(now);
-    tx.put_boot(&boot)?;
     let differs = mismatches(&bmc, &f.identifier_digests);
     if !differs.is_empty() {
-        let what = differs.join("; ");
-        let message = format!(
-            "the machine that booted with boot token {} (from {}) is not the one node {node_id}'s BMC described: {what}",
-            boot.token_id,
-            f.peer.as_deref().unwrap_or("an unknown address")
-        );
-        apply_owned(
-            &mut edit,
-            OWNER,
-            HARDWARE_MISMATCH,
-            ConditionStatus::True,
-            "IdentifiersDiffer",
-            message.clone(),
-        );
-        apply_transition(&mut edit, ProvisionState::Failed, &message)?;
-        edit.save(tx)?;
-        // The machine that asked learns only that it is refused: what the BMC reported (the
-        // real machine's UUID, serial, MACs) stays in the node's condition, for operators.
-        return Ok(JoinOutcome::Refused(Refused {
-            message: format!(
-                "HARDWARE_MISMATCH: this machine is not the one node {node_id}'s BMC described; the node is failed and nothing joined (its HardwareMismatch condition says what differed)"
-            ),
-            node_id,
-            kind: crate::join::RefusalKind::HardwareMismatch,
-        }));
+        return mismatched(tx, edit, boot, f, &differs, now);
     }
+    boot.used_at = Some(now);
+    tx.put_boot(&boot)?;
     apply_owned(
         &mut edit,
         OWNER,
@@ -413,6 +398,61 @@ pub(crate) fn join(
     )?;
     joined.boot_site = tx.node(&node_id)?.and_then(|n| n.site_id);
     Ok(JoinOutcome::Joined(joined))
+}
+
+/// A ramdisk join with `boot`'s token whose machine shows other identifiers than the BMC
+/// reported (`differs`): evidence, not a verdict (issue 30.2). Whoever learned a MAC can fetch its
+/// script, so one such join must not fail a machine: it is counted on the boot and recorded
+/// (`HardwareMismatch` true, naming what differed and the caller's address), and the token stays
+/// good for the real machine's ramdisk. The [`MISMATCHES_BEFORE_FAILURE`]th spends the token and
+/// fails the node; the state's deadline fails it too, saying how many there were.
+fn mismatched(
+    tx: &Tx<'_>,
+    mut edit: Edit,
+    mut boot: BootRecord,
+    f: &JoinFacts,
+    differs: &[String],
+    now: i64,
+) -> Result<JoinOutcome, JoinError> {
+    let node_id = boot.node_id.clone();
+    boot.mismatches = boot.mismatches.saturating_add(1);
+    let n = boot.mismatches;
+    let last = n >= MISMATCHES_BEFORE_FAILURE;
+    let message = format!(
+        "the machine that joined with boot token {} (from {}) is not the one node {node_id}'s BMC described ({n} of {MISMATCHES_BEFORE_FAILURE} such joins{}): {}",
+        boot.token_id,
+        f.peer.as_deref().unwrap_or("an unknown address"),
+        if last {
+            "; the node fails"
+        } else {
+            "; the boot goes on"
+        },
+        differs.join("; ")
+    );
+    apply_owned(
+        &mut edit,
+        OWNER,
+        HARDWARE_MISMATCH,
+        ConditionStatus::True,
+        "IdentifiersDiffer",
+        message.clone(),
+    );
+    if last {
+        boot.used_at = Some(now);
+        apply_transition(&mut edit, ProvisionState::Failed, &message)?;
+    }
+    tx.put_boot(&boot)?;
+    edit.save(tx)?;
+    // The machine that asked learns only that it is refused: what the BMC reported (the real
+    // machine's UUID, serial, MACs) stays in the node's condition, for operators.
+    Ok(JoinOutcome::Refused(Refused {
+        message: format!(
+            "HARDWARE_MISMATCH: this machine is not the one node {node_id}'s BMC described; nothing joined{} (its HardwareMismatch condition says what differed)",
+            if last { " and the node is failed" } else { "" }
+        ),
+        node_id,
+        kind: crate::join::RefusalKind::HardwareMismatch,
+    }))
 }
 
 impl From<BootRefusal> for JoinError {

@@ -19,9 +19,13 @@
 //!   only re-sends the BMC step through the next holder. `nodes.recover` deploys the same
 //!   again; `nodes.deploy` on the failed node deploys another image.
 //!
+//! - With a config drive, each `image.write` carries a fresh deploy identity
+//!   ([`super::deploy_identity`]) that the ramdisk writes onto it: the deployed system's agent
+//!   joins as the node with it, and from then on no pool join token re-joins the node.
+//!
 //! # Limitations
-//! The deployed OS joins on its own (an agent with a join token in the image or the config
-//! drive's user data); the control plane does not wait for it.
+//! The deployed OS joins on its own (its agent with the config drive's `bcd-join-token`); the
+//! control plane does not wait for it.
 
 use std::time::Duration;
 
@@ -107,6 +111,7 @@ pub fn write_args(req: &DeployRequest) -> Result<ImageWriteArgs, OpError> {
         root_device: req.root_device.clone(),
         config_drive: req.config_drive.clone(),
         instance_id: None,
+        deploy_token: None,
     };
     let json = CommandArgs::ImageWrite(args.clone()).to_value();
     CommandArgs::parse(CommandName::ImageWrite, &json)
@@ -204,6 +209,11 @@ pub(crate) fn queue_write(
         .map_err(|e| OpError::Internal(format!("node {}'s deployment: {e}", b.node_id)))?;
     // cloud-init runs again on each deploy: one instance id per boot.
     args.instance_id = Some(format!("{}-{}", b.node_id, b.token_id));
+    // The deployed system's own identity (issue 30.1): on the config drive, the only place the
+    // written system can read it from; without one it would have nowhere to go.
+    if args.config_drive.is_some() {
+        args.deploy_token = Some(super::deploy_identity::issue(tx, &b.node_id, now)?);
+    }
     let left = WORKFLOW.time_left(b, pool, now, MIN_WRITE_TIMEOUT_MS);
     let url = args.image.url.clone();
     let rec =

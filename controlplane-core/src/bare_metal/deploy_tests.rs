@@ -19,7 +19,7 @@ const INVENTORY: &str = r#"{"schemaVersion": 1, "hostname": "ramdisk"}"#;
 const SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
 /// The bed's node `ready` (inspected and commissioned), its inspection's boot ended.
-fn ready() -> Result<Bed, Box<dyn std::error::Error>> {
+pub(super) fn ready() -> Result<Bed, Box<dyn std::error::Error>> {
     let b = bed(None)?;
     let token = b.boot(Duration::from_secs(600))?;
     let joined = b.join(&token, Mode::Ramdisk, digests(UUID, SERIAL, MAC))?;
@@ -35,7 +35,7 @@ fn ready() -> Result<Bed, Box<dyn std::error::Error>> {
     Ok(b)
 }
 
-fn controller(b: &Bed) -> super::BareMetal {
+pub(super) fn controller(b: &Bed) -> super::BareMetal {
     let commands = crate::commands::Commands {
         store: b.store.clone(),
         sessions: std::sync::Arc::new(crate::port::NoSessions),
@@ -43,7 +43,7 @@ fn controller(b: &Bed) -> super::BareMetal {
     super::BareMetal::new(commands, b.key.clone(), Default::default())
 }
 
-fn request(b: &Bed, body: Value) -> Result<DeployRequest, serde_json::Error> {
+pub(super) fn request(b: &Bed, body: Value) -> Result<DeployRequest, serde_json::Error> {
     let mut v = json!({"nodeId": b.node});
     if let (Some(o), Some(extra)) = (v.as_object_mut(), body.as_object()) {
         o.extend(extra.clone());
@@ -51,7 +51,7 @@ fn request(b: &Bed, body: Value) -> Result<DeployRequest, serde_json::Error> {
     serde_json::from_value(v)
 }
 
-fn image() -> Value {
+pub(super) fn image() -> Value {
     json!({
         "image": {"url": "http://10.0.2.2:8080/disk.raw", "sha256": SHA},
         "rootDevice": {"serial": "QM00001"},
@@ -61,7 +61,7 @@ fn image() -> Value {
 
 /// Boots and joins the ramdisk for the node's state and reports, as the controller and the
 /// ramdisk would.
-fn boot_join_report(b: &Bed) -> TestResult {
+pub(super) fn boot_join_report(b: &Bed) -> TestResult {
     let state = b.node()?.provision_state;
     let rec = b.store.write_blocking(|tx| {
         boot::begin(
@@ -81,7 +81,7 @@ fn boot_join_report(b: &Bed) -> TestResult {
 }
 
 /// The boot's `image.write`, queued as the pass would.
-fn queue_write(b: &Bed) -> Result<CommandRecord, Box<dyn std::error::Error>> {
+pub(super) fn queue_write(b: &Bed) -> Result<CommandRecord, Box<dyn std::error::Error>> {
     Ok(b.store.write_blocking(|tx| {
         let mut rec = tx
             .boot(&b.node)?
@@ -95,7 +95,7 @@ fn queue_write(b: &Bed) -> Result<CommandRecord, Box<dyn std::error::Error>> {
 }
 
 /// A `bmc.*` step on the site agent about the node, made the boot's command in flight.
-fn bmc_step(b: &Bed, name: &str) -> Result<CommandRecord, Box<dyn std::error::Error>> {
+pub(super) fn bmc_step(b: &Bed, name: &str) -> Result<CommandRecord, Box<dyn std::error::Error>> {
     let id = format!("cmd_{}", name.replace('.', "_"));
     b.store.write_blocking(|tx| {
         let mut rec = tx
@@ -125,7 +125,7 @@ fn bmc_step(b: &Bed, name: &str) -> Result<CommandRecord, Box<dyn std::error::Er
     })
 }
 
-fn finish(
+pub(super) fn finish(
     b: &Bed,
     cmd: &CommandRecord,
     state: CommandState,
@@ -142,7 +142,7 @@ fn finish(
     Ok(())
 }
 
-fn written() -> Value {
+pub(super) fn written() -> Value {
     json!({"device": "vda", "chosenBecause": "serial QM00001 (hint)", "deviceSizeBytes": 1_073_741_824u64,
            "imageBytes": 33_554_432u64, "writtenBytes": 33_554_432u64, "sha256": SHA,
            "configDrivePartition": "vda3", "durationMs": 800})

@@ -59,12 +59,14 @@ pub mod commission;
 pub mod controller;
 pub mod credentials;
 pub mod deploy;
+pub mod deploy_identity;
 pub mod enroll;
 pub mod inspect;
 pub mod lease;
 pub mod power;
 pub mod release;
 pub mod rescue;
+pub mod scrub;
 pub mod site_detail;
 pub mod site_pass;
 pub mod table;
@@ -85,6 +87,8 @@ mod deploy_tests;
 mod duplicate_tests;
 #[cfg(test)]
 mod release_tests;
+#[cfg(test)]
+mod scrub_tests;
 #[cfg(test)]
 mod takeover_tests;
 

@@ -108,18 +108,21 @@ pub fn release(
         &mut edit,
         "nodes.release: the deployed system's identity ends; nothing the tenant held keeps working",
     );
+    tx.delete_deploy_identity(node_id)?;
     booting(&mut edit);
     edit.save(tx)
 }
 
 /// `nodes.retire` of a machine enrolled through its BMC, in `edit`: `ready`, `deployed` or
-/// `failed` → `retiring`, its identity ended; the pass boots and cleans it.
-pub(crate) fn start_retire(edit: &mut Edit) -> Result<(), OpError> {
+/// `failed` → `retiring`, its identity ended (the deploy's identity dropped); the pass boots and
+/// cleans it.
+pub(crate) fn start_retire(tx: &Tx<'_>, edit: &mut Edit) -> Result<(), OpError> {
     apply_transition(edit, ProvisionState::Retiring, "nodes.retire")?;
     bump_identity(
         edit,
         "nodes.retire: the machine is cleaned and retired; its identity ends",
     );
+    tx.delete_deploy_identity(&edit.node.id)?;
     booting(edit);
     Ok(())
 }

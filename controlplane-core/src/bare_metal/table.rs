@@ -193,7 +193,13 @@ pub(crate) fn fail_overdue(tx: &Tx<'_>, b: &BootRecord, now: i64) -> Result<bool
     {
         return Ok(false);
     }
-    let (reason, why) = (r.overdue)(b, limit.as_secs());
+    let (reason, mut why) = (r.overdue)(b, limit.as_secs());
+    if b.mismatches > 0 && b.used_at.is_none() {
+        why.push_str(&format!(
+            "; {} join(s) with its boot token came from a machine that does not show its BMC's identifiers (HardwareMismatch says what differed)",
+            b.mismatches
+        ));
+    }
     w.condition(&mut edit, ConditionStatus::False, reason, why.clone());
     apply_transition(&mut edit, ProvisionState::Failed, &why)?;
     edit.save(tx)?;

@@ -5,6 +5,9 @@
 //! passwords, keys, tokens. The ramdisk's `image.write` must get it whole to write the config
 //! drive; nobody else needs it.
 //!
+//! The deploy's identity for the written system (`deployToken`, issue 30.1) is withheld the
+//! same way.
+//!
 //! # Design
 //! [`withhold`] replaces `configDrive.userData` in a command's arguments by
 //! `<withheld: N bytes, sha256:HEX>`: every `commands.*` answer shows that instead
@@ -33,17 +36,30 @@ fn is_placeholder(s: &str) -> bool {
     s.starts_with("<withheld: ") && s.ends_with('>')
 }
 
-/// `args` (an `image.write`'s, or a deployment's) with `configDrive.userData` replaced by its
-/// [`placeholder`]; `None` when there is none to withhold (other commands, no user data, or
-/// withheld already).
+/// `args` (an `image.write`'s, or a deployment's) with `configDrive.userData` and the deploy's
+/// identity (`deployToken`, issue 30.1) replaced by their [`placeholder`]s; `None` when there is
+/// none to withhold (other commands, neither present, or withheld already).
 pub fn withhold(args: &Value) -> Option<Value> {
-    let ud = args.get("configDrive")?.get("userData")?.as_str()?;
-    if is_placeholder(ud) {
-        return None;
-    }
     let mut out = args.clone();
-    out["configDrive"]["userData"] = Value::String(placeholder(ud));
-    Some(out)
+    let mut changed = false;
+    if let Some(ud) = args
+        .get("configDrive")
+        .and_then(|c| c.get("userData"))
+        .and_then(Value::as_str)
+        .filter(|s| !is_placeholder(s))
+    {
+        out["configDrive"]["userData"] = Value::String(placeholder(ud));
+        changed = true;
+    }
+    if let Some(t) = args
+        .get("deployToken")
+        .and_then(Value::as_str)
+        .filter(|s| !is_placeholder(s))
+    {
+        out["deployToken"] = Value::String(placeholder(t));
+        changed = true;
+    }
+    changed.then_some(out)
 }
 
 #[cfg(test)]
@@ -63,5 +79,25 @@ mod tests {
         assert_eq!(withhold(&w), None, "withheld already");
         assert_eq!(withhold(&json!({"nodeId": "n"})), None);
         assert_eq!(withhold(&json!({"configDrive": {"hostname": "h"}})), None);
+    }
+
+    #[test]
+    fn the_deploy_identity_is_withheld_with_or_without_user_data() {
+        let a = json!({"configDrive": {"hostname": "h"}, "deployToken": "deploy_a.s3cret"});
+        let w = withhold(&a).unwrap_or_default();
+        let shown = w["deployToken"].as_str().unwrap_or_default();
+        assert!(shown.starts_with("<withheld: 15 bytes"), "{shown}");
+        assert!(!w.to_string().contains("s3cret"), "{w}");
+        assert_eq!(withhold(&w), None, "withheld already");
+        let both =
+            json!({"configDrive": {"hostname": "h", "userData": "x"}, "deployToken": "deploy_a.s"});
+        let w = withhold(&both).unwrap_or_default();
+        assert!(!w.to_string().contains("deploy_a.s\""), "{w}");
+        assert!(
+            w["configDrive"]["userData"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("<withheld")
+        );
     }
 }

@@ -24,7 +24,7 @@ pub fn retire(
     let mut edit = Edit::begin(tx, node_id, Some(expected_version), actor)?;
     refuse_while_allocated(tx, node_id, "drain it before retiring it")?;
     if tx.bmc(node_id)?.is_some() {
-        crate::bare_metal::release::start_retire(&mut edit)?;
+        crate::bare_metal::release::start_retire(tx, &mut edit)?;
         return edit.save(tx);
     }
     apply_transition(&mut edit, ProvisionState::Retiring, "nodes.retire")?;

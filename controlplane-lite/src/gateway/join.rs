@@ -82,6 +82,7 @@ fn refusal_outcome(r: &JoinError) -> JoinOutcome {
             JoinOutcome::RefusedScope
         }
         JoinError::Boot(_) => JoinOutcome::RefusedBootToken,
+        JoinError::Deploy(_) => JoinOutcome::RefusedDeployIdentity,
         JoinError::Failed(_) => JoinOutcome::Error,
     }
 }
@@ -95,7 +96,7 @@ fn refusal_status(r: &JoinError) -> Status {
         JoinError::WrongPool { .. } | JoinError::TrustMismatch { .. } | JoinError::WrongMode(_) => {
             Status::failed_precondition(r.to_string())
         }
-        JoinError::Boot(_) => Status::unauthenticated(r.to_string()),
+        JoinError::Boot(_) | JoinError::Deploy(_) => Status::unauthenticated(r.to_string()),
         JoinError::Failed(_) => Status::internal(r.to_string()),
     }
 }

@@ -61,6 +61,7 @@ fn boot(node: &str, purpose: ProvisionState, started: i64) -> BootRecord {
         work_command_id: None,
         work_step: None,
         override_command_id: None,
+        mismatches: 0,
     }
 }
 

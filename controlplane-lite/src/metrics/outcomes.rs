@@ -31,6 +31,9 @@ pub enum JoinOutcome {
     /// A join token tried to re-join in place a machine enrolled through a BMC before it is
     /// `deployed` (issue 30.1).
     RefusedBareMetal,
+    /// A deployed system's deploy identity was refused: unknown, replaced by a newer deploy,
+    /// its node not `deployed`, or shown by another machine (issue 30.1).
+    RefusedDeployIdentity,
     /// The store or the CA failed.
     Error,
 }
@@ -50,6 +53,7 @@ impl JoinOutcome {
         JoinOutcome::RefusedBootToken,
         JoinOutcome::RefusedHardwareMismatch,
         JoinOutcome::RefusedBareMetal,
+        JoinOutcome::RefusedDeployIdentity,
         JoinOutcome::Error,
     ];
 
@@ -68,6 +72,7 @@ impl JoinOutcome {
             JoinOutcome::RefusedBootToken => "refused_boot_token",
             JoinOutcome::RefusedHardwareMismatch => "refused_hardware_mismatch",
             JoinOutcome::RefusedBareMetal => "refused_bare_metal",
+            JoinOutcome::RefusedDeployIdentity => "refused_deploy_identity",
             JoinOutcome::Error => "error",
         }
     }

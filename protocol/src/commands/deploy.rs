@@ -121,6 +121,12 @@ pub struct ImageWriteArgs {
     /// cloud-init runs again for each deploy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
+    /// The identity the deploy issues to the system it writes (`deploy_<id>.<secret>`, issue
+    /// 30.1): the ramdisk writes it onto the config drive as `bcd-join-token`, where the
+    /// deployed system's `bcd agent --join-token-file` reads it. Set by the control plane
+    /// only; never logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deploy_token: Option<String>,
 }
 
 /// The result of `image.write` (camelCase JSON).

@@ -2,6 +2,9 @@
 //! (issue 31, rules 5, 6, 10 and 11), through a real `bcctl serve` and `bcd site` and the BMC
 //! behaviour simulator in front of sushy-emulator.
 //!
+//! Also issue 30.1 end to end: a node agent with its pool's join token never re-joins an enrolled
+//! machine in place while its ramdisk holds the session.
+//!
 //! Skipped loudly without sushy-emulator; a failure under `CI=true`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,6 +17,8 @@ use std::time::Duration;
 
 use bc_bmc_sim::{Behaviour, Fault, FaultKind};
 use bc_e2e::eventually;
+use bc_e2e::fake_agent::FakeAgent;
+use bc_protocol::pb::AgentMode;
 use bcd_site::test_utils::sushy::FakeSystem;
 use rig::{Rig, condition};
 use serde_json::json;
@@ -270,5 +275,114 @@ fn a_network_boot_is_confirmed_by_the_script_request() {
     assert!(
         no_join.boots().iter().any(|b| b.script_status == Some(200)),
         "the machine did ask for its script"
+    );
+}
+
+/// `series`'s value in the Prometheus text of `metrics_url` (0 when absent).
+fn metric(metrics_url: &str, series: &str) -> f64 {
+    let text = reqwest::blocking::get(metrics_url)
+        .and_then(|r| r.text())
+        .expect("metrics endpoint reachable");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Issue 30.1, end to end: a machine enrolled through a real `bcd site` boots (its firmware
+/// fetches its script from the site's boot service by its MAC, and a ramdisk joins with the
+/// script's boot token) and stays in the ramdisk when `ready`. A raw node-mode Join with its
+/// pool's join token and the machine's own identifiers and hardware key is refused
+/// `PERMISSION_DENIED` `BARE_METAL_NODE`; the ramdisk keeps its session and identity, the token
+/// is not spent, the refusal is counted and a `joinRefused` event names it.
+#[test]
+fn a_pool_join_token_never_takes_over_a_machine_its_ramdisk_holds() {
+    let systems = [FakeSystem::numbered(57)];
+    let Some(mut rig) = Rig::start(
+        "bmc takeover e2e",
+        &systems,
+        &["--metrics-listen", "127.0.0.1:0"],
+        &[],
+    ) else {
+        return;
+    };
+    let metrics_url = std::fs::read_to_string(rig.cp.dir.join("endpoints.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["metricsUrl"].as_str().map(str::to_owned))
+        .expect("endpoints.json has metricsUrl");
+    let sim = rig.sim(&systems[0], Behaviour::default());
+    let ramdisk = rig.machine(&sim, &systems[0]);
+    let pool = rig.seen.ok(
+        &rig.cp,
+        "pools.create",
+        json!({"name": "kept", "kind": "metal-host", "siteId": rig.site,
+               "acceptance": {"requireTrustedKey": false, "powerOffWhenReady": false}}),
+    );
+    let pool_id = pool["id"].as_str().unwrap().to_owned();
+    let n = rig.seen.ok(
+        &rig.cp,
+        "nodes.enroll",
+        json!({"inspect": true, "siteId": rig.site, "poolId": pool_id, "name": "held",
+               "bmc": {"address": sim.address(), "username": bcd_site::test_utils::USER,
+                       "password": bcd_site::test_utils::PASSWORD}}),
+    );
+    let id = n["id"].as_str().unwrap().to_owned();
+    rig.state(&id, "ready");
+    let before = rig.until(&id, "the ramdisk's session live", |n| {
+        (n["connectivity"] == "connected").then(|| n.clone())
+    });
+    assert_eq!(ramdisk.joined.lock().len(), 1, "the ramdisk joined once");
+
+    let token = rig.cp.create_token(&["--pool", &pool_id, "--uses", "5"]);
+    let agent = FakeAgent::new(&rig.cp);
+    let digests: Vec<&str> = ramdisk.digests.iter().map(String::as_str).collect();
+    for mode in [AgentMode::Node, AgentMode::Unspecified] {
+        let refused = agent
+            .join_as(mode, &token, &ramdisk.key, true, &digests)
+            .expect_err("a join token must not re-join an enrolled machine in place");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+        assert!(
+            refused.message().starts_with("BARE_METAL_NODE"),
+            "{refused:?}"
+        );
+    }
+
+    let after = rig.node(&id);
+    assert_eq!(after["identityGeneration"], before["identityGeneration"]);
+    assert_eq!(after["connectivity"], "connected", "{after}");
+    assert_eq!(after["provisionState"], "ready", "{after}");
+    assert_eq!(
+        metric(
+            &metrics_url,
+            "bcctl_join_total{outcome=\"refused_bare_metal\"}"
+        ),
+        2.0
+    );
+    let events = rig.events(&id);
+    let refusals: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["kind"] == "joinRefused")
+        .collect();
+    assert_eq!(refusals.len(), 2, "{events:?}");
+    assert!(
+        refusals[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("127.0.0.1")),
+        "the event names the caller: {refusals:?}"
+    );
+    let tokens = rig.seen.bcctl(&rig.cp, &["tokens", "list"], None);
+    let uses: Vec<&serde_json::Value> = tokens["tokens"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|t| t["poolId"] == pool_id)
+                .map(|t| &t["uses"])
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        uses,
+        [&json!(0)],
+        "a refused join spends no token: {tokens}"
     );
 }

@@ -12,7 +12,9 @@
 //!   (`ChecksumMismatch`), the disk's first MiB not the image's; the machine ignoring its
 //!   power-on → the pool's deploy deadline fails it; `nodes recover` once the harness lets it
 //!   boot → `deployed`: the VM's disk holds the image and a `cidata` config drive with the
-//!   hostname and the key, and the BMC boots the disk, persistently.
+//!   hostname, the key and the system's own identity (`bcd-join-token`), and the BMC boots the
+//!   disk, persistently. With that identity an agent joins as w; the pool's join token, showing
+//!   the same machine, is refused `BARE_METAL_NODE` (issue 30.1).
 //!
 //! Skipped loudly without QEMU, a kernel or sushy-emulator; a failure under `CI=true`. Times are
 //! printed (docs/benchmarks.md), never asserted.
@@ -30,6 +32,7 @@ use std::time::Instant;
 
 use bc_e2e::{ControlPlane, eventually, ramdisk};
 use bc_metal_sim::machines::{Happened, Machines};
+use bc_protocol::pb::AgentMode;
 use bcd_site::test_utils::free_tcp_port;
 use bcd_site::test_utils::sushy::Sushy;
 use metal::{enroll_with, machine, moves, system, until_state};
@@ -520,5 +523,61 @@ fn deploy(
     eprintln!(
         "metal_workflows: deploy of w (recover -> deployed, one TCG boot, 8 MiB raw image + config drive): {:.1} s; {written}",
         deployed_in.as_secs_f64()
+    );
+    deployed_system_joins(seen, rig, w, &w_id, &disk);
+}
+
+/// Issue 30.1: the deploy wrote the system its own identity (`bcd-join-token` on the config
+/// drive): the deployed system's agent joins as w with it, while the pool's join token, showing
+/// the same machine, is refused `BARE_METAL_NODE`; the stored `image.write` no longer holds it.
+fn deployed_system_joins(
+    seen: &mut Seen,
+    rig: &DeployRig<'_>,
+    w: &bc_metal_sim::machines::Machine,
+    w_id: &str,
+    disk: &[u8],
+) {
+    use bc_protocol::hwid::{self, Kind};
+    let cp = rig.cp;
+    let at = disk
+        .windows(7)
+        .position(|x| x == b"deploy_")
+        .expect("the deploy identity on the config drive");
+    let token: String = disk[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_' || **b == b'.')
+        .map(|b| char::from(*b))
+        .collect();
+    assert_eq!(token.len(), "deploy_".len() + 20 + 1 + 40, "{token}");
+    let mut lines = [
+        hwid::uuid_line(&w.uuid).unwrap(),
+        hwid::serial_line(Kind::SystemSerial, &w.serial).unwrap(),
+        hwid::mac_line(&w.mac).unwrap(),
+    ];
+    lines.sort();
+    let key = hwid::digest(&lines.join("\n"));
+    let digests: Vec<String> = lines.iter().map(|l| hwid::digest(l)).collect();
+    let refs: Vec<&str> = digests.iter().map(String::as_str).collect();
+    let agent = bc_e2e::fake_agent::FakeAgent::new(cp);
+    let pool_token = cp.create_token(&["--pool", rig.pool]);
+    let refused = agent
+        .join_as(AgentMode::Node, &pool_token, &key, true, &refs)
+        .expect_err("the pool's join token must not re-join a deployed machine in place");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().starts_with("BARE_METAL_NODE"),
+        "{refused:?}"
+    );
+    let before = seen.node(cp, w_id)["identityGeneration"].as_u64().unwrap();
+    let j = agent
+        .join_as(AgentMode::Node, &token, &key, true, &refs)
+        .expect("the deployed system joins with its deploy identity");
+    assert_eq!(j.node_id, w_id);
+    assert_eq!(j.identity_generation, before + 1);
+    let writes = seen.ok(cp, "commands.list", json!({"nodeId": w_id, "limit": 500}));
+    let shown = writes.to_string();
+    assert!(
+        !shown.contains(token.split_once('.').unwrap().1),
+        "no commands answer shows the identity: {shown}"
     );
 }

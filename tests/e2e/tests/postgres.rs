@@ -147,7 +147,7 @@ fn a_node_joins_on_postgres_and_its_rows_survive_a_restart() {
     );
     assert_eq!(
         psql(&db, "SELECT MAX(version) FROM bc_schema_version"),
-        "12"
+        "13"
     );
 
     cp.kill9();

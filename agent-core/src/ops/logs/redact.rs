@@ -8,6 +8,7 @@
 //! - join and site tokens `<6 [a-z0-9]>.<16 [a-z0-9]>` (the spec's token format): anything may
 //!   come before them; what follows must not be `[a-z0-9]` (a longer run is not this token);
 //! - boot tokens `boot_<20>.<40>` (a ramdisk's kernel command line);
+//! - deploy identities `deploy_<20>.<40>` (the deployed system's `bcd-join-token`, issue 30.1);
 //! - operator API tokens `bcapi_<hex>`;
 //! - PEM `PRIVATE KEY` blocks (everything from `-----BEGIN … PRIVATE KEY-----` to the matching
 //!   `-----END … PRIVATE KEY-----`, across lines; an unterminated block hides the rest of the
@@ -77,6 +78,7 @@ static SECRETS: LazyLock<Option<Regex>> = LazyLock::new(|| {
         r"|(?P<basic>(?i:\b(?P<bword>basic))[ \t]+(?P<b64>[A-Za-z0-9+/]{4,}={0,2}))",
         r"|(?P<api>bcapi_[0-9a-fA-F]+)",
         r"|(?P<boot>boot_[a-z0-9]{20}\.[a-z0-9]{40})",
+        r"|(?P<deploy>deploy_[a-z0-9]{20}\.[a-z0-9]{40})",
         r"|(?P<url>(?P<urlhead>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/:@]*:)[^\s@]+@)",
         r"|(?P<join>[a-z0-9]{6}\.[a-z0-9]{16})",
     ))
@@ -391,6 +393,9 @@ impl Found<'_> {
         }
         if caps.name("boot").is_some() {
             return (b"boot_[REDACTED BOOT TOKEN]".to_vec(), State::Text);
+        }
+        if caps.name("deploy").is_some() {
+            return (b"deploy_[REDACTED DEPLOY IDENTITY]".to_vec(), State::Text);
         }
         if let Some(head) = caps.name("urlhead") {
             return (keep(Some(head), b"[REDACTED]@"), State::Text);

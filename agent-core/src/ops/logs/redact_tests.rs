@@ -214,6 +214,12 @@ fn kinds() -> Vec<Kind> {
             format!("boot_{}.{}", "a1".repeat(10), "q7".repeat(20)),
             &"q7".repeat(20),
         ),
+        // Deploy identities: `deploy_<20>.<40>` (the config drive's bcd-join-token).
+        k(
+            "deploy identity",
+            format!("deploy_{}.{}", "b2".repeat(10), "x8".repeat(20)),
+            &"x8".repeat(20),
+        ),
         // Operator API tokens: `bcapi_<48 hex>`.
         k("api token", format!("bcapi_{}", "0f".repeat(24)), &"0f".repeat(24)),
         k(

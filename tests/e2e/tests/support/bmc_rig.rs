@@ -225,8 +225,10 @@ pub fn condition<'a>(node: &'a Value, type_: &str) -> Option<&'a Value> {
 pub struct FakeRamdisk {
     url: String,
     ca_pem: String,
-    digests: Vec<String>,
-    key: String,
+    /// The machine's identifier digests (SMBIOS UUID and serial, MACs), as it joins with them.
+    pub digests: Vec<String>,
+    /// Its hardware key.
+    pub key: String,
     /// Boot tokens it joined with, in order.
     pub joined: parking_lot::Mutex<Vec<String>>,
     stop: Arc<AtomicBool>,
