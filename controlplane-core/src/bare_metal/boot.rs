@@ -16,13 +16,14 @@
 //!   its memory only. A mismatch is refused and recorded (a `HardwareMismatch` condition naming
 //!   what differed and who asked, counted on the boot) but is evidence, not a verdict: anyone
 //!   who knows a MAC can fetch the script, so the token stays good for the real machine, and
-//!   only the [`MISMATCHES_BEFORE_FAILURE`]th mismatch (or the state's deadline) fails the node.
+//!   only the state's deadline fails the node (saying how many mismatched joins came).
 //!   Nobody's machine is taken over by a mis-cabled port, and nobody fails one with a MAC alone.
 //!
 //! # Limitations
-//! Every mismatch counts, wherever it came from: the control plane sees the join's address but
-//! not the address that fetched the script (the site's boot service sees that), so it cannot
-//! tell a mismatch from the booting machine from one from a bystander. One boot per node at a
+//! Every mismatch is counted the same, wherever it came from: the control plane sees the join's
+//! address but not the address that fetched the script (the site's boot service sees that), so
+//! it cannot tell a mismatch from the booting machine from one from a bystander; that is why no
+//! number of them fails the node. One boot per node at a
 //! time. A machine that reboots inside the ramdisk after its join finds
 //! its token spent: it is served `exit` and the state's deadline fails the node.
 
@@ -39,7 +40,6 @@ use crate::conditions::apply_owned;
 use crate::edit::Edit;
 use crate::error::OpError;
 use crate::join::{JoinError, JoinFacts, JoinOutcome, Refused};
-use crate::ops::nodes::apply_transition;
 
 /// Every boot token starts with this.
 pub const BOOT_TOKEN_PREFIX: &str = "boot_";
@@ -47,9 +47,6 @@ pub const BOOT_TOKEN_PREFIX: &str = "boot_";
 pub const HARDWARE_MISMATCH: &str = "HardwareMismatch";
 /// The owner of the ramdisk workflow's events and conditions.
 pub const OWNER: &str = "BareMetalWorkflow";
-/// Ramdisk joins with one boot's token whose machine shows other identifiers than its BMC
-/// reported before the node fails (issue 30.2); fewer leave the boot open until its deadline.
-pub const MISMATCHES_BEFORE_FAILURE: u64 = 3;
 
 /// What the ramdisk's kernel command line needs besides its token: where to join and which CA
 /// to trust.
@@ -368,7 +365,7 @@ pub(crate) fn join(
         .ok_or_else(|| OpError::Internal(format!("node {node_id} has a boot but no BMC record")))?;
     let differs = mismatches(&bmc, &f.identifier_digests);
     if !differs.is_empty() {
-        return mismatched(tx, edit, boot, f, &differs, now);
+        return mismatched(tx, edit, boot, f, &differs);
     }
     boot.used_at = Some(now);
     tx.put_boot(&boot)?;
@@ -402,31 +399,25 @@ pub(crate) fn join(
 
 /// A ramdisk join with `boot`'s token whose machine shows other identifiers than the BMC
 /// reported (`differs`): evidence, not a verdict (issue 30.2). Whoever learned a MAC can fetch its
-/// script, so one such join must not fail a machine: it is counted on the boot and recorded
-/// (`HardwareMismatch` true, naming what differed and the caller's address), and the token stays
-/// good for the real machine's ramdisk. The [`MISMATCHES_BEFORE_FAILURE`]th spends the token and
-/// fails the node; the state's deadline fails it too, saying how many there were.
+/// script, so no number of such joins fails a machine: each is counted on the boot and recorded
+/// (`HardwareMismatch` true, naming what differed, the caller's address and the count), and the
+/// token stays good for the real machine's ramdisk. Only the state's deadline fails the node,
+/// saying how many mismatched joins came (a mis-cabled machine's ramdisk exits at its first
+/// refusal, so a real mix-up fails there, with the condition already set at the first join).
 fn mismatched(
     tx: &Tx<'_>,
     mut edit: Edit,
     mut boot: BootRecord,
     f: &JoinFacts,
     differs: &[String],
-    now: i64,
 ) -> Result<JoinOutcome, JoinError> {
     let node_id = boot.node_id.clone();
     boot.mismatches = boot.mismatches.saturating_add(1);
-    let n = boot.mismatches;
-    let last = n >= MISMATCHES_BEFORE_FAILURE;
     let message = format!(
-        "the machine that joined with boot token {} (from {}) is not the one node {node_id}'s BMC described ({n} of {MISMATCHES_BEFORE_FAILURE} such joins{}): {}",
+        "the machine that joined with boot token {} (from {}) is not the one node {node_id}'s BMC described (mismatched join {} of this boot; the boot goes on until its deadline): {}",
         boot.token_id,
         f.peer.as_deref().unwrap_or("an unknown address"),
-        if last {
-            "; the node fails"
-        } else {
-            "; the boot goes on"
-        },
+        boot.mismatches,
         differs.join("; ")
     );
     apply_owned(
@@ -435,20 +426,15 @@ fn mismatched(
         HARDWARE_MISMATCH,
         ConditionStatus::True,
         "IdentifiersDiffer",
-        message.clone(),
+        message,
     );
-    if last {
-        boot.used_at = Some(now);
-        apply_transition(&mut edit, ProvisionState::Failed, &message)?;
-    }
     tx.put_boot(&boot)?;
     edit.save(tx)?;
     // The machine that asked learns only that it is refused: what the BMC reported (the real
     // machine's UUID, serial, MACs) stays in the node's condition, for operators.
     Ok(JoinOutcome::Refused(Refused {
         message: format!(
-            "HARDWARE_MISMATCH: this machine is not the one node {node_id}'s BMC described; nothing joined{} (its HardwareMismatch condition says what differed)",
-            if last { " and the node is failed" } else { "" }
+            "HARDWARE_MISMATCH: this machine is not the one node {node_id}'s BMC described; nothing joined (its HardwareMismatch condition says what differed)"
         ),
         node_id,
         kind: crate::join::RefusalKind::HardwareMismatch,

@@ -377,7 +377,9 @@ fn enrolled_machines_boot_the_ramdisk_and_are_inspected_commissioned_or_failed()
     let m = condition(&n, "HardwareMismatch").expect("HardwareMismatch");
     let msg = m["message"].as_str().unwrap();
     assert!(
-        msg.contains("system serial") && msg.contains("SER-B-0002") && msg.contains("1 of 3"),
+        msg.contains("system serial")
+            && msg.contains("SER-B-0002")
+            && msg.contains("mismatched join 1 of this boot"),
         "{msg}"
     );
     assert!(

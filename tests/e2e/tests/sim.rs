@@ -1,6 +1,7 @@
 //! `bcctl bench` over `bcd sim`: 50 simulated agents join one control plane at once, the control
 //! plane is killed with SIGKILL and restarted, and every node comes back without being marked
-//! unreachable. Timing figures are printed, never asserted.
+//! unreachable; and 100 simulated nodes of which 30 start failing at once trip the remediation
+//! breaker at its limit. Timing figures are printed, never asserted.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Command;
@@ -8,21 +9,16 @@ use std::process::Command;
 use bc_e2e::bins;
 use serde_json::Value;
 
-#[test]
-fn fifty_simulated_agents_join_and_survive_a_control_plane_restart() {
+/// Runs `bcctl bench <args> -o json` over `bcd sim` in a fresh state dir; asserts it succeeded
+/// (showing its output and the simulator's and control plane's logs if not) and returns the
+/// printed JSON.
+fn bench(args: &[&str]) -> Value {
     let (bcctl, bcd) = bins();
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(bcctl)
-        .args([
-            "bench",
-            "restart",
-            "--nodes",
-            "50",
-            "-o",
-            "json",
-            "--timeout",
-            "60s",
-        ])
+        .arg("bench")
+        .args(args)
+        .args(["-o", "json"])
         .arg("--bcd")
         .arg(bcd)
         .arg("--state-dir")
@@ -31,13 +27,21 @@ fn fifty_simulated_agents_join_and_survive_a_control_plane_restart() {
         .expect("running bcctl bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    let log = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
     assert!(
         out.status.success(),
-        "bcctl bench failed:\n{stdout}\n{stderr}\n--- sim.log ---\n{}",
-        std::fs::read_to_string(dir.path().join("sim-0.log")).unwrap_or_default()
+        "bcctl bench failed:\n{stdout}\n{stderr}\n--- sim.log ---\n{}\n--- serve.log ---\n{}",
+        log("sim-0.log"),
+        log("serve.log")
     );
     let v: Value = serde_json::from_str(&stdout).expect("bench -o json prints JSON");
     println!("{}", serde_json::to_string_pretty(&v).unwrap());
+    v
+}
+
+#[test]
+fn fifty_simulated_agents_join_and_survive_a_control_plane_restart() {
+    let v = bench(&["restart", "--nodes", "50", "--timeout", "60s"]);
     assert_eq!(v["scenario"], "restart");
     assert_eq!(v["nodes"], 50);
     assert_eq!(v["adopted"], 50, "every simulated node is adopted");
@@ -70,45 +74,23 @@ fn fifty_simulated_agents_join_and_survive_a_control_plane_restart() {
 /// faulted. Timing figures are printed, never asserted.
 #[test]
 fn thirty_percent_of_a_simulated_fleet_failing_at_once_trips_the_breaker_at_its_limit() {
-    let (bcctl, bcd) = bins();
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(bcctl)
-        .args([
-            "bench",
-            "remediation",
-            "--nodes",
-            "100",
-            "--fault-xid",
-            "79",
-            "--fault-fraction",
-            "0.3",
-            "--remediation-max-concurrent",
-            "4",
-            "--remediation-max-percent",
-            "10",
-            "--window",
-            "3s",
-            "-o",
-            "json",
-            "--timeout",
-            "90s",
-        ])
-        .arg("--bcd")
-        .arg(bcd)
-        .arg("--state-dir")
-        .arg(dir.path())
-        .output()
-        .expect("running bcctl bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "bcctl bench failed:\n{stdout}\n{stderr}\n--- sim.log ---\n{}\n--- serve.log ---\n{}",
-        std::fs::read_to_string(dir.path().join("sim-0.log")).unwrap_or_default(),
-        std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
-    );
-    let v: Value = serde_json::from_str(&stdout).expect("bench -o json prints JSON");
-    println!("{}", serde_json::to_string_pretty(&v).unwrap());
+    let v = bench(&[
+        "remediation",
+        "--nodes",
+        "100",
+        "--fault-xid",
+        "79",
+        "--fault-fraction",
+        "0.3",
+        "--remediation-max-concurrent",
+        "4",
+        "--remediation-max-percent",
+        "10",
+        "--window",
+        "3s",
+        "--timeout",
+        "90s",
+    ]);
     assert_eq!(v["scenario"], "remediation");
     assert_eq!(v["faultedNodes"], 30);
     assert_eq!(
