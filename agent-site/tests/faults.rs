@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use bc_protocol::commands::CommandErrorCode;
 use bc_protocol::commands::bmc::PowerAction;
+use bcd_site::config::SiteConfig;
 use bcd_site::test_utils::proxy::{Fault, FaultProxy};
 use bcd_site::test_utils::sushy::{FakeSystem, Sushy};
 use support::*;
@@ -152,7 +153,13 @@ async fn requests_in_flight_per_bmc_never_pass_the_limit() {
         // Slow enough that requests overlap.
         p.set_fault(Fault::Delay(Duration::from_millis(150)));
     }
-    let site = site(config());
+    // sushy-tools' fake driver applies a power change 1-11 s after it answers, and a power
+    // operation reads the power back before it returns: eight of them through two permits can
+    // take ~45 s, so each gets far more than the harness's 20 s (this test is about the limit).
+    let site = site(SiteConfig {
+        operation_timeout_ms: 120_000,
+        ..config()
+    });
     let path = |i: usize| format!("/redfish/v1/Systems/{}", systems[i].uuid);
     let mut a = assignment(vec![
         bmc("node_a", &proxies[0].address(&path(0)), None),
