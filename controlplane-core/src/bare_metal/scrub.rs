@@ -121,14 +121,18 @@ impl BareMetal {
     }
 
     /// A `PowerReport` scrubbed: each observation's error of the BMC passwords of its node.
+    /// Only the nodes of observations that carry an error are looked up (a sync round reports
+    /// every BMC of the site, most of them without one).
     pub async fn scrub_power(&self, mut report: pb::PowerReport) -> pb::PowerReport {
-        if report.observations.iter().all(|o| o.error.is_empty()) {
+        let erred = |o: &pb::PowerObservation| !o.error.is_empty();
+        if !report.observations.iter().any(erred) {
             return report;
         }
         let key = self.key.clone();
         let nodes: Vec<String> = report
             .observations
             .iter()
+            .filter(|o| erred(o))
             .map(|o| o.node_id.clone())
             .collect();
         let secrets = self
@@ -142,7 +146,8 @@ impl BareMetal {
             .await;
         match secrets {
             Ok(all) => {
-                for (o, s) in report.observations.iter_mut().zip(all) {
+                let with_errors = report.observations.iter_mut().filter(|o| erred(o));
+                for (o, s) in with_errors.zip(all) {
                     o.error = text(&s, &o.error);
                 }
             }
