@@ -47,6 +47,25 @@ fn assert_no_form(text: &str) {
     }
 }
 
+/// Recovers the failed `node` (back to `enrolling`) and has its verification issued again;
+/// returns the new `bmc.verify`'s id.
+async fn reverify(
+    w: &super::bare_metal_tests::World,
+    node: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let n = w.node(node)?;
+    let n = w
+        .store
+        .write_blocking(|tx| super::abort::recover(tx, node, n.version, "operator:t"))?;
+    assert_eq!(n.provision_state, bc_protocol::ProvisionState::Enrolling);
+    w.bm.issue_verifications(SITE).await;
+    Ok(w.sessions
+        .commands("node_sa")
+        .last()
+        .map(|c| c.id.clone())
+        .ok_or("no bmc.verify")?)
+}
+
 #[tokio::test]
 async fn an_echoed_password_reaches_no_condition_event_result_or_column() -> TestResult {
     let w = world()?;
@@ -71,18 +90,7 @@ async fn an_echoed_password_reaches_no_condition_event_result_or_column() -> Tes
         super::bare_metal_tests::condition(&w.node(&node)?, "BmcVerified").ok_or("no condition")?;
     assert!(c.message.contains("[redacted]"), "{}", c.message);
     for f in forms().into_iter().skip(1) {
-        let n = w.node(&node)?;
-        let n = w
-            .store
-            .write_blocking(|tx| super::abort::recover(tx, &node, n.version, "operator:t"))?;
-        assert_eq!(n.provision_state, bc_protocol::ProvisionState::Enrolling);
-        w.bm.issue_verifications(SITE).await;
-        let id = w
-            .sessions
-            .commands("node_sa")
-            .last()
-            .map(|c| c.id.clone())
-            .ok_or("no bmc.verify")?;
+        let id = reverify(&w, &node).await?;
         let echo = format!(r#"{{"error": {{"message": "login failed for {f}"}}}}"#);
         core.report(
             "node_sa",
@@ -100,16 +108,7 @@ async fn an_echoed_password_reaches_no_condition_event_result_or_column() -> Tes
     }
 
     // A verification whose result echoes it in the BMC's facts (stored on the BMC's row).
-    let n = w.node(&node)?;
-    w.store
-        .write_blocking(|tx| super::abort::recover(tx, &node, n.version, "operator:t"))?;
-    w.bm.issue_verifications(SITE).await;
-    let id = w
-        .sessions
-        .commands("node_sa")
-        .last()
-        .map(|c| c.id.clone())
-        .ok_or("no bmc.verify")?;
+    let id = reverify(&w, &node).await?;
     let mut result = serde_json::to_value(facts())?;
     result["model"] = json!(format!(
         "Model X (user admin, password {})",
